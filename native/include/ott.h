@@ -1,0 +1,126 @@
+/* ott.h — the only C API of ott-gguf.
+ *
+ * Every function returns an ott_status; on failure ott_last_error() holds one line that
+ * says what failed and where (thread-local, valid until the next call on the thread).
+ * Objects come in lifetime pairs: ott_model_load / ott_model_free,
+ * ott_context_init / ott_context_free. The library never aborts on bad input.
+ */
+#ifndef OTT_H
+#define OTT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    OTT_OK               = 0,
+    OTT_ERR_IO           = 1,  /* file missing or unreadable                      */
+    OTT_ERR_FORMAT       = 2,  /* not a GGUF file, truncated, inconsistent         */
+    OTT_ERR_UNSUPPORTED  = 3,  /* architecture, tensor type or option we lack      */
+    OTT_ERR_INVALID_ARG  = 4,  /* bad parameter or batch                          */
+    OTT_ERR_CONTEXT_FULL = 5,  /* a sequence would exceed n_ctx                   */
+    OTT_ERR_ALLOC        = 6,  /* out of memory                                   */
+    OTT_ERR_BACKEND      = 7,  /* ggml backend failure                            */
+} ott_status;
+
+const char * ott_last_error(void);
+
+/* ---- model ------------------------------------------------------------------------ */
+
+typedef struct ott_model   ott_model;
+typedef struct ott_context ott_context;
+
+typedef struct {
+    int32_t n_threads;   /* threads used while loading (repacking); <= 0: physical cores */
+} ott_model_params;
+
+typedef struct {
+    char     arch[32];          /* general.architecture: llama, mistral, qwen2     */
+    int32_t  n_vocab;
+    int32_t  n_ctx_train;
+    int32_t  n_embd;
+    int32_t  n_layer;
+    int32_t  n_head;
+    int32_t  n_head_kv;
+    int32_t  n_embd_head;       /* head_dim                                         */
+    int32_t  n_ff;
+    int32_t  rope_type;         /* 0 = normal (llama), 2 = neox (qwen2)              */
+    float    rope_freq_base;
+    float    rope_freq_scale;
+    float    norm_rms_eps;
+    int32_t  tied_output;       /* 1 when the output projection is token_embd        */
+    int64_t  n_params;
+    int64_t  weight_bytes;
+} ott_model_info;
+
+ott_model_params ott_model_default_params(void);
+ott_status ott_model_load(const char * path, const ott_model_params * params, ott_model ** out);
+void       ott_model_free(ott_model * model);
+ott_status ott_model_get_info(const ott_model * model, ott_model_info * out);
+
+/* ---- KV cache modes ------------------------------------------------------------------ */
+
+typedef enum {
+    OTT_KV_F16 = 0,   /* fp16 cache, ggml flash attention                                */
+} ott_kv_type;
+
+typedef struct {
+    int32_t type;             /* ott_kv_type                                             */
+} ott_kv_params;
+
+/* ---- context ------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t       n_ctx;      /* tokens per sequence; <= 0: the model's n_ctx_train      */
+    int32_t       n_seq_max;  /* sequences that may be live at once                      */
+    int32_t       n_ubatch;   /* tokens per graph evaluation                             */
+    int32_t       n_threads;  /* <= 0: physical cores                                    */
+    ott_kv_params kv;
+} ott_context_params;
+
+ott_context_params ott_context_default_params(void);
+ott_status ott_context_init(ott_model * model, const ott_context_params * params, ott_context ** out);
+void       ott_context_free(ott_context * ctx);
+ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threads);
+
+/* A batch of tokens, each with its position and sequence. Positions of one sequence must
+ * continue that sequence exactly (its current length, then +1 ...). Tokens with
+ * logits[i] != 0 produce a row of logits, in batch order. */
+typedef struct {
+    int32_t         n_tokens;
+    const int32_t * token;    /* [n_tokens] */
+    const int32_t * pos;      /* [n_tokens] */
+    const int32_t * seq_id;   /* [n_tokens] */
+    const int8_t  * logits;   /* [n_tokens]; NULL: only the last token                   */
+} ott_batch;
+
+ott_status ott_decode(ott_context * ctx, const ott_batch * batch);
+
+/* Logits of the last ott_decode: F32 [n_outputs, n_vocab], row-major. */
+ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs);
+
+/* Sequence state. */
+ott_status ott_seq_len(const ott_context * ctx, int32_t seq_id, int32_t * out);
+ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep);  /* n_keep = 0 clears */
+
+typedef struct {
+    int64_t bytes_allocated;      /* KV bytes allocated now, all layers and sequences   */
+    int64_t bytes_used;           /* KV bytes holding live tokens                       */
+    int64_t n_tokens;             /* live tokens summed over sequences                  */
+    double  bytes_per_token_layer;/* bytes per token per layer, everything counted      */
+    double  bits_per_element;     /* average bits per K or V element                    */
+} ott_kv_stats;
+
+ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
+
+/* Physical cores of this machine (the default thread count). */
+int32_t ott_physical_cores(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OTT_H */

@@ -1,0 +1,48 @@
+"""Shared fixtures: where the real models and data live.
+
+OTT_MODELS_DIR holds the GGUF files fetched by ../shared/peers/fetch_models.sh;
+OTT_SHARED_DIR is the shared/ folder beside the checkout (data and llama.cpp fixtures).
+A missing file fails the test: CI fetches everything before it runs.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"missing test input {path} (set OTT_MODELS_DIR / OTT_SHARED_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    return _require(Path(os.environ.get("OTT_SHARED_DIR", REPO.parent / "shared")))
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    return _require(Path(os.environ.get("OTT_MODELS_DIR", REPO / ".dev" / "models")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(models_dir) -> Path:
+    return _require(models_dir / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen05_path(models_dir) -> Path:
+    return _require(models_dir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir(shared_dir) -> Path:
+    return _require(shared_dir / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def wikitext_path(shared_dir) -> Path:
+    return _require(shared_dir / "data" / "wikitext-2-raw" / "wiki.test.raw")
