@@ -1,0 +1,129 @@
+"""Token sampling from a logits vector: greedy, repetition penalty, top-k, top-p, min-p, temperature.
+
+The filters run in the order of llama.cpp's default sampler chain:
+penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+Top-p and min-p therefore see the distribution at temperature 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ott_gguf.errors import InvalidArgumentError
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings; the defaults are llama.cpp's.
+
+    temperature <= 0 means greedy (argmax after the repetition penalty).
+    top_k = 0, top_p = 1 and min_p = 0 each switch their filter off.
+    repeat_last_n = -1 penalises the whole history, 0 switches the penalty off.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature):
+            raise InvalidArgumentError(f"sampling: temperature must be finite, got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise InvalidArgumentError(f"sampling: top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgumentError(f"sampling: top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgumentError(f"sampling: min_p must be in [0, 1], got {self.min_p}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
+            raise InvalidArgumentError(f"sampling: repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if (isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, (int, np.integer))
+                or self.repeat_last_n < -1):
+            raise InvalidArgumentError(
+                f"sampling: repeat_last_n must be an integer >= -1 (-1 = whole history), got {self.repeat_last_n!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):
+            raise InvalidArgumentError(f"sampling: seed must be None or an integer >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    """Draws one token id per call; owns the random generator, so a seed fixes the whole sequence of draws."""
+
+    def __init__(self, params: SamplingParams | None = None) -> None:
+        self.params = params if params is not None else SamplingParams()
+        self.rng = np.random.Generator(np.random.PCG64(self.params.seed))
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """logits: F32 [n_vocab] for the next position; history: token ids seen so far (prompt + generated)."""
+        logits = np.asarray(logits)
+        if logits.ndim != 1 or logits.size == 0:
+            raise InvalidArgumentError(f"sampling: logits must be a non-empty 1-D array, got shape {logits.shape}")
+        logits = self._penalize(logits.astype(np.float32, copy=True), history)
+        if self.params.greedy:
+            return int(np.argmax(logits))
+
+        ids = self._top_k(logits)                    # [n_cand] candidate token ids
+        cand = logits[ids].astype(np.float64)        # [n_cand] their logits
+        if self.params.top_p < 1.0:
+            ids, cand = self._top_p(ids, cand)
+        if self.params.min_p > 0.0:
+            # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); the max always survives
+            keep = cand >= cand.max() + math.log(self.params.min_p)
+            ids, cand = ids[keep], cand[keep]
+
+        z = cand / self.params.temperature
+        probs = np.exp(z - z.max())                  # [n_cand] unnormalised
+        cdf = np.cumsum(probs)
+        pick = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(ids[min(pick, ids.size - 1)])
+
+    def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """llama.cpp's repetition penalty: each distinct recent token's logit is divided by the
+        penalty when positive and multiplied by it otherwise (in place on the copy it is given)."""
+        penalty, last_n = self.params.repeat_penalty, self.params.repeat_last_n
+        if penalty == 1.0 or last_n == 0 or len(history) == 0:
+            return logits
+        recent = np.asarray(history if last_n == -1 else history[-last_n:], dtype=np.int64)
+        if recent.min() < 0 or recent.max() >= logits.size:
+            raise InvalidArgumentError(
+                f"sampling: history holds a token id outside [0, {logits.size}) "
+                f"(min {recent.min()}, max {recent.max()})")
+        ids = np.unique(recent)
+        seen = logits[ids]
+        logits[ids] = np.where(seen > 0.0, seen / penalty, seen * penalty)
+        return logits
+
+    def _top_k(self, logits: np.ndarray) -> np.ndarray:
+        """Ids of the top_k largest logits (all ids when top_k is 0 or >= n_vocab), in no particular order."""
+        k = self.params.top_k
+        if k == 0 or k >= logits.size:
+            return np.arange(logits.size)
+        return np.argpartition(logits, logits.size - k)[logits.size - k:]
+
+    def _top_p(self, ids: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Smallest prefix of the candidates sorted by probability whose mass reaches top_p.
+
+        Sorting all 151k logits costs ~20 ms, so only the m most likely candidates are sorted,
+        m growing until they hold top_p of the mass (usually the first try)."""
+        probs = np.exp(cand - cand.max())
+        probs /= probs.sum()                                   # [n_cand]
+        n, m = probs.size, min(256, probs.size)
+        while True:
+            head = np.arange(n) if m == n else np.argpartition(-probs, m - 1)[:m]
+            if m == n or probs[head].sum() >= self.params.top_p:
+                break
+            m = min(n, m * 16)
+        head = head[np.argsort(-probs[head], kind="stable")]  # [m] most likely first
+        n_keep = int(np.searchsorted(np.cumsum(probs[head]), self.params.top_p, side="left")) + 1
+        keep = head[:n_keep]
+        return ids[keep], cand[keep]
