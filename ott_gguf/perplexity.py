@@ -1,0 +1,139 @@
+"""Perplexity by llama.cpp's method (`llama-perplexity` without --ppl-stride).
+
+The text is tokenized once (with BOS when the vocab adds it) and cut into non-overlapping
+windows of n_ctx tokens. Each window is evaluated from an empty sequence, with its first
+token replaced by BOS when the vocab adds BOS, and only its second half is scored: the
+logits at positions n_ctx/2 .. n_ctx-2 predict the tokens at n_ctx/2+1 .. n_ctx-1, so
+every scored token has at least n_ctx/2 tokens of context. PPL = exp(mean NLL); its
+standard error is llama.cpp's: sqrt(var(NLL) / (count - 1)) * PPL.
+
+With a quantized KV cache the window is fed in ubatches, and each ubatch attends to the
+cache as earlier ubatches left it (DESIGN §3), so the chunking is part of the result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from .errors import InvalidArgumentError
+
+# Rows of logits turned into float64 at a time when scoring (bounds the temporary memory).
+_SCORE_ROWS = 64
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    stderr: float            # standard error of ppl (llama.cpp's "+/-")
+    n_tokens_scored: int
+    chunks: int              # windows evaluated
+    per_chunk: list[float] = field(default_factory=list)  # running PPL after each window, as llama.cpp prints it
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of each target under a log-softmax taken in float64.
+
+    logits: F32 [n, n_vocab]; targets: [n] token ids; returns F64 [n].
+    """
+    out = np.empty(len(targets), dtype=np.float64)
+    for r0 in range(0, len(targets), _SCORE_ROWS):
+        x = np.asarray(logits[r0:r0 + _SCORE_ROWS], dtype=np.float64)      # [rows, n_vocab]
+        x_max = x.max(axis=1)                                                # [rows]
+        log_sum = np.log(np.exp(x - x_max[:, None]).sum(axis=1)) + x_max     # [rows]
+        out[r0:r0 + len(x)] = log_sum - x[np.arange(len(x)), targets[r0:r0 + len(x)]]
+    return out
+
+
+def tokenize_for_windows(tokenize: Callable[[str], list[int]], text: str, n_tokens: int | None) -> list[int]:
+    """The first `n_tokens` tokens of tokenize(text) (all of them when n_tokens is None),
+    tokenizing only a prefix of the text when that suffices.
+
+    Why a prefix gives the same tokens: the pre-tokenizer splits left to right, and each
+    split depends only on the text up to its end plus one character of look-ahead; BPE then
+    works inside one split. So the tokens of text[:cut] and of text agree except for the
+    splits touching the cut. The cut is put after a newline, and the prefix must yield at
+    least `margin` tokens (256, or 1/16 of those used) beyond those used, far more than the
+    splits at the cut can cover.
+    """
+    if n_tokens is None:
+        return tokenize(text)
+    margin = max(256, n_tokens // 16)
+    n_chars = 6 * (n_tokens + margin)  # English BPE: about 4-5 characters per token
+    while True:
+        cut = text.find("\n", n_chars)
+        if cut < 0:
+            return tokenize(text)
+        tokens = tokenize(text[:cut + 1])
+        if len(tokens) >= n_tokens + margin:
+            return tokens
+        n_chars *= 2
+
+
+def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch: int | None = None,
+               progress: bool = True, on_chunk: Callable[[int, float], None] | None = None,
+               seq: int = 0) -> PerplexityResult:
+    """Perplexity of `model` on `text` over windows of `n_ctx` tokens (llama.cpp's method).
+
+    n_chunks limits the number of windows (None: all that fit); ubatch is the number of
+    tokens per decode call (None: the whole window); on_chunk(i, running_ppl) is called
+    after window i (1-based). Uses sequence `seq` of the model, which it clears.
+    """
+    if n_ctx < 4 or n_ctx % 2:
+        raise InvalidArgumentError(f"perplexity: context must be an even number >= 4, got {n_ctx}")
+    if n_ctx > model.n_ctx:
+        raise InvalidArgumentError(f"perplexity: window of {n_ctx} tokens exceeds the model context of {model.n_ctx}")
+    if n_chunks is not None and n_chunks < 1:
+        raise InvalidArgumentError(f"perplexity: chunks must be >= 1, got {n_chunks}")
+    ubatch = n_ctx if ubatch is None else ubatch
+    if ubatch < 1:
+        raise InvalidArgumentError(f"perplexity: ubatch must be >= 1, got {ubatch}")
+
+    # At least two windows are needed, as in llama.cpp.
+    needed = None if n_chunks is None else max(n_chunks, 2) * n_ctx
+    tokens = np.asarray(tokenize_for_windows(model.tokenize, text, needed), dtype=np.int32)  # [n_tokens]
+    if len(tokens) < 2 * n_ctx:
+        raise InvalidArgumentError(f"perplexity: the text has {len(tokens)} tokens, at least {2 * n_ctx} "
+                                   f"(two windows of {n_ctx}) are needed")
+    n_windows = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
+
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    first = n_ctx // 2
+    nll_sum = nll2_sum = 0.0
+    count = 0
+    running = []
+    for i in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress, leave=False):
+        window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()  # [n_ctx]
+        if bos is not None:
+            window[0] = bos
+        nll = _score_window(model, window, first, ubatch, seq)  # [n_ctx - first - 1]
+        nll_sum += float(nll.sum())
+        nll2_sum += float((nll * nll).sum())
+        count += len(nll)
+        running.append(math.exp(nll_sum / count))
+        if on_chunk is not None:
+            on_chunk(i + 1, running[-1])
+    model.truncate(seq, 0)
+
+    mean = nll_sum / count
+    var = nll2_sum / count - mean * mean
+    ppl = math.exp(mean)
+    stderr = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
+    return PerplexityResult(ppl=ppl, stderr=stderr, n_tokens_scored=count, chunks=n_windows, per_chunk=running)
+
+
+def _score_window(model, window: np.ndarray, first: int, ubatch: int, seq: int) -> np.ndarray:
+    """Evaluate one window from an empty sequence; NLL of tokens first+1 .. n_ctx-1, F64 [n_ctx - first - 1]."""
+    n_ctx = len(window)
+    model.truncate(seq, 0)
+    nll = []
+    for b0 in range(0, n_ctx, ubatch):
+        pos = np.arange(b0, min(b0 + ubatch, n_ctx), dtype=np.int32)      # [n_ub]
+        want = (pos >= first) & (pos <= n_ctx - 2)                         # [n_ub] positions whose next token is scored
+        logits = model.decode_batch(window[pos], pos, np.full(len(pos), seq, dtype=np.int32), want)  # [n_want, n_vocab]
+        if want.any():
+            nll.append(token_nll(logits, window[pos[want] + 1]))
+    return np.concatenate(nll)
