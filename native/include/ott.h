@@ -34,7 +34,8 @@ typedef struct ott_model   ott_model;
 typedef struct ott_context ott_context;
 
 typedef struct {
-    int32_t n_threads;   /* threads used while loading (repacking); <= 0: physical cores */
+    int32_t repack;      /* 1: store matmul weights in ggml's repacked CPU layout where the
+                            type has one (faster kernels); 0: keep the file's layout    */
 } ott_model_params;
 
 typedef struct {

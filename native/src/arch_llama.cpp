@@ -1,0 +1,28 @@
+// arch_llama.cpp — forward pass of the llama family: llama (SmolLM, TinyLlama, Llama 2/3),
+// mistral, and qwen2 (the same graph with QKV biases and NeoX rope, both from the model).
+#include "graph.h"
+
+ggml_tensor * ott_build_llama(ott_graph_builder & b) {
+    const ott_model & m = b.model;
+    ggml_context * ctx = b.ctx;
+
+    ggml_tensor * x = b.build_embd();                                   // [n_embd, n_tokens]
+    for (int il = 0; il < m.hparams.n_layer; ++il) {
+        const ott_layer & L = m.layers[il];
+
+        ggml_tensor * cur = b.build_norm(x, L.attn_norm, "attn_norm", il);
+        cur = b.build_attn(cur, L, il);
+        if (il == m.hparams.n_layer - 1) {                              // only output rows go on
+            cur = b.select_outputs(cur);
+            x   = b.select_outputs(x);
+        }
+        ggml_tensor * ffn_inp = ggml_add(ctx, cur, x);
+        ggml_format_name(ffn_inp, "ffn_inp-%d", il);
+
+        cur = b.build_norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
+        cur = b.build_ffn(cur, L, il);
+        x = ggml_add(ctx, cur, ffn_inp);
+        ggml_format_name(x, "l_out-%d", il);
+    }
+    return b.build_head(x);                                             // [n_vocab, n_outputs]
+}

@@ -1,0 +1,245 @@
+// context.cpp — a decoding context: KV cache, thread pool, and ott_decode, which splits a
+// batch into ubatches of runs, builds one graph per ubatch and collects the logits.
+#include "graph.h"
+
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+struct ott_context {
+    ott_model * model = nullptr;
+    ott_context_params params{};
+
+    ggml_backend_t     backend    = nullptr;
+    ggml_threadpool  * threadpool = nullptr;
+    ggml_gallocr_t     galloc     = nullptr;
+    std::vector<uint8_t> graph_meta;           // memory for graph headers
+    std::unique_ptr<ott_kv_cache> kv;
+
+    std::vector<float> logits;                 // [n_outputs, n_vocab]
+    int32_t n_outputs = 0;
+
+    ~ott_context() {
+        kv.reset();
+        if (galloc) ggml_gallocr_free(galloc);
+        if (backend) ggml_backend_free(backend);
+        if (threadpool) ggml_threadpool_free(threadpool);
+    }
+};
+
+namespace {
+
+ott_status set_threads(ott_context * c, int32_t n_threads) {
+    if (n_threads <= 0) n_threads = ott_physical_cores();
+    if (n_threads > 512) return ott_fail(OTT_ERR_INVALID_ARG, "n_threads = %d is too large", n_threads);
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+    if (!tp) return ott_fail(OTT_ERR_BACKEND, "cannot create a thread pool of %d threads", n_threads);
+    ggml_backend_cpu_set_threadpool(c->backend, tp);
+    ggml_backend_cpu_set_n_threads(c->backend, n_threads);
+    if (c->threadpool) ggml_threadpool_free(c->threadpool);
+    c->threadpool = tp;
+    c->params.n_threads = n_threads;
+    return OTT_OK;
+}
+
+// Check the batch and return, per sequence, the batch indices of its tokens in order.
+ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vector<std::vector<int32_t>> & per_seq) {
+    if (!b || b->n_tokens <= 0 || !b->token || !b->pos || !b->seq_id) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "empty batch or missing token/pos/seq_id arrays");
+    }
+    const int32_t n_vocab = c->model->hparams.n_vocab;
+    per_seq.assign(c->params.n_seq_max, {});
+    for (int32_t i = 0; i < b->n_tokens; ++i) {
+        const int32_t s = b->seq_id[i];
+        if (s < 0 || s >= c->params.n_seq_max) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: sequence id %d is outside [0, %d)", i, s, c->params.n_seq_max);
+        }
+        if (b->token[i] < 0 || b->token[i] >= n_vocab) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: id %d is outside the vocabulary [0, %d)", i, b->token[i], n_vocab);
+        }
+        const int32_t want = c->kv->seq_len(s) + (int32_t) per_seq[s].size();
+        if (b->pos[i] != want) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: position %d does not continue sequence %d (expected %d)",
+                            i, b->pos[i], s, want);
+        }
+        if (want >= c->params.n_ctx) {
+            return ott_fail(OTT_ERR_CONTEXT_FULL, "sequence %d would exceed the context size %d (position %d)",
+                            s, c->params.n_ctx, b->pos[i]);
+        }
+        per_seq[s].push_back(i);
+    }
+    return OTT_OK;
+}
+
+// Take the next ubatch: sequences in id order, each with up to n_ubatch of its remaining
+// tokens, while they fit; neighbouring sequences with equal chunks share a run.
+void next_ubatch(const ott_batch * b, const std::vector<std::vector<int32_t>> & per_seq, std::vector<size_t> & cursor,
+                 int32_t n_ubatch, ott_ubatch & ub, std::vector<int32_t> & ub_src) {
+    ub = ott_ubatch{};
+    ub_src.clear();
+    for (int32_t s = 0; s < (int32_t) per_seq.size(); ++s) {
+        const size_t rem = per_seq[s].size() - cursor[s];
+        if (rem == 0) continue;
+        const int32_t chunk = (int32_t) std::min(rem, (size_t) n_ubatch);
+        if (ub.n_tokens() + chunk > n_ubatch) break;
+        ott_run * last = ub.runs.empty() ? nullptr : &ub.runs.back();
+        if (last && last->seq0 + last->n_seqs == s && last->n_tokens == chunk) {
+            last->n_seqs++;
+        } else {
+            ub.runs.push_back({ s, 1, chunk, ub.n_tokens() });
+        }
+        for (int32_t j = 0; j < chunk; ++j) {
+            const int32_t i = per_seq[s][cursor[s] + j];
+            const bool want = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
+            if (want) ub.out_idx.push_back(ub.n_tokens());
+            ub.token.push_back(b->token[i]);
+            ub.pos.push_back(b->pos[i]);
+            ub.seq_id.push_back(s);
+            ub_src.push_back(i);
+        }
+        cursor[s] += chunk;
+    }
+}
+
+ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vector<int32_t> & ub_src,
+                          const std::vector<int32_t> & out_row) {
+    OTT_TRY(c->kv->begin(ub));
+
+    const size_t max_nodes = ott_graph_max_nodes(*c->model, ub);
+    c->graph_meta.resize(ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false));
+    ggml_init_params ip = { c->graph_meta.size(), c->graph_meta.data(), true };
+    ggml_context * gctx = ggml_init(ip);
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> guard(gctx, ggml_free);
+    ggml_cgraph * gf = ggml_new_graph_custom(gctx, max_nodes, false);
+
+    ott_graph_builder b{ *c->model, ub, *c->kv, gctx, gf };
+    b.build_inputs();
+    ggml_tensor * logits = ott_build_llama(b);
+    ggml_build_forward_expand(gf, logits);
+
+    if (!ggml_gallocr_alloc_graph(c->galloc, gf)) {
+        return ott_fail(OTT_ERR_ALLOC, "cannot allocate the compute buffer for %d tokens", ub.n_tokens());
+    }
+    b.set_inputs();
+    if (ggml_backend_graph_compute(c->backend, gf) != GGML_STATUS_SUCCESS) {
+        return ott_fail(OTT_ERR_BACKEND, "graph computation failed");
+    }
+    c->kv->commit();
+
+    const int32_t n_vocab = c->model->hparams.n_vocab;
+    for (size_t j = 0; j < ub.out_idx.size(); ++j) {
+        const int32_t row = out_row[ub_src[ub.out_idx[j]]];
+        ggml_backend_tensor_get(logits, c->logits.data() + (size_t) row * n_vocab,
+                                j * (size_t) n_vocab * sizeof(float), (size_t) n_vocab * sizeof(float));
+    }
+    return OTT_OK;
+}
+
+} // namespace
+
+extern "C" ott_status ott_context_init(ott_model * model, const ott_context_params * params, ott_context ** out) {
+    if (!model || !params || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_context_init: null argument");
+    *out = nullptr;
+    const ott_hparams & hp = model->hparams;
+
+    auto c = std::unique_ptr<ott_context>(new (std::nothrow) ott_context());
+    if (!c) return ott_fail(OTT_ERR_ALLOC, "out of memory creating a context");
+    c->model  = model;
+    c->params = *params;
+    if (c->params.n_ctx <= 0) c->params.n_ctx = hp.n_ctx_train;
+    if (c->params.n_ctx > (1 << 24)) return ott_fail(OTT_ERR_INVALID_ARG, "n_ctx = %d is too large", c->params.n_ctx);
+    if (c->params.n_seq_max <= 0 || c->params.n_seq_max > 4096) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "n_seq_max = %d must be in [1, 4096]", c->params.n_seq_max);
+    }
+    if (c->params.n_ubatch <= 0 || c->params.n_ubatch > 8192) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "n_ubatch = %d must be in [1, 8192]", c->params.n_ubatch);
+    }
+
+    c->backend = ggml_backend_cpu_init();
+    if (!c->backend) return ott_fail(OTT_ERR_BACKEND, "cannot initialise the CPU backend");
+    OTT_TRY(set_threads(c.get(), params->n_threads));
+    c->galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+
+    const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max };
+    OTT_TRY(ott_kv_cache_create(params->kv, shape, c->kv));
+    *out = c.release();
+    return OTT_OK;
+}
+
+extern "C" void ott_context_free(ott_context * ctx) {
+    delete ctx;
+}
+
+extern "C" ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threads) {
+    if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_context_set_threads: null context");
+    return set_threads(ctx, n_threads);
+}
+
+extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
+    if (!c) return ott_fail(OTT_ERR_INVALID_ARG, "ott_decode: null context");
+    c->n_outputs = 0;
+    std::vector<std::vector<int32_t>> per_seq;
+    OTT_TRY(validate_batch(c, b, per_seq));
+
+    // output row of each batch token (batch order), -1 when it returns no logits
+    std::vector<int32_t> out_row(b->n_tokens, -1);
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < b->n_tokens; ++i) {
+        if (b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1) out_row[i] = n_out++;
+    }
+    c->logits.resize((size_t) n_out * c->model->hparams.n_vocab);
+
+    std::vector<int32_t> len_before(c->params.n_seq_max);
+    for (int32_t s = 0; s < c->params.n_seq_max; ++s) len_before[s] = c->kv->seq_len(s);
+
+    std::vector<size_t> cursor(per_seq.size(), 0);
+    ott_ubatch ub;
+    std::vector<int32_t> ub_src;
+    for (;;) {
+        next_ubatch(b, per_seq, cursor, c->params.n_ubatch, ub, ub_src);
+        if (ub.n_tokens() == 0) break;
+        const ott_status st = compute_ubatch(c, ub, ub_src, out_row);
+        if (st != OTT_OK) {  // leave every sequence as it was before this call
+            for (int32_t s = 0; s < c->params.n_seq_max; ++s) c->kv->seq_truncate(s, len_before[s]);
+            return st;
+        }
+    }
+    c->n_outputs = n_out;
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs) {
+    if (!ctx || !out || !n_outputs) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_logits: null argument");
+    *out = ctx->logits.data();
+    *n_outputs = ctx->n_outputs;
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_seq_len(const ott_context * ctx, int32_t seq_id, int32_t * out) {
+    if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_len: null argument");
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
+    }
+    *out = ctx->kv->seq_len(seq_id);
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep) {
+    if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_truncate: null context");
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
+    }
+    if (n_keep < 0) return ott_fail(OTT_ERR_INVALID_ARG, "n_keep = %d is negative", n_keep);
+    ctx->kv->seq_truncate(seq_id, n_keep);
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out) {
+    if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_kv_stats: null argument");
+    *out = ctx->kv->stats();
+    return OTT_OK;
+}

@@ -1,0 +1,95 @@
+// graph.cpp — shared graph helpers.
+#include "graph.h"
+
+#include <cmath>
+
+void ott_graph_builder::build_inputs() {
+    inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ub.n_tokens());
+    ggml_set_name(inp_tokens, "inp_tokens");
+    ggml_set_input(inp_tokens);
+    inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ub.n_tokens());
+    ggml_set_name(inp_pos, "inp_pos");
+    ggml_set_input(inp_pos);
+    inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) ub.out_idx.size());
+    ggml_set_name(inp_out_ids, "inp_out_ids");
+    ggml_set_input(inp_out_ids);
+    kv.build_inputs(ctx);
+}
+
+void ott_graph_builder::set_inputs() {
+    ggml_backend_tensor_set(inp_tokens, ub.token.data(), 0, ub.token.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(inp_pos, ub.pos.data(), 0, ub.pos.size() * sizeof(int32_t));
+    ggml_backend_tensor_set(inp_out_ids, ub.out_idx.data(), 0, ub.out_idx.size() * sizeof(int32_t));
+    kv.set_inputs();
+}
+
+ggml_tensor * ott_graph_builder::build_embd() {
+    ggml_tensor * cur = ggml_get_rows(ctx, model.tok_embd, inp_tokens);
+    ggml_set_name(cur, "inp_embd");
+    return cur;
+}
+
+ggml_tensor * ott_graph_builder::build_norm(ggml_tensor * cur, ggml_tensor * w, const char * name, int il) {
+    cur = ggml_rms_norm(ctx, cur, model.hparams.norm_rms_eps);
+    cur = ggml_mul(ctx, cur, w);
+    if (il >= 0) ggml_format_name(cur, "%s-%d", name, il);
+    else ggml_set_name(cur, name);
+    return cur;
+}
+
+ggml_tensor * ott_graph_builder::build_attn(ggml_tensor * cur, const ott_layer & L, int il) {
+    const ott_hparams & hp = model.hparams;
+    const int64_t n_tokens = cur->ne[1];
+
+    ggml_tensor * q = ggml_mul_mat(ctx, L.wq, cur);
+    ggml_tensor * k = ggml_mul_mat(ctx, L.wk, cur);
+    ggml_tensor * v = ggml_mul_mat(ctx, L.wv, cur);
+    if (L.bq) q = ggml_add(ctx, q, L.bq);
+    if (L.bk) k = ggml_add(ctx, k, L.bk);
+    if (L.bv) v = ggml_add(ctx, v, L.bv);
+
+    q = ggml_reshape_3d(ctx, q, hp.n_embd_head, hp.n_head,    n_tokens);
+    k = ggml_reshape_3d(ctx, k, hp.n_embd_head, hp.n_head_kv, n_tokens);
+    v = ggml_reshape_3d(ctx, v, hp.n_embd_head, hp.n_head_kv, n_tokens);
+
+    q = ggml_rope_ext(ctx, q, inp_pos, model.rope_freqs, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
+                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    k = ggml_rope_ext(ctx, k, inp_pos, model.rope_freqs, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
+                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
+    ggml_format_name(q, "Qcur-%d", il);
+    ggml_format_name(k, "Kcur-%d", il);
+    ggml_format_name(v, "Vcur-%d", il);
+
+    cur = kv.build_attn(ctx, gf, il, q, k, v, 1.0f / sqrtf((float) hp.n_embd_head));
+    ggml_format_name(cur, "kqv_out-%d", il);
+    cur = ggml_mul_mat(ctx, L.wo, cur);
+    ggml_format_name(cur, "attn_out-%d", il);
+    return cur;
+}
+
+ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & L, int il) {
+    ggml_tensor * gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
+    ggml_tensor * up   = ggml_mul_mat(ctx, L.ffn_up, cur);
+    cur = ggml_swiglu_split(ctx, gate, up);
+    ggml_format_name(cur, "ffn_swiglu-%d", il);
+    cur = ggml_mul_mat(ctx, L.ffn_down, cur);
+    ggml_format_name(cur, "ffn_out-%d", il);
+    return cur;
+}
+
+ggml_tensor * ott_graph_builder::select_outputs(ggml_tensor * cur) {
+    if ((size_t) ub.n_tokens() == ub.out_idx.size()) return cur;  // every row is an output
+    return ggml_get_rows(ctx, cur, inp_out_ids);
+}
+
+ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
+    cur = build_norm(cur, model.output_norm, "result_norm", -1);
+    cur = ggml_mul_mat(ctx, model.output, cur);
+    ggml_set_name(cur, "result_output");
+    ggml_set_output(cur);
+    return cur;
+}
+
+size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub) {
+    return 256 + (size_t) model.hparams.n_layer * (48 + 8 * ub.runs.size());
+}

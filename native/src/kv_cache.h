@@ -1,0 +1,74 @@
+// kv_cache.h — the KV cache interface every cache mode implements, and the ubatch it sees.
+//
+// Per layer and per sequence a cache appends the K/V of new tokens, attends queries over
+// everything the sequence holds, truncates or clears a sequence and reports its bytes.
+// The graph builder calls, per ubatch:
+//   begin(ub)            validate capacity, plan the step
+//   build_inputs(ctx)    create the step's input tensors (indices, masks) in the graph
+//   build_attn(...)      once per layer: store K/V, return the attention output
+//   set_inputs()         after allocation: fill the input tensors
+//   commit()             after a successful compute: sequences grow
+#pragma once
+
+#include "common.h"
+#include "model.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <memory>
+#include <vector>
+
+// A run: sequences seq0 .. seq0+n_seqs-1, each contributing n_tokens consecutive tokens,
+// laid out sequence-major in the ubatch from token t0.
+struct ott_run {
+    int32_t seq0;
+    int32_t n_seqs;
+    int32_t n_tokens;
+    int32_t t0;
+};
+
+struct ott_ubatch {
+    std::vector<int32_t> token;     // [n_tokens]
+    std::vector<int32_t> pos;       // [n_tokens]
+    std::vector<int32_t> seq_id;    // [n_tokens]
+    std::vector<int32_t> out_idx;   // ubatch indices whose logits are returned, in order
+    std::vector<ott_run> runs;      // covering every token, in token order
+
+    int32_t n_tokens() const { return (int32_t) token.size(); }
+};
+
+class ott_kv_cache {
+public:
+    virtual ~ott_kv_cache() = default;
+
+    virtual ott_status begin(const ott_ubatch & ub) = 0;
+    virtual void build_inputs(ggml_context * ctx) = 0;
+    // q: F32 [n_embd_head, n_head,    n_tokens] (rotated)
+    // k: F32 [n_embd_head, n_head_kv, n_tokens] (rotated)
+    // v: F32 [n_embd_head, n_head_kv, n_tokens]
+    // returns F32 [n_embd_head*n_head, n_tokens]
+    virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il,
+                                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) = 0;
+    virtual void set_inputs() = 0;
+    virtual void commit() = 0;
+
+    virtual int32_t seq_len(int32_t seq) const = 0;
+    virtual void    seq_truncate(int32_t seq, int32_t n_keep) = 0;
+    virtual ott_kv_stats stats() const = 0;
+};
+
+struct ott_kv_shape {
+    int32_t n_layer;
+    int32_t n_head_kv;
+    int32_t n_embd_head;
+    int32_t n_ctx;       // tokens per sequence
+    int32_t n_seq_max;
+};
+
+// Create the cache selected by params.type; reports unsupported or invalid settings.
+ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape & shape,
+                               std::unique_ptr<ott_kv_cache> & out);
+
+// The fp16 cache (kv_f16.cpp).
+ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);

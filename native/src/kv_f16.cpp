@@ -1,0 +1,172 @@
+// kv_f16.cpp — the fp16 KV cache: one row per (sequence, position), attention by ggml's
+// flash-attention op over all sequences of a run at once.
+#include "kv_cache.h"
+
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <cmath>
+
+namespace {
+
+class kv_f16 final : public ott_kv_cache {
+public:
+    explicit kv_f16(const ott_kv_shape & shape) : sh(shape), len(shape.n_seq_max, 0) {}
+
+    ~kv_f16() override {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+
+    ott_status init() {
+        ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (2 * sh.n_layer), nullptr, true };
+        ctx = ggml_init(ip);
+        const int64_t n_rows = (int64_t) sh.n_ctx * sh.n_seq_max;
+        for (int il = 0; il < sh.n_layer; ++il) {
+            k_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
+            v_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
+            ggml_format_name(k_l.back(), "cache_k_l%d", il);
+            ggml_format_name(v_l.back(), "cache_v_l%d", il);
+        }
+        buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+        if (!buf) {
+            return ott_fail(OTT_ERR_ALLOC, "cannot allocate the fp16 KV cache (%d layers x %d sequences x %d tokens)",
+                            sh.n_layer, sh.n_seq_max, sh.n_ctx);
+        }
+        ggml_backend_buffer_clear(buf, 0);  // masked rows must hold finite values
+        return OTT_OK;
+    }
+
+    ott_status begin(const ott_ubatch & batch) override {
+        ub = &batch;
+        plan.clear();
+        for (const ott_run & r : batch.runs) {
+            int32_t n_kv = 0;
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) {
+                if (len[s] + r.n_tokens > sh.n_ctx) {
+                    return ott_fail(OTT_ERR_CONTEXT_FULL, "sequence %d would hold %d tokens, more than the context size %d",
+                                    s, len[s] + r.n_tokens, sh.n_ctx);
+                }
+                n_kv = std::max(n_kv, len[s] + r.n_tokens);
+            }
+            plan.push_back({ r, n_kv, nullptr });
+        }
+        return OTT_OK;
+    }
+
+    void build_inputs(ggml_context * gctx) override {
+        rows = ggml_new_tensor_1d(gctx, GGML_TYPE_I64, ub->n_tokens());
+        ggml_set_name(rows, "kv_rows");
+        ggml_set_input(rows);
+        for (run_plan & p : plan) {
+            // F16 [n_kv, n_tokens, 1, n_seqs]: 0 where the query may attend, -inf elsewhere
+            p.mask = ggml_new_tensor_4d(gctx, GGML_TYPE_F16, p.n_kv, p.run.n_tokens, 1, p.run.n_seqs);
+            ggml_set_name(p.mask, "kq_mask");
+            ggml_set_input(p.mask);
+        }
+    }
+
+    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il,
+                             ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
+        const int64_t n_tokens = q->ne[2];
+        const int64_t hd = sh.n_embd_head;
+        ggml_build_forward_expand(gf, ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows));
+        ggml_build_forward_expand(gf, ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows));
+
+        const size_t row_bytes = k_l[il]->nb[1];
+        const size_t seq_bytes = row_bytes * (size_t) sh.n_ctx;
+        ggml_tensor * out = nullptr;
+        for (const run_plan & p : plan) {
+            const ott_run & r = p.run;
+            // [n_embd_head, n_head, n_tokens*n_seqs] -> [n_embd_head, n_tokens, n_head, n_seqs]
+            ggml_tensor * qr = ggml_view_3d(gctx, q, hd, q->ne[1], (int64_t) r.n_tokens * r.n_seqs,
+                                            q->nb[1], q->nb[2], (size_t) r.t0 * q->nb[2]);
+            qr = ggml_reshape_4d(gctx, qr, hd, q->ne[1], r.n_tokens, r.n_seqs);
+            qr = ggml_permute(gctx, qr, 0, 2, 1, 3);
+            // F16 [n_embd_head, n_kv, n_head_kv, n_seqs] views of the cache rows
+            ggml_tensor * kr = ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs,
+                                            row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
+            ggml_tensor * vr = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs,
+                                            row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
+            ggml_tensor * fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
+            ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+            // [n_embd_head, n_head, n_tokens, n_seqs] -> [n_embd_head*n_head, n_tokens*n_seqs]
+            fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+            out = out ? ggml_concat(gctx, out, fa, 1) : fa;
+        }
+        return out;
+    }
+
+    void set_inputs() override {
+        std::vector<int64_t> idx(ub->n_tokens());
+        for (int32_t i = 0; i < ub->n_tokens(); ++i) {
+            idx[i] = (int64_t) ub->seq_id[i] * sh.n_ctx + ub->pos[i];
+        }
+        ggml_backend_tensor_set(rows, idx.data(), 0, idx.size() * sizeof(int64_t));
+
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+        std::vector<ggml_fp16_t> m;
+        for (const run_plan & p : plan) {
+            const ott_run & r = p.run;
+            m.assign((size_t) p.n_kv * r.n_tokens * r.n_seqs, ninf);
+            for (int32_t j = 0; j < r.n_seqs; ++j) {
+                for (int32_t i = 0; i < r.n_tokens; ++i) {
+                    const int32_t qpos = ub->pos[r.t0 + j * r.n_tokens + i];
+                    ggml_fp16_t * row = m.data() + ((size_t) j * r.n_tokens + i) * p.n_kv;
+                    for (int32_t c = 0; c <= qpos && c < p.n_kv; ++c) row[c] = zero;
+                }
+            }
+            ggml_backend_tensor_set(p.mask, m.data(), 0, m.size() * sizeof(ggml_fp16_t));
+        }
+    }
+
+    void commit() override {
+        for (const ott_run & r : ub->runs) {
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) len[s] += r.n_tokens;
+        }
+    }
+
+    int32_t seq_len(int32_t seq) const override { return len[seq]; }
+
+    void seq_truncate(int32_t seq, int32_t n_keep) override { len[seq] = std::min(len[seq], n_keep); }
+
+    ott_kv_stats stats() const override {
+        ott_kv_stats st{};
+        const double per_token_layer = 2.0 * n_embd_gqa() * sizeof(ggml_fp16_t);  // K and V
+        for (int32_t l : len) st.n_tokens += l;
+        st.bytes_allocated       = (int64_t) ggml_backend_buffer_get_size(buf);
+        st.bytes_used            = (int64_t) (per_token_layer * sh.n_layer * (double) st.n_tokens);
+        st.bytes_per_token_layer = per_token_layer;
+        st.bits_per_element      = 16.0;
+        return st;
+    }
+
+private:
+    struct run_plan {
+        ott_run       run;
+        int32_t       n_kv;   // cache rows the run attends over (longest sequence)
+        ggml_tensor * mask;
+    };
+
+    int64_t n_embd_gqa() const { return (int64_t) sh.n_embd_head * sh.n_head_kv; }
+
+    ott_kv_shape sh;
+    ggml_context * ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer; row = seq*n_ctx + pos
+    std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer
+    std::vector<int32_t> len;         // [n_seq_max] tokens held per sequence
+
+    const ott_ubatch * ub = nullptr;  // the step being built
+    std::vector<run_plan> plan;       // one per run of the step
+    ggml_tensor * rows = nullptr;     // I64 [n_tokens] cache row of each new token
+};
+
+} // namespace
+
+ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+    auto c = std::make_unique<kv_f16>(shape);
+    OTT_TRY(c->init());
+    out = std::move(c);
+    return OTT_OK;
+}

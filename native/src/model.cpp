@@ -1,0 +1,409 @@
+// model.cpp — read a GGUF file: validate metadata and tensors, place weights on the CPU
+// backend in their stored types (repacked where ggml has a faster layout).
+#include "model.h"
+
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+
+namespace {
+
+struct arch_desc {
+    const char * name;
+    ott_arch     arch;
+    int          rope_type;
+    bool         qkv_bias;
+};
+
+const arch_desc k_archs[] = {
+    { "llama",   OTT_ARCH_LLAMA,   GGML_ROPE_TYPE_NORMAL, false },
+    { "mistral", OTT_ARCH_MISTRAL, GGML_ROPE_TYPE_NORMAL, false },
+    { "qwen2",   OTT_ARCH_QWEN2,   GGML_ROPE_TYPE_NEOX,   true  },
+};
+
+struct file_closer { void operator()(FILE * f) const { if (f) fclose(f); } };
+using file_ptr = std::unique_ptr<FILE, file_closer>;
+
+// Integer metadata of any GGUF integer type; returns false when absent or not an integer.
+bool get_int(const gguf_context * g, const std::string & key, int64_t & out) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0) return false;
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT8:  out = gguf_get_val_u8(g, id);  return true;
+        case GGUF_TYPE_INT8:   out = gguf_get_val_i8(g, id);  return true;
+        case GGUF_TYPE_UINT16: out = gguf_get_val_u16(g, id); return true;
+        case GGUF_TYPE_INT16:  out = gguf_get_val_i16(g, id); return true;
+        case GGUF_TYPE_UINT32: out = gguf_get_val_u32(g, id); return true;
+        case GGUF_TYPE_INT32:  out = gguf_get_val_i32(g, id); return true;
+        case GGUF_TYPE_UINT64: out = (int64_t) gguf_get_val_u64(g, id); return true;
+        case GGUF_TYPE_INT64:  out = gguf_get_val_i64(g, id); return true;
+        default: return false;
+    }
+}
+
+bool get_float(const gguf_context * g, const std::string & key, float & out) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0) return false;
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_FLOAT32: out = gguf_get_val_f32(g, id); return true;
+        case GGUF_TYPE_FLOAT64: out = (float) gguf_get_val_f64(g, id); return true;
+        default: {
+            int64_t v;
+            if (!get_int(g, key, v)) return false;
+            out = (float) v;
+            return true;
+        }
+    }
+}
+
+std::string get_str(const gguf_context * g, const std::string & key) {
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_STRING) return "";
+    return gguf_get_val_str(g, id);
+}
+
+ott_status require_int(const ott_model * m, const std::string & key, int64_t lo, int64_t hi, int32_t & out) {
+    int64_t v;
+    if (!get_int(m->gguf, key, v)) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: missing integer metadata key '%s'", m->path.c_str(), key.c_str());
+    }
+    if (v < lo || v > hi) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: metadata '%s' = %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+                        m->path.c_str(), key.c_str(), v, lo, hi);
+    }
+    out = (int32_t) v;
+    return OTT_OK;
+}
+
+ott_status read_hparams(ott_model * m) {
+    const gguf_context * g = m->gguf;
+    ott_hparams & hp = m->hparams;
+
+    hp.arch_name = get_str(g, "general.architecture");
+    const arch_desc * desc = nullptr;
+    for (const auto & a : k_archs) {
+        if (hp.arch_name == a.name) desc = &a;
+    }
+    if (!desc) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2)",
+                        m->path.c_str(), hp.arch_name.empty() ? "<missing general.architecture>" : hp.arch_name.c_str());
+    }
+    hp.arch      = desc->arch;
+    hp.rope_type = desc->rope_type;
+
+    const std::string a = hp.arch_name + ".";
+    OTT_TRY(require_int(m, a + "block_count",              1, 1024,    hp.n_layer));
+    OTT_TRY(require_int(m, a + "embedding_length",         1, 1 << 17, hp.n_embd));
+    OTT_TRY(require_int(m, a + "feed_forward_length",      1, 1 << 20, hp.n_ff));
+    OTT_TRY(require_int(m, a + "attention.head_count",     1, 1024,    hp.n_head));
+    hp.n_head_kv = hp.n_head;
+    if (gguf_find_key(g, (a + "attention.head_count_kv").c_str()) >= 0) {
+        OTT_TRY(require_int(m, a + "attention.head_count_kv", 1, hp.n_head, hp.n_head_kv));
+    }
+    if (hp.n_head % hp.n_head_kv != 0) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
+                        m->path.c_str(), hp.n_head, hp.n_head_kv);
+    }
+    hp.n_ctx_train = 4096;
+    if (gguf_find_key(g, (a + "context_length").c_str()) >= 0) {
+        OTT_TRY(require_int(m, a + "context_length", 1, 1 << 24, hp.n_ctx_train));
+    }
+    hp.n_embd_head = hp.n_embd / hp.n_head;
+    if (gguf_find_key(g, (a + "attention.key_length").c_str()) >= 0) {
+        OTT_TRY(require_int(m, a + "attention.key_length", 1, 1024, hp.n_embd_head));
+    }
+    if (hp.n_embd_head % 2 != 0) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: head dimension %d is odd", m->path.c_str(), hp.n_embd_head);
+    }
+    hp.n_rot = hp.n_embd_head;
+    if (gguf_find_key(g, (a + "rope.dimension_count").c_str()) >= 0) {
+        OTT_TRY(require_int(m, a + "rope.dimension_count", 2, hp.n_embd_head, hp.n_rot));
+    }
+
+    hp.norm_rms_eps = 1e-5f;
+    get_float(g, a + "attention.layer_norm_rms_epsilon", hp.norm_rms_eps);
+    hp.rope_freq_base = 10000.0f;
+    get_float(g, a + "rope.freq_base", hp.rope_freq_base);
+
+    // rope scaling: none, linear, yarn (llama3-style factors come as the rope_freqs tensor)
+    hp.rope_freq_scale = 1.0f;
+    hp.rope_ext_factor = 0.0f;
+    hp.rope_n_ctx_orig = hp.n_ctx_train;
+    const std::string scaling = get_str(g, a + "rope.scaling.type");
+    float factor = 1.0f;
+    get_float(g, a + "rope.scaling.factor", factor);
+    if (scaling == "linear" || scaling == "yarn") {
+        if (!(factor > 0.0f)) {
+            return ott_fail(OTT_ERR_FORMAT, "%s: rope.scaling.factor must be positive", m->path.c_str());
+        }
+        hp.rope_freq_scale = 1.0f / factor;
+        if (scaling == "yarn") {
+            hp.rope_ext_factor = 1.0f;
+            int64_t orig;
+            if (get_int(g, a + "rope.scaling.original_context_length", orig) && orig > 0) hp.rope_n_ctx_orig = (int32_t) orig;
+        }
+    } else if (!scaling.empty() && scaling != "none") {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (none, linear, yarn)",
+                        m->path.c_str(), scaling.c_str());
+    }
+    return OTT_OK;
+}
+
+// Tensor types that can be multiplied on the CPU backend (have a dot-product kernel).
+bool cpu_matmul_type(ggml_type t) {
+    if ((int) t < 0 || t >= GGML_TYPE_COUNT || ggml_blck_size(t) == 0) return false;
+    const ggml_type_traits_cpu * tr = ggml_get_type_traits_cpu(t);
+    return tr && tr->vec_dot != nullptr;
+}
+
+struct weight_loader {
+    ott_model * m;
+    ggml_context * meta;                   // headers from the GGUF file
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctxs;  // one context per buffer type
+    std::vector<std::pair<ggml_tensor *, const ggml_tensor *>> placed;  // (ours, file's)
+    std::vector<ggml_backend_buffer_type_t> extra_bufts;  // repacked layouts, best first
+    ggml_backend_dev_t dev = nullptr;
+
+    ggml_context * ctx_for(ggml_backend_buffer_type_t buft) {
+        auto it = ctxs.find(buft);
+        if (it != ctxs.end()) return it->second;
+        ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (gguf_get_n_tensors(m->gguf) + 1), nullptr, true };
+        ggml_context * c = ggml_init(ip);
+        m->ctxs_w.push_back(c);  // the model owns every header context
+        ctxs[buft] = c;
+        return c;
+    }
+
+    // Would ggml's CPU backend multiply `w` when it lives in `buft`?
+    bool matmul_supported(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
+        ggml_init_params ip = { ggml_tensor_overhead() * 4, nullptr, true };
+        ggml_context * c = ggml_init(ip);
+        ggml_tensor * wt  = ggml_new_tensor(c, w->type, GGML_MAX_DIMS, w->ne);
+        ggml_tensor * x   = ggml_new_tensor_2d(c, GGML_TYPE_F32, w->ne[0], 512);
+        ggml_tensor * op  = ggml_mul_mat(c, wt, x);
+        ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
+        wt->buffer = dummy;
+        const bool ok = ggml_backend_dev_supports_op(dev, op);
+        wt->buffer = nullptr;
+        ggml_backend_buffer_free(dummy);
+        ggml_free(c);
+        return ok;
+    }
+
+    // Find `name`, check its type and shape, and create our header for it.
+    ott_status get(const std::string & name, std::vector<int64_t> ne, bool matmul, bool required, ggml_tensor ** out) {
+        *out = nullptr;
+        const ggml_tensor * src = ggml_get_tensor(meta, name.c_str());
+        if (!src) {
+            if (!required) return OTT_OK;
+            return ott_fail(OTT_ERR_FORMAT, "%s: tensor '%s' is missing", m->path.c_str(), name.c_str());
+        }
+        const bool type_ok = matmul ? cpu_matmul_type(src->type)
+                                    : (src->type == GGML_TYPE_F32 || cpu_matmul_type(src->type));
+        if (!type_ok || (!matmul && src->type != GGML_TYPE_F32 && ne.size() == 1)) {
+            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which the CPU backend cannot use here",
+                            m->path.c_str(), name.c_str(), ggml_type_name(src->type));
+        }
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            const int64_t want = d < (int) ne.size() ? ne[d] : 1;
+            if (src->ne[d] != want) {
+                return ott_fail(OTT_ERR_FORMAT,
+                    "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+                    m->path.c_str(), name.c_str(), src->ne[0], src->ne[1], src->ne[2],
+                    ne[0], ne.size() > 1 ? ne[1] : 1, ne.size() > 2 ? ne[2] : 1);
+            }
+        }
+        ggml_backend_buffer_type_t buft = ggml_backend_cpu_buffer_type();
+        if (matmul) {
+            for (auto b : extra_bufts) {
+                if (matmul_supported(b, src)) { buft = b; break; }
+            }
+        }
+        ggml_tensor * t = ggml_new_tensor(ctx_for(buft), src->type, GGML_MAX_DIMS, src->ne);
+        ggml_set_name(t, name.c_str());
+        placed.push_back({ t, src });
+        *out = t;
+        return OTT_OK;
+    }
+};
+
+} // namespace
+
+ott_model::~ott_model() {
+    for (auto b : buffers) ggml_backend_buffer_free(b);
+    for (auto c : ctxs_w) ggml_free(c);
+    if (gguf) gguf_free(gguf);
+}
+
+ott_status ott_model_load_file(const char * path, const ott_model_params & params, ott_model * m) {
+    m->path = path;
+
+    file_ptr f(fopen(path, "rb"));
+    if (!f) return ott_fail(OTT_ERR_IO, "%s: cannot open file: %s", path, strerror(errno));
+    char magic[4] = {0};
+    if (fread(magic, 1, 4, f.get()) != 4 || memcmp(magic, "GGUF", 4) != 0) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: not a GGUF file (bad magic)", path);
+    }
+    fseeko(f.get(), 0, SEEK_END);
+    const int64_t file_size = ftello(f.get());
+
+    ggml_context * meta = nullptr;
+    gguf_init_params gp = { /*no_alloc =*/ true, /*ctx =*/ &meta };
+    m->gguf = gguf_init_from_file(path, gp);
+    if (!m->gguf) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: cannot parse the GGUF header (truncated or corrupt file)", path);
+    }
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> meta_guard(meta, ggml_free);
+
+    // every tensor's data must lie inside the file
+    const int64_t data_off = (int64_t) gguf_get_data_offset(m->gguf);
+    for (int64_t i = 0; i < gguf_get_n_tensors(m->gguf); ++i) {
+        const int64_t end = data_off + (int64_t) gguf_get_tensor_offset(m->gguf, i) + (int64_t) gguf_get_tensor_size(m->gguf, i);
+        if (end > file_size) {
+            return ott_fail(OTT_ERR_FORMAT, "%s: truncated: tensor '%s' ends at byte %" PRId64 " but the file has %" PRId64 " bytes",
+                            path, gguf_get_tensor_name(m->gguf, i), end, file_size);
+        }
+    }
+
+    OTT_TRY(read_hparams(m));
+    ott_hparams & hp = m->hparams;
+
+    weight_loader wl{ m, meta, {}, {}, {}, ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) };
+    if (!wl.dev) return ott_fail(OTT_ERR_BACKEND, "ggml has no CPU device");
+    if (params.repack) {
+        auto get_extra = (ggml_backend_dev_get_extra_bufts_t)
+            ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(wl.dev), "ggml_backend_dev_get_extra_bufts");
+        if (get_extra) {
+            for (ggml_backend_buffer_type_t * b = get_extra(wl.dev); b && *b; ++b) wl.extra_bufts.push_back(*b);
+        }
+    }
+
+    // vocabulary size comes from the embedding matrix
+    const ggml_tensor * emb = ggml_get_tensor(meta, "token_embd.weight");
+    if (!emb) return ott_fail(OTT_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
+    hp.n_vocab = (int32_t) emb->ne[1];
+
+    const int64_t n_embd = hp.n_embd, n_q = (int64_t) hp.n_embd_head * hp.n_head, n_kv = hp.n_embd_gqa();
+    const bool bias = hp.arch == OTT_ARCH_QWEN2;
+    OTT_TRY(wl.get("token_embd.weight",  { n_embd, hp.n_vocab }, false, true, &m->tok_embd));
+    OTT_TRY(wl.get("output_norm.weight", { n_embd }, false, true, &m->output_norm));
+    OTT_TRY(wl.get("output.weight",      { n_embd, hp.n_vocab }, true, false, &m->output));
+    OTT_TRY(wl.get("rope_freqs.weight",  { hp.n_rot / 2 }, false, false, &m->rope_freqs));
+    if (!m->output) {
+        if (!cpu_matmul_type(m->tok_embd->type)) {
+            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tied output needs token_embd type %s to be multipliable", path,
+                            ggml_type_name(m->tok_embd->type));
+        }
+        m->output = m->tok_embd;
+    }
+
+    m->layers.resize(hp.n_layer);
+    for (int il = 0; il < hp.n_layer; ++il) {
+        ott_layer & L = m->layers[il];
+        const std::string p = "blk." + std::to_string(il) + ".";
+        OTT_TRY(wl.get(p + "attn_norm.weight",   { n_embd },           false, true, &L.attn_norm));
+        OTT_TRY(wl.get(p + "attn_q.weight",      { n_embd, n_q },      true,  true, &L.wq));
+        OTT_TRY(wl.get(p + "attn_k.weight",      { n_embd, n_kv },     true,  true, &L.wk));
+        OTT_TRY(wl.get(p + "attn_v.weight",      { n_embd, n_kv },     true,  true, &L.wv));
+        OTT_TRY(wl.get(p + "attn_output.weight", { n_q, n_embd },      true,  true, &L.wo));
+        OTT_TRY(wl.get(p + "attn_q.bias",        { n_q },              false, bias, &L.bq));
+        OTT_TRY(wl.get(p + "attn_k.bias",        { n_kv },             false, bias, &L.bk));
+        OTT_TRY(wl.get(p + "attn_v.bias",        { n_kv },             false, bias, &L.bv));
+        OTT_TRY(wl.get(p + "ffn_norm.weight",    { n_embd },           false, true, &L.ffn_norm));
+        OTT_TRY(wl.get(p + "ffn_gate.weight",    { n_embd, hp.n_ff },  true,  true, &L.ffn_gate));
+        OTT_TRY(wl.get(p + "ffn_up.weight",      { n_embd, hp.n_ff },  true,  true, &L.ffn_up));
+        OTT_TRY(wl.get(p + "ffn_down.weight",    { hp.n_ff, n_embd },  true,  true, &L.ffn_down));
+    }
+
+    // allocate one buffer per buffer type, then stream each tensor from the file
+    for (auto & kv : wl.ctxs) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(kv.second, kv.first);
+        if (!buf) return ott_fail(OTT_ERR_ALLOC, "%s: cannot allocate %s weight buffer", path, ggml_backend_buft_name(kv.first));
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        m->buffers.push_back(buf);
+    }
+    std::vector<uint8_t> staging;
+    for (auto & pr : wl.placed) {
+        ggml_tensor * t = pr.first;
+        const int64_t idx = gguf_find_tensor(m->gguf, ggml_get_name(t));
+        const size_t nbytes = ggml_nbytes(t);
+        staging.resize(nbytes);
+        if (fseeko(f.get(), data_off + (int64_t) gguf_get_tensor_offset(m->gguf, idx), SEEK_SET) != 0 ||
+            fread(staging.data(), 1, nbytes, f.get()) != nbytes) {
+            return ott_fail(OTT_ERR_IO, "%s: read error in tensor '%s'", path, ggml_get_name(t));
+        }
+        ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
+        m->n_params     += ggml_nelements(t);
+        m->weight_bytes += (int64_t) nbytes;
+    }
+
+    return OTT_OK;
+}
+
+namespace {
+
+// ggml's own messages stay quiet; the last error line is kept to explain a failed parse.
+thread_local std::string g_ggml_last_error;
+
+void ggml_log_quiet(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR && text) {
+        g_ggml_last_error = text;
+        while (!g_ggml_last_error.empty() && (g_ggml_last_error.back() == '\n')) g_ggml_last_error.pop_back();
+    }
+}
+
+} // namespace
+
+extern "C" ott_status ott_model_load(const char * path, const ott_model_params * params, ott_model ** out) {
+    if (!path || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_model_load: null argument");
+    *out = nullptr;
+    ggml_log_set(ggml_log_quiet, nullptr);
+    g_ggml_last_error.clear();
+    const ott_model_params p = params ? *params : ott_model_default_params();
+    auto m = std::unique_ptr<ott_model>(new (std::nothrow) ott_model());
+    if (!m) return ott_fail(OTT_ERR_ALLOC, "out of memory loading %s", path);
+    const ott_status st = ott_model_load_file(path, p, m.get());
+    if (st != OTT_OK) {
+        if (st == OTT_ERR_FORMAT && !g_ggml_last_error.empty()) {
+            std::string msg = ott_last_error();
+            ott_fail(st, "%s (%s)", msg.c_str(), g_ggml_last_error.c_str());
+        }
+        return st;
+    }
+    *out = m.release();
+    return OTT_OK;
+}
+
+extern "C" void ott_model_free(ott_model * model) {
+    delete model;
+}
+
+extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * out) {
+    if (!m || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_model_get_info: null argument");
+    const ott_hparams & hp = m->hparams;
+    memset(out, 0, sizeof(*out));
+    snprintf(out->arch, sizeof(out->arch), "%s", hp.arch_name.c_str());
+    out->n_vocab         = hp.n_vocab;
+    out->n_ctx_train     = hp.n_ctx_train;
+    out->n_embd          = hp.n_embd;
+    out->n_layer         = hp.n_layer;
+    out->n_head          = hp.n_head;
+    out->n_head_kv       = hp.n_head_kv;
+    out->n_embd_head     = hp.n_embd_head;
+    out->n_ff            = hp.n_ff;
+    out->rope_type       = hp.rope_type;
+    out->rope_freq_base  = hp.rope_freq_base;
+    out->rope_freq_scale = hp.rope_freq_scale;
+    out->norm_rms_eps    = hp.norm_rms_eps;
+    out->tied_output     = m->output == m->tok_embd;
+    out->n_params        = m->n_params;
+    out->weight_bytes    = m->weight_bytes;
+    return OTT_OK;
+}

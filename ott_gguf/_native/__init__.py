@@ -1,0 +1,61 @@
+"""Raw binding to native/include/ott.h: the cffi API-mode module, loaded once.
+
+`ffi` and `lib` mirror the C header one to one; `check()` turns a status code into the
+matching exception with the library's one-line message. Set OTT_NATIVE_DIR to a folder
+holding another build (`_ott_cffi*.so` beside its `libott.so`) to use that one instead of
+the build installed with the package.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+from pathlib import Path
+
+from ..errors import (BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError,
+                      UnsupportedError)
+
+_MODULE = "ott_gguf._native._ott_cffi"
+
+
+def _load():
+    tried = []
+    dirs = []
+    if os.environ.get("OTT_NATIVE_DIR"):
+        dirs.append(Path(os.environ["OTT_NATIVE_DIR"]))
+    dirs.append(Path(__file__).resolve().parent)
+    for d in dirs:
+        for f in sorted(d.glob("_ott_cffi*.so")) + sorted(d.glob("_ott_cffi*.pyd")):
+            try:
+                loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(f))
+                spec = importlib.util.spec_from_file_location(_MODULE, str(f), loader=loader)
+                mod = importlib.util.module_from_spec(spec)
+                loader.exec_module(mod)
+                return mod
+            except ImportError as e:
+                tried.append(f"{f}: {e}")
+        if not tried or not str(tried[-1]).startswith(str(d)):
+            tried.append(f"{d}: no _ott_cffi extension")
+    raise ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
+
+
+_mod = _load()
+ffi = _mod.ffi
+lib = _mod.lib
+
+_ERRORS = {
+    lib.OTT_ERR_IO: ModelFileError,
+    lib.OTT_ERR_FORMAT: ModelFileError,
+    lib.OTT_ERR_UNSUPPORTED: UnsupportedError,
+    lib.OTT_ERR_INVALID_ARG: InvalidArgumentError,
+    lib.OTT_ERR_CONTEXT_FULL: ContextFullError,
+    lib.OTT_ERR_ALLOC: BackendError,
+    lib.OTT_ERR_BACKEND: BackendError,
+}
+
+
+def check(status: int) -> None:
+    """Raise the exception matching a non-OK status, with the native message."""
+    if status != lib.OTT_OK:
+        msg = ffi.string(lib.ott_last_error()).decode("utf-8", "replace")
+        raise _ERRORS.get(status, OttError)(msg or f"native error {status}")
