@@ -1,0 +1,199 @@
+"""A loaded GGUF model with one decoding context: the public Python API of the runtime.
+
+    model = Model("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048)
+    ids = model.tokenize("The capital of France is")
+    logits = model.eval(ids)            # F32 [n_vocab], last token
+
+Weights stay in native memory in their GGUF types; Python reads the metadata (with the
+`gguf` package) only to describe the model and build the tokenizer and chat template.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ._native import check, ffi, lib
+from .errors import InvalidArgumentError, ModelFileError
+
+KV_TYPES = {"f16": lib.OTT_KV_F16}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd_head: int
+    n_ff: int
+    rope_type: int
+    rope_freq_base: float
+    rope_freq_scale: float
+    norm_rms_eps: float
+    tied_output: bool
+    n_params: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class KVStats:
+    bytes_allocated: int          # KV bytes allocated now, all layers and sequences
+    bytes_used: int               # bytes holding live tokens
+    n_tokens: int                 # live tokens summed over sequences
+    bytes_per_token_layer: float  # everything counted
+    bits_per_element: float       # average over K and V elements
+
+
+def _struct_to(cls, c_struct):
+    values = {}
+    for f in fields(cls):
+        v = getattr(c_struct, f.name)
+        values[f.name] = ffi.string(v).decode() if f.type == "str" else v
+    return cls(**values)
+
+
+def read_metadata(path: Path):
+    """GGUF metadata (scalars and short arrays) and tensor type counts, via `gguf`."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(path)
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.data) > 64:
+            continue  # vocabularies and merges are the tokenizer's business
+        meta[key] = field.contents()
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    return reader, meta, dict(types)
+
+
+class Model:
+    """A GGUF model and its decoding context (KV cache for up to n_seq_max sequences)."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
+                 n_ubatch: int = 512, n_threads: int | None = None, kv: str = "f16", repack: bool = True):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFileError(f"{self.path}: no such file")
+        if kv not in KV_TYPES:
+            raise InvalidArgumentError(f"unknown KV cache mode '{kv}' (choose from {', '.join(KV_TYPES)})")
+
+        mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
+        mparams.repack = int(repack)
+        pmodel = ffi.new("ott_model **")
+        check(lib.ott_model_load(str(self.path).encode(), mparams, pmodel))
+        self._model = ffi.gc(pmodel[0], lib.ott_model_free)
+
+        cinfo = ffi.new("ott_model_info *")
+        check(lib.ott_model_get_info(self._model, cinfo))
+        self.info = _struct_to(ModelInfo, cinfo)
+        self.n_vocab = self.info.n_vocab
+
+        cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
+        cparams.n_ctx = n_ctx or 0
+        cparams.n_seq_max = n_seq_max
+        cparams.n_ubatch = n_ubatch
+        cparams.n_threads = n_threads or 0
+        cparams.kv.type = KV_TYPES[kv]
+        pctx = ffi.new("ott_context **")
+        check(lib.ott_context_init(self._model, cparams, pctx))
+        self._ctx = ffi.gc(pctx[0], lib.ott_context_free)
+        self.n_ctx = n_ctx or self.info.n_ctx_train
+        self.n_seq_max = n_seq_max
+        self.n_ubatch = n_ubatch
+        self.kv = kv
+
+        from .chat import ChatTemplate
+        from .tokenizer import Tokenizer
+
+        reader, self.metadata, self.tensor_types = read_metadata(self.path)
+        self.tokenizer = Tokenizer.from_gguf(self.path)
+        self.chat_template = ChatTemplate.from_gguf(reader)
+
+    # ---- text ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # ---- decoding -----------------------------------------------------------------------
+
+    def decode_batch(self, tokens: Sequence[int], pos: Sequence[int], seq_ids: Sequence[int],
+                     want_logits: Sequence[bool]) -> np.ndarray:
+        """Evaluate one batch of (token, position, sequence); F32 [n_out, n_vocab] in batch order."""
+        n = len(tokens)
+        if not (len(pos) == len(seq_ids) == len(want_logits) == n):
+            raise InvalidArgumentError("decode_batch: tokens, pos, seq_ids and want_logits differ in length")
+        c_tok = ffi.new("int32_t[]", list(tokens))
+        c_pos = ffi.new("int32_t[]", list(pos))
+        c_seq = ffi.new("int32_t[]", list(seq_ids))
+        c_out = ffi.new("int8_t[]", [1 if w else 0 for w in want_logits])
+        batch = ffi.new("ott_batch *", {"n_tokens": n, "token": c_tok, "pos": c_pos, "seq_id": c_seq, "logits": c_out})
+        check(lib.ott_decode(self._ctx, batch))
+        ptr = ffi.new("float **")
+        n_out = ffi.new("int32_t *")
+        check(lib.ott_get_logits(self._ctx, ptr, n_out))
+        buf = ffi.buffer(ptr[0], n_out[0] * self.n_vocab * 4)
+        return np.frombuffer(buf, dtype=np.float32).reshape(n_out[0], self.n_vocab).copy()
+
+    def eval(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Append tokens to sequence `seq`; logits of the last token [n_vocab], or of all [n, n_vocab]."""
+        if len(tokens) == 0:
+            raise InvalidArgumentError("eval: no tokens")
+        start = self.seq_len(seq)
+        n = len(tokens)
+        want = [True] * n if all_logits else [False] * (n - 1) + [True]
+        out = self.decode_batch(tokens, range(start, start + n), [seq] * n, want)
+        return out if all_logits else out[0]
+
+    def seq_len(self, seq: int = 0) -> int:
+        n = ffi.new("int32_t *")
+        check(lib.ott_seq_len(self._ctx, seq, n))
+        return n[0]
+
+    def truncate(self, seq: int = 0, n_keep: int = 0) -> None:
+        """Keep the first n_keep tokens of sequence `seq` (0 clears it)."""
+        check(lib.ott_seq_truncate(self._ctx, seq, n_keep))
+
+    def set_threads(self, n_threads: int) -> None:
+        check(lib.ott_context_set_threads(self._ctx, n_threads))
+
+    # ---- memory -------------------------------------------------------------------------
+
+    def kv_stats(self) -> KVStats:
+        st = ffi.new("ott_kv_stats *")
+        check(lib.ott_get_kv_stats(self._ctx, st))
+        return KVStats(st.bytes_allocated, st.bytes_used, st.n_tokens, st.bytes_per_token_layer, st.bits_per_element)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token occupies across all layers."""
+        return int(round(self.kv_stats().bytes_per_token_layer * self.info.n_layer))
+
+    def close(self) -> None:
+        """Free the context and the weights now (otherwise when garbage-collected)."""
+        for name in ("_ctx", "_model"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                ffi.release(obj)
+                setattr(self, name, None)
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def physical_cores() -> int:
+    return lib.ott_physical_cores()
