@@ -1,0 +1,382 @@
+"""Command line: `python -m ott_gguf {run,chat,info,perplexity,bench,tokenize,convert} ...`.
+
+MODEL is a GGUF path, a Hub repo id `org/name[:file.gguf]`, or omitted for the default
+SmolLM2-135M-Instruct Q4_1 (see resolve.py). Errors print one line `error: ...` on stderr
+and exit with 1 (2 for a bad command line); `--verbose` adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from .errors import ContextFullError, InvalidArgumentError, OttError
+
+# info and tokenize evaluate nothing: a small context keeps the KV allocation negligible.
+_NO_EVAL_CTX = 256
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit code 2), like every other error here."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _depth_list(text: str) -> list[int]:
+    try:
+        depths = [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+    if min(depths) < 0:
+        raise argparse.ArgumentTypeError(f"depths must be >= 0, got '{text}'")
+    return depths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m ott_gguf", description="Run GGUF language models (llama, mistral, qwen2).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("model", nargs="?", metavar="MODEL",
+                        help="GGUF path, Hub repo id org/name[:file.gguf], or omitted for SmolLM2-135M-Instruct Q4_1")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+
+    runtime = argparse.ArgumentParser(add_help=False)
+    runtime.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
+    runtime.add_argument("--kv", default="f16", choices=["f16"], help="KV cache type (default f16)")
+
+    sampling = argparse.ArgumentParser(add_help=False)
+    sampling.add_argument("-n", "--n-predict", type=_int_at_least(1), default=256,
+                          help="tokens to generate at most (default 256)")
+    sampling.add_argument("-c", "--ctx-size", type=_int_at_least(2), help="context size (default: the model's)")
+    sampling.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    sampling.add_argument("--top-k", type=_int_at_least(0), default=40, help="0 = off (default 40)")
+    sampling.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    sampling.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
+    sampling.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
+    sampling.add_argument("--repeat-last-n", type=_int_at_least(-1), default=64,
+                          help="tokens the penalty looks back; -1 = all, 0 = off (default 64)")
+    sampling.add_argument("--seed", type=_int_at_least(0), help="random seed (default: random)")
+
+    p = sub.add_parser("run", parents=[common, runtime, sampling], help="generate text from a prompt")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("-p", "--prompt", help="prompt text (special tokens like <|im_start|> are parsed)")
+    mode.add_argument("--chat", action="store_true", help="interactive chat (same as the chat command)")
+    p.add_argument("--system", help="system message for --chat")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", parents=[common, runtime, sampling],
+                       help="interactive chat with the model's chat template, one message per stdin line")
+    p.add_argument("--system", help="system message")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("info", parents=[common], help="describe a model: architecture, sizes, tensor types, KV bytes")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("perplexity", parents=[common, runtime],
+                       help="perplexity over non-overlapping windows, llama.cpp's method")
+    p.add_argument("-f", "--file", required=True, type=Path, help="text file (UTF-8)")
+    p.add_argument("-c", "--ctx-size", type=_int_at_least(4), default=512, help="window size in tokens (default 512)")
+    p.add_argument("--chunks", type=_int_at_least(1), help="number of windows (default: all)")
+    p.add_argument("-b", "--ubatch", type=_int_at_least(1), help="tokens per decode call (default min(512, CTX))")
+    p.set_defaults(func=cmd_perplexity)
+
+    p = sub.add_parser("bench", parents=[common, runtime], help="prompt and decode tokens/s at context depths")
+    p.add_argument("-p", "--n-prompt", type=_int_at_least(0), default=512, help="prompt tokens (default 512)")
+    p.add_argument("-n", "--n-gen", type=_int_at_least(0), default=128, help="decoded tokens (default 128)")
+    p.add_argument("-d", "--depths", type=_depth_list, default=[0], help="comma-separated depths (default 0)")
+    p.add_argument("-r", "--reps", type=_int_at_least(1), default=5, help="repetitions, median reported (default 5)")
+    p.add_argument("-b", "--ubatch", type=_int_at_least(1), default=512, help="tokens per decode call (default 512)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tokenize", parents=[common], help="token ids of a text, like llama-tokenize")
+    p.add_argument("-p", "--prompt", required=True, help="text to tokenize")
+    p.add_argument("--ids", action="store_true", help="print only a JSON list of ids")
+    p.add_argument("--no-parse-special", action="store_true", help="treat special-token text as plain text")
+    p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the vocabulary does")
+    p.set_defaults(func=cmd_tokenize)
+
+    # Parsed by the converter itself; listed here for --help (main() forwards before parsing).
+    sub.add_parser("convert", add_help=False, help="convert a Hugging Face checkpoint to GGUF (convert --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    n_global = 0
+    while n_global < len(argv) and argv[n_global] in ("-v", "--verbose"):
+        n_global += 1
+    verbose = n_global > 0 or "--verbose" in argv
+    try:
+        if argv[n_global:n_global + 1] == ["convert"]:
+            from convert import main as convert_main
+            return convert_main(argv[n_global + 1:]) or 0
+        args = build_parser().parse_args(argv)
+        verbose = args.verbose
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except OttError as e:
+        return _fail(str(e), verbose)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", verbose)
+
+
+def _fail(message: str, verbose: bool) -> int:
+    if verbose:
+        traceback.print_exc()
+    print("error: " + " ".join(message.split("\n")), file=sys.stderr)
+    return 1
+
+
+def _load(args, n_ctx: int | None, n_ubatch: int = 512):
+    # Imported here so that --help and usage errors work without loading the native library.
+    from .model import Model
+    from .resolve import resolve_model
+
+    return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
+                 n_threads=getattr(args, "threads", None), kv=getattr(args, "kv", "f16"))
+
+
+def _sampling(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+
+
+# ---- run / chat -----------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    if args.chat:
+        return cmd_chat(args)
+    if args.prompt is None:
+        raise InvalidArgumentError("run: give a prompt with -p PROMPT, or use --chat")
+    if args.system is not None:
+        raise InvalidArgumentError("run: --system needs --chat")
+    from .generate import check_fits, generate_text
+
+    sampling = _sampling(args)
+    model = _load(args, args.ctx_size)
+    ids = model.tokenize(args.prompt, add_special=True, parse_special=True)
+    check_fits(model, len(ids))
+    for piece in generate_text(model, ids, args.n_predict, sampling):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    sampling = _sampling(args)
+    model = _load(args, args.ctx_size)
+    session = ChatSession(model, sampling, max_reply=args.n_predict, system=args.system)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        try:
+            for piece in session.reply(line.rstrip("\n")):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ContextFullError as e:
+            # One message too long for the context ends that turn, not the conversation.
+            print(f"error: {e}", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+class ChatSession:
+    """A conversation kept in sequence 0 of the KV cache.
+
+    Each turn renders the whole conversation with the chat template, keeps the cached tokens
+    it shares as a prefix and evaluates only the rest (the new user message, or everything
+    after the first difference). When the conversation plus room for a reply outgrows the
+    context, the oldest user/assistant turns are dropped (a system message stays).
+    """
+
+    def __init__(self, model, sampling, max_reply: int, system: str | None = None, seq: int = 0):
+        from .sampling import Sampler
+
+        self.model = model
+        self.sampler = Sampler(sampling)
+        self.max_reply = max_reply
+        self.seq = seq
+        self.messages = [{"role": "system", "content": system}] if system else []
+        self.cached: list[int] = []  # the tokens in sequence `seq`, in order
+
+    def reply(self, text: str):
+        """Stream the assistant's answer to the user message `text`; remember both."""
+        from .tokenizer import StreamDecoder
+
+        self.messages.append({"role": "user", "content": text})
+        try:
+            ids = self._prompt_ids()
+        except ContextFullError:
+            self.messages.pop()
+            raise
+        stream = StreamDecoder(self.model.tokenizer)
+        generated = []
+        for tok in self._generate(ids):
+            generated.append(tok)
+            piece = stream.feed(tok)
+            if piece:
+                yield piece
+        rest = stream.flush()
+        if rest:
+            yield rest
+        self.messages.append({"role": "assistant", "content": self.model.detokenize(generated)})
+        self.cached = (ids + generated)[:self.model.seq_len(self.seq)]
+
+    def _prompt_ids(self) -> list[int]:
+        model = self.model
+        first_turn = 1 if self.messages[0]["role"] == "system" else 0
+        while True:
+            text = model.chat_template.render(self.messages, add_generation_prompt=True)
+            # The template writes its own special tokens (as transformers assumes); BOS is
+            # added only when the vocabulary wants one and the template did not write it.
+            ids = model.tokenize(text, add_special=False, parse_special=True)
+            if model.tokenizer.add_bos and ids[:1] != [model.tokenizer.bos_id]:
+                ids.insert(0, model.tokenizer.bos_id)
+            if len(ids) + self.max_reply <= model.n_ctx:
+                return ids
+            if len(self.messages) - first_turn <= 1:
+                raise ContextFullError(f"chat: the message needs {len(ids)} tokens plus {self.max_reply} for the "
+                                       f"reply, the context holds {model.n_ctx} (raise -c or lower -n)")
+            del self.messages[first_turn:first_turn + 2]  # the oldest user message and its reply
+
+    def _generate(self, ids: list[int]):
+        """Sample the reply to the prompt `ids`, reusing the cached prefix."""
+        model, seq = self.model, self.seq
+        n_keep = 0
+        while n_keep < min(len(self.cached), len(ids) - 1) and self.cached[n_keep] == ids[n_keep]:
+            n_keep += 1
+        model.truncate(seq, n_keep)
+        self.cached = ids[:n_keep]
+        logits = model.eval(ids[n_keep:], seq)
+        history = list(ids)
+        for _ in range(self.max_reply):
+            tok = self.sampler.sample(logits, history)
+            if model.tokenizer.is_eog(tok):
+                return
+            yield tok
+            history.append(tok)
+            if model.seq_len(seq) + 1 >= model.n_ctx:
+                return
+            logits = model.eval([tok], seq)
+
+
+# ---- info / tokenize ------------------------------------------------------------------------
+
+_ROPE_NAMES = {0: "normal", 2: "neox"}
+
+
+def cmd_info(args) -> int:
+    model = _load(args, _NO_EVAL_CTX)
+    info, meta = model.info, model.metadata
+    file_bytes = model.path.stat().st_size
+    kv_per_token = model.kv_bytes_per_token()
+    rows = [
+        ("file", f"{model.path} ({file_bytes / 2**20:.1f} MiB)"),
+        ("name", meta.get("general.name", "-")),
+        ("architecture", info.arch),
+        ("parameters", f"{info.n_params / 1e6:.2f} M (weights {info.weight_bytes / 2**20:.1f} MiB, "
+                       f"{8 * info.weight_bytes / info.n_params:.2f} bits per weight)"),
+        ("context", f"{info.n_ctx_train} tokens (trained)"),
+        ("layers", str(info.n_layer)),
+        ("embedding", str(info.n_embd)),
+        ("feed-forward", str(info.n_ff)),
+        ("heads", f"{info.n_head} query, {info.n_head_kv} key/value, head size {info.n_embd_head}"),
+        ("rope", f"{_ROPE_NAMES.get(info.rope_type, info.rope_type)}, base {info.rope_freq_base:g}, "
+                 f"scale {info.rope_freq_scale:g}"),
+        ("rms norm eps", f"{info.norm_rms_eps:g}"),
+        ("output", "tied to the token embedding" if info.tied_output else "separate matrix"),
+        ("vocabulary", f"{info.n_vocab} tokens, {meta.get('tokenizer.ggml.model', '?')} "
+                       f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', 'default')}), "
+                       f"BOS {model.tokenizer.bos_id} ({'added' if model.tokenizer.add_bos else 'not added'}), "
+                       f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}"),
+        ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
+        (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
+                                 f"{kv_per_token * info.n_ctx_train / 2**20:.1f} MiB for {info.n_ctx_train} tokens)"),
+        ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
+                                   sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
+    ]
+    width = max(len(k) for k, _ in rows) + 2
+    for key, value in rows:
+        print(f"{key:<{width}}{value}")
+    return 0
+
+
+def cmd_tokenize(args) -> int:
+    model = _load(args, _NO_EVAL_CTX)
+    ids = model.tokenize(args.prompt, add_special=not args.no_bos, parse_special=not args.no_parse_special)
+    if args.ids:
+        print(json.dumps(ids))
+        return 0
+    for tok in ids:
+        print(f"{tok:6d} -> '{model.tokenizer.token_to_piece(tok)}'")
+    return 0
+
+
+# ---- perplexity / bench ---------------------------------------------------------------------
+
+def cmd_perplexity(args) -> int:
+    from tqdm import tqdm
+
+    from .perplexity import perplexity
+
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    n_ctx = args.ctx_size
+    if n_ctx % 2:
+        raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")
+    ubatch = min(args.ubatch or 512, n_ctx)
+    model = _load(args, n_ctx, n_ubatch=ubatch)
+    print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
+          f"ubatch {ubatch}, kv {model.kv}", flush=True)
+    result = perplexity(model, text, n_ctx, n_chunks=args.chunks, ubatch=ubatch, progress=True,
+                        on_chunk=lambda i, ppl: tqdm.write(f"[{i}]{ppl:.4f}"))
+    print(f"Final estimate: PPL = {result.ppl:.4f} ± {result.stderr:.5f} "
+          f"({result.chunks} windows, {result.n_tokens_scored} tokens scored)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench, format_table
+    from .model import physical_cores
+
+    n_ctx = max(args.depths) + max(args.n_prompt, args.n_gen)
+    model = _load(args, n_ctx, n_ubatch=min(args.ubatch, n_ctx))
+    rows = bench(model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depths, reps=args.reps)
+    print(f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
+          f"ubatch {args.ubatch} | {args.reps} repetitions")
+    print(format_table(rows))
+    return 0
