@@ -1,0 +1,202 @@
+"""`python -m ott_gguf` end to end on the real SmolLM2 GGUF, and its answers to bad input.
+
+Every failure must be one line `error: ...` on stderr naming the file or flag, a non-zero
+exit code (2 for command-line usage), and no traceback unless --verbose.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "ott_gguf", *map(str, args)], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# ---- working commands -----------------------------------------------------------------------
+
+def test_info_describes_the_model(smollm2_path):
+    proc = cli("info", smollm2_path)
+    assert proc.returncode == 0, proc.stderr
+    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in proc.stdout.strip().splitlines())
+    reader = gguf.GGUFReader(smollm2_path)
+    meta = {k: reader.fields[k].contents() for k in reader.fields if not k.startswith("GGUF.")
+            and "tokens" not in k and "merges" not in k and "token_type" not in k}
+    n_layer, n_head_kv = meta["llama.block_count"], meta["llama.attention.head_count_kv"]
+    head = meta["llama.embedding_length"] // meta["llama.attention.head_count"]
+    assert fields["architecture"] == "llama"
+    assert fields["layers"] == str(n_layer)
+    assert fields["context"].startswith(str(meta["llama.context_length"]))
+    assert fields["KV cache f16"].startswith(f"{2 * n_layer * n_head_kv * head * 2} bytes per token")
+    assert "gpt2 (pre-tokenizer smollm)" in fields["vocabulary"]
+    assert fields["chat template"] == "yes"
+    counts = {}
+    for t in reader.tensors:
+        counts[t.tensor_type.name.lower()] = counts.get(t.tensor_type.name.lower(), 0) + 1
+    listed = dict(item.rsplit(" ", 1) for item in fields["tensor types"].split(", "))
+    assert {k: int(v) for k, v in listed.items()} == counts
+    n_params = sum(int(np.prod(t.shape)) for t in reader.tensors)
+    assert fields["parameters"].startswith(f"{n_params / 1e6:.2f} M")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_cases(fixtures_dir):
+    cases = json.loads((fixtures_dir / "tokenizer" / "smollm2.json").read_text(encoding="utf-8"))["cases"]
+    special = next(c for c in cases if c["ids"] != c["ids_parse_special"])
+    longest = max(cases, key=lambda c: len(c["text"]))
+    return [special, longest]
+
+
+def test_tokenize_ids_match_llamacpp(smollm2_path, tokenizer_cases):
+    for case in tokenizer_cases:
+        proc = cli("tokenize", smollm2_path, "-p", case["text"], "--ids")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == case["ids_parse_special"]
+        proc = cli("tokenize", smollm2_path, "-p", case["text"], "--ids", "--no-parse-special")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == case["ids"]
+
+
+def test_tokenize_prints_id_and_piece_lines(smollm2_path):
+    proc = cli("tokenize", smollm2_path, "-p", "<|im_start|>Hello world")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    pieces = [re.fullmatch(r"\s*(\d+) -> '(.*)'", line).groups() for line in lines]
+    assert "".join(p for _, p in pieces) == "<|im_start|>Hello world"
+    ids = json.loads(cli("tokenize", smollm2_path, "-p", "<|im_start|>Hello world", "--ids").stdout)
+    assert [int(i) for i, _ in pieces] == ids
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from ott_gguf.model import Model
+    model = Model(smollm2_path, n_ctx=256, n_threads=2)
+    yield model
+    model.close()
+
+
+def test_run_greedy_matches_the_python_api(smollm2_path, smollm2):
+    from ott_gguf.generate import generate_text
+    from ott_gguf.sampling import SamplingParams
+
+    prompt = "The capital of France is"
+    proc = cli("run", smollm2_path, "-p", prompt, "-n", 8, "--temp", 0, "-c", 256, "-t", 2)
+    assert proc.returncode == 0, proc.stderr
+    expected = "".join(generate_text(smollm2, prompt, 8, SamplingParams(temperature=0)))
+    assert expected.strip()
+    assert proc.stdout == expected + "\n"
+
+
+def test_chat_answers_each_line_and_keeps_the_conversation(smollm2_path):
+    proc = cli("chat", smollm2_path, "--temp", 0, "-n", 24, "-c", 512, "-t", 2,
+               stdin="What is the capital of France?\nAnd of Italy?\n")
+    assert proc.returncode == 0, proc.stderr
+    replies = proc.stdout.strip("\n").split("\n")
+    assert len([r for r in replies if r.strip()]) >= 2, proc.stdout
+
+
+def test_perplexity_prints_running_values_and_the_estimate(smollm2_path, smollm2, wikitext_path, tmp_path):
+    from ott_gguf.perplexity import perplexity
+
+    text = wikitext_path.read_text(encoding="utf-8")[:20_000]
+    sample = tmp_path / "sample.txt"
+    sample.write_text(text, encoding="utf-8")
+    proc = cli("perplexity", smollm2_path, "-f", sample, "--chunks", 2, "-c", 128, "-t", 2)
+    assert proc.returncode == 0, proc.stderr
+    running = re.findall(r"^\[(\d)\](\d+\.\d{4})$", proc.stdout, re.MULTILINE)
+    assert [i for i, _ in running] == ["1", "2"]
+    final = re.search(r"^Final estimate: PPL = (\d+\.\d{4}) ± (\d+\.\d{5}) \(2 windows, 126 tokens scored\)$",
+                      proc.stdout, re.MULTILINE)
+    assert final, proc.stdout
+    expected = perplexity(smollm2, text, 128, n_chunks=2, progress=False)
+    assert float(final[1]) == pytest.approx(expected.ppl, abs=1e-4)
+    assert float(final[2]) == pytest.approx(expected.stderr, abs=1e-5)
+    assert float(running[-1][1]) == pytest.approx(expected.ppl, abs=1e-4)
+
+
+def test_bench_prints_a_row_per_test_and_depth(smollm2_path):
+    proc = cli("bench", smollm2_path, "-p", 32, "-n", 4, "-d", "0,64", "-r", 2, "-t", 2)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"^\| (pp32|tg4) \| (\d+) \| (\d+\.\d\d) \|", proc.stdout, re.MULTILINE)
+    assert [(t, d) for t, d, _ in rows] == [("pp32", "0"), ("tg4", "0"), ("pp32", "64"), ("tg4", "64")]
+    assert all(float(ts) > 0 for _, _, ts in rows)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def test_missing_model_file(tmp_path):
+    assert_one_line_error(cli("info", tmp_path / "missing.gguf"), "missing.gguf")
+
+
+def test_truncated_gguf(smollm2_path, tmp_path):
+    truncated = tmp_path / "truncated.gguf"
+    with open(smollm2_path, "rb") as f:
+        truncated.write_bytes(f.read(1 << 20))
+    assert_one_line_error(cli("run", truncated, "-p", "hi", "-n", 1), "truncated.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("these are notes, not a model\n" * 100)
+    assert_one_line_error(cli("info", text), "notes.gguf")
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "neox.gguf"
+    writer = gguf.GGUFWriter(path, "gptneox")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((32, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert_one_line_error(cli("info", path), "gptneox")
+
+
+def test_prompt_longer_than_the_context(smollm2_path):
+    line = assert_one_line_error(cli("run", smollm2_path, "-c", 16, "-n", 4, "-p", "one two three four " * 10))
+    numbers = [int(n) for n in re.findall(r"\d+", line)]
+    assert 16 in numbers and any(n > 16 for n in numbers), line
+
+
+def test_unknown_flag():
+    assert_one_line_error(cli("run", "--bogus"), "--bogus", code=2)
+
+
+def test_bad_flag_value(smollm2_path):
+    assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", "many"), "-n/--n-predict", "many", code=2)
+
+
+def test_missing_perplexity_text(smollm2_path, tmp_path):
+    assert_one_line_error(cli("perplexity", smollm2_path, "-f", tmp_path / "absent.txt"), "absent.txt")
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    proc = cli("--verbose", "info", tmp_path / "missing.gguf")
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
