@@ -1,0 +1,89 @@
+"""One quantized block of one KV head: the raw arrays a native implementation must reproduce.
+
+A block holds `block` consecutive token slots; slot t is position `pos0 + t`.
+
+Keys are quantized per channel: a key group is `group_k` consecutive slots of one channel.
+Values are quantized per token: a value group is `group_v` consecutive channels of one slot.
+
+Byte layout (all arrays C-contiguous, row-major):
+
+    k_codes  uint8 [head_dim, block·bits_k/8]   row c = channel c; its `block` codes packed
+                                                LSB-first along slots (2 bits: byte j of row c
+                                                holds slots 4j..4j+3 of channel c)
+    k_scale  fp16  [block/group_k, head_dim]    [g, c] = group g (slots g·group_k ..) of channel c
+    k_min    fp16  [block/group_k, head_dim]
+    v_codes  uint8 [block, head_dim·bits_v/8]   row t = slot t; its head_dim codes packed
+                                                LSB-first along channels
+    v_scale  fp16  [block, head_dim/group_v]    [t, g] = channels g·group_v .. of slot t
+    v_min    fp16  [block, head_dim/group_v]
+    mask     uint8 [block/8]                    bit t (byte t//8, bit t%8) = 1: slot t is masked,
+                                                its token lives in the outlier or extra pool
+
+A masked slot still has codes: those of the substituted values (outliers.py), which attention
+never reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import KVConfig
+from .quant import dequantize_groups, pack_codes, quantize_groups, unpack_codes
+
+
+@dataclass
+class QuantBlock:
+    pos0: int              # position of slot 0
+    k_codes: np.ndarray    # uint8 [head_dim, block*bits_k/8]
+    k_scale: np.ndarray    # fp16  [block/group_k, head_dim]
+    k_min: np.ndarray      # fp16  [block/group_k, head_dim]
+    v_codes: np.ndarray    # uint8 [block, head_dim*bits_v/8]
+    v_scale: np.ndarray    # fp16  [block, head_dim/group_v]
+    v_min: np.ndarray      # fp16  [block, head_dim/group_v]
+    mask: np.ndarray       # uint8 [block/8]
+
+    @property
+    def masked(self) -> np.ndarray:
+        """bool [block]: True where the slot is masked out of attention."""
+        return np.unpackbits(self.mask, bitorder="little").astype(bool)
+
+    @property
+    def positions(self) -> np.ndarray:
+        """int64 [block]: the position of each slot."""
+        return self.pos0 + np.arange(self.v_codes.shape[0], dtype=np.int64)
+
+    def dequantize(self, cfg: KVConfig) -> tuple[np.ndarray, np.ndarray]:
+        """(k̂, v̂), both float64 [block, head_dim], masked slots included."""
+        block, head_dim = self.v_codes.shape[0], self.k_codes.shape[0]
+        n_gk = block // cfg.group_k
+        k_codes = unpack_codes(self.k_codes, cfg.bits_k).reshape(head_dim, n_gk, cfg.group_k)
+        k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)       # [head_dim, n_gk, group_k]
+        v_codes = unpack_codes(self.v_codes, cfg.bits_v).reshape(block, head_dim // cfg.group_v,
+                                                                  cfg.group_v)
+        v = dequantize_groups(v_codes, self.v_scale, self.v_min)            # [block, n_gv, group_v]
+        return k.reshape(head_dim, block).T, v.reshape(block, head_dim)
+
+
+def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
+                   cfg: KVConfig) -> QuantBlock:
+    """Quantize one block of one KV head.
+
+    k, v:   fp16 [block, head_dim], masked slots already substituted (outliers.py)
+    masked: bool [block]
+    """
+    block, head_dim = k.shape
+    kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)           # [head_dim, n_gk, group_k]
+    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k)
+    vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)             # [block, n_gv, group_v]
+    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v)
+    return QuantBlock(
+        pos0=pos0,
+        k_codes=pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k),
+        k_scale=np.ascontiguousarray(k_scale.T),
+        k_min=np.ascontiguousarray(k_min.T),
+        v_codes=pack_codes(v_codes.reshape(block, head_dim), cfg.bits_v),
+        v_scale=v_scale,
+        v_min=v_min,
+        mask=np.packbits(masked.astype(np.uint8), bitorder="little"),
+    )

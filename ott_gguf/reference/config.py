@@ -1,0 +1,131 @@
+"""Every knob of the KV cache (DESIGN §2) in one validated dataclass, plus the named modes.
+
+A `KVConfig` is model-independent; `for_head_dim` resolves the one knob that depends on the
+model (`group_v` is capped at `head_dim`) and checks the layout constraints for that width.
+
+Mode f16 is the same cache with no quantization: every token stays in the fp16 window, so
+the quantization knobs must all be 0 (an override of one of them is an error, not ignored).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ott_gguf.errors import InvalidArgumentError
+
+F16_BITS = 16                 # bits value that means "stored as fp16, never quantized"
+QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache
+MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 sums of
+                              # fp16 values exact (outliers.py relies on it)
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    bits_k: int           # bits per key code; 16 = fp16 cache (mode f16)
+    bits_v: int           # bits per value code; 16 = fp16 cache (mode f16)
+    group_k: int          # tokens per key group (one channel, consecutive tokens)
+    group_v: int          # channels per value group (one token, consecutive channels)
+    block: int            # tokens quantized together at one quantization event
+    window: int           # R: the fp16 window keeps R .. R+block-1 recent tokens
+    pool: int             # outlier-pool capacity per KV head (0 = no OTT)
+    extra_pool: int       # extra-pool capacity per KV head (tokens evicted from the pool)
+    skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
+    sink: int             # first tokens of a sequence kept in fp16 forever
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"kv config: {f.name}={value!r} must be an integer >= 0")
+        if self.bits_k == F16_BITS or self.bits_v == F16_BITS:
+            self._check_f16()
+        else:
+            self._check_quantized()
+
+    def _check_f16(self) -> None:
+        if self.bits_k != self.bits_v:
+            raise InvalidArgumentError(
+                f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
+                f"keys and values are both fp16 (16) or both quantized")
+        for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
+                     "skip_layers", "sink"):
+            if getattr(self, name) != 0:
+                raise InvalidArgumentError(
+                    f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
+                    f"(every token is kept in fp16)")
+
+    def _check_quantized(self) -> None:
+        for name in ("bits_k", "bits_v"):
+            if getattr(self, name) not in QUANT_BITS:
+                raise InvalidArgumentError(
+                    f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} "
+                    f"(or 16 for both: fp16 cache)")
+        if self.block == 0 or self.block % 8 or self.block > MAX_SUM_TERMS:
+            raise InvalidArgumentError(
+                f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
+        if self.group_k == 0 or self.block % self.group_k:
+            raise InvalidArgumentError(
+                f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
+        if self.group_k * self.bits_k % 8:
+            raise InvalidArgumentError(
+                f"kv config: group_k={self.group_k} at bits_k={self.bits_k} does not fill whole bytes")
+        if self.group_v == 0 or self.group_v * self.bits_v % 8:
+            raise InvalidArgumentError(
+                f"kv config: group_v={self.group_v} at bits_v={self.bits_v} does not fill whole bytes")
+        if self.pool >= self.block:
+            raise InvalidArgumentError(
+                f"kv config: pool={self.pool} must be smaller than block={self.block}")
+        if self.extra_pool and not self.pool:
+            raise InvalidArgumentError(
+                f"kv config: extra_pool={self.extra_pool} needs pool > 0 "
+                f"(it holds tokens evicted from the pool)")
+
+    @property
+    def quantized(self) -> bool:
+        """False for the fp16 cache (mode f16), True when old tokens are quantized."""
+        return self.bits_k != F16_BITS
+
+    def traces(self, il: int) -> bool:
+        """Whether layer `il` runs Outlier Token Tracing (has a pool)."""
+        return self.quantized and self.pool > 0 and il >= self.skip_layers
+
+    def for_head_dim(self, head_dim: int) -> KVConfig:
+        """This config for a model of width `head_dim`: group_v capped at head_dim, checked."""
+        if head_dim <= 0 or head_dim > MAX_SUM_TERMS:
+            raise InvalidArgumentError(f"kv config: head_dim={head_dim} must be in 1..{MAX_SUM_TERMS}")
+        if not self.quantized:
+            return self
+        cfg = replace(self, group_v=min(self.group_v, head_dim))
+        if head_dim % cfg.group_v:
+            raise InvalidArgumentError(
+                f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+        return cfg
+
+    def with_overrides(self, **overrides: int | None) -> KVConfig:
+        """A copy with the given knobs replaced (None values are ignored), validated."""
+        known = {f.name for f in fields(self)}
+        for name in overrides:
+            if name not in known:
+                raise InvalidArgumentError(f"kv config: unknown knob {name!r}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+_OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32,
+            skip_layers=2, sink=0)
+_KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0,
+             skip_layers=0, sink=0)
+
+PRESETS: dict[str, KVConfig] = {
+    "f16": KVConfig(bits_k=16, bits_v=16, group_k=0, group_v=0, block=0, window=0, pool=0,
+                    extra_pool=0, skip_layers=0, sink=0),
+    "kivi2": KVConfig(bits_k=2, bits_v=2, **_KIVI),
+    "kivi4": KVConfig(bits_k=4, bits_v=4, **_KIVI),
+    "ott2": KVConfig(bits_k=2, bits_v=2, **_OTT),
+    "ott4": KVConfig(bits_k=4, bits_v=4, **_OTT),
+}
+
+
+def preset(name: str) -> KVConfig:
+    """The named KV mode (f16, kivi2, kivi4, ott2, ott4)."""
+    if name not in PRESETS:
+        raise InvalidArgumentError(f"kv mode {name!r} is not one of {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,98 @@
+"""KV cache footprint: bytes per token per layer and average bits per element, all counted.
+
+Accounting per KV head (one sequence), by store:
+
+    sink        n_sink · 2·head_dim fp16 (K and V); positions implicit
+    codes       per block: head_dim·block·(bits_k + bits_v)/8 bytes
+    scales      per block: fp16 scale and min for every group,
+                (block/group_k·head_dim + block·head_dim/group_v) · 2 · 2 bytes
+    masks       per block: block/8 bytes, only in layers that trace (no mask needed elsewhere)
+    pool        per token: 2·head_dim fp16 + int32 position
+    extra_pool  per token: 2·head_dim fp16 + int32 position
+    window      n_window · 2·head_dim fp16; positions implicit
+
+A masked slot keeps its codes, so an outlier token costs its codes plus its pool entry.
+
+`footprint` is the formula at a context of n_ctx tokens: the schedule fixes the sink, block
+and window counts exactly; after the first event the pool is full; the extra pool is counted
+at the most it can hold, min(extra_pool, pool·(events - 1)) — an upper bound, since how many
+tokens get evicted depends on the data. `measure` applies the same accounting to real state.
+
+bits_per_element = 8·total_bytes / (n_ctx · n_layer · n_head_kv · 2·head_dim)
+bytes_per_token_per_layer = total_bytes / (n_ctx · n_layer)   (all KV heads, K and V)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ott_gguf.errors import InvalidArgumentError
+
+from .cache import LayerCache
+from .config import KVConfig
+
+STORES = ("sink", "codes", "scales", "masks", "pool", "extra_pool", "window")
+FP16_BYTES = 2
+POS_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Footprint:
+    n_ctx: int
+    bytes: dict[str, int]      # bytes per store (STORES), all layers and KV heads, one sequence
+    total_bytes: int
+    bytes_per_token_per_layer: float
+    bits_per_element: float
+
+
+def _summarize(by_store: dict[str, int], n_ctx: int, n_layer: int, n_head_kv: int,
+               head_dim: int) -> Footprint:
+    total = sum(by_store.values())
+    return Footprint(n_ctx, by_store, total, total / (n_ctx * n_layer),
+                     8 * total / (n_ctx * n_layer * n_head_kv * 2 * head_dim))
+
+
+def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer: int) -> Footprint:
+    """The formula for one sequence of n_ctx tokens."""
+    if n_ctx <= 0 or n_head_kv <= 0 or n_layer <= 0:
+        raise InvalidArgumentError(
+            f"footprint: n_ctx={n_ctx} n_head_kv={n_head_kv} n_layer={n_layer} must be > 0")
+    cfg = cfg.for_head_dim(head_dim)
+    token = 2 * head_dim * FP16_BYTES
+    n_sink = min(cfg.sink, n_ctx)
+    n_blocks = max(0, n_ctx - n_sink - cfg.window) // cfg.block if cfg.quantized else 0
+    n_window = n_ctx - n_sink - n_blocks * cfg.block
+    by_store = dict.fromkeys(STORES, 0)
+    for il in range(n_layer):
+        head = dict.fromkeys(STORES, 0)
+        head["sink"] = n_sink * token
+        head["window"] = n_window * token
+        if n_blocks:
+            head["codes"] = n_blocks * head_dim * cfg.block * (cfg.bits_k + cfg.bits_v) // 8
+            groups = cfg.block // cfg.group_k * head_dim + cfg.block * head_dim // cfg.group_v
+            head["scales"] = n_blocks * groups * 2 * FP16_BYTES
+        if n_blocks and cfg.traces(il):
+            head["masks"] = n_blocks * cfg.block // 8
+            head["pool"] = cfg.pool * (token + POS_BYTES)
+            head["extra_pool"] = min(cfg.extra_pool, cfg.pool * (n_blocks - 1)) * (token + POS_BYTES)
+        for name in STORES:
+            by_store[name] += n_head_kv * head[name]
+    return _summarize(by_store, n_ctx, n_layer, n_head_kv, head_dim)
+
+
+def measure(layers: list[LayerCache]) -> Footprint:
+    """The same accounting over the real state of one sequence's layer caches."""
+    first = layers[0]
+    by_store = dict.fromkeys(STORES, 0)
+    for layer in layers:
+        traces = layer.cfg.traces(layer.il)
+        for head in layer.heads:
+            token = 2 * head.head_dim * FP16_BYTES
+            by_store["sink"] += len(head.sink) * token
+            by_store["window"] += len(head.window) * token
+            by_store["pool"] += len(head.pool) * (token + POS_BYTES)
+            by_store["extra_pool"] += len(head.extra) * (token + POS_BYTES)
+            for b in head.blocks:
+                by_store["codes"] += b.k_codes.nbytes + b.v_codes.nbytes
+                by_store["scales"] += b.k_scale.nbytes + b.k_min.nbytes + b.v_scale.nbytes + b.v_min.nbytes
+                by_store["masks"] += b.mask.nbytes if traces else 0
+    return _summarize(by_store, first.n_tokens, len(layers), first.n_head_kv, first.head_dim)

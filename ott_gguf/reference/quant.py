@@ -1,0 +1,91 @@
+"""KIVI asymmetric quantization of one group, and LSB-first code packing.
+
+Bit-exact contract (what native code must reproduce, byte for byte)
+-------------------------------------------------------------------
+Inputs are fp16 values (they come from the fp16 window). Every step is one IEEE-754
+float32 operation in round-to-nearest-even, in this order, with no fused multiply-add
+and no fast-math (compile the native quantizer with -ffp-contract=off, CUDA without
+--use_fast_math):
+
+    mn    = min(x)                              exact (x is fp16)
+    mx    = max(x)                              exact
+    range = f32(mx) - f32(mn)                   f32 subtraction
+    s32   = range / f32(2^b - 1)                f32 division
+    scale = fp16(s32)                           f32 -> fp16, round to nearest even   (stored)
+    min   = fp16(mn)                            exact                                (stored)
+    inv   = 1.0f / f32(scale), or 0 if scale == 0     f32 division
+    t     = (f32(x) - f32(mn)) * inv            f32 subtraction, then f32 multiplication
+    code  = clamp(rint(t), 0, 2^b - 1)          rint: round half to even (rintf,
+                                                _mm256_round_ps(.., _MM_FROUND_TO_NEAREST_INT),
+                                                vrndnq_f32, CUDA rintf / __float2int_rn)
+
+A group with max == min (or whose range/(2^b-1) underflows fp16 to 0) stores scale 0 and
+all codes 0; it dequantizes to `min` for every element.
+
+Dequantization is `x̂ = code·scale + min`. It is not part of the bit-exact contract (native
+code may use an FMA); this module evaluates it in float64, where it is exact.
+
+Error bound: for every element |x - x̂| <= scale/2 up to the fp16 rounding of the scale
+(relative 2^-11) and the float32 steps above; tests check scale/2·(1 + 2^-9).
+
+Packing
+-------
+`bits` in {2, 4, 8}. Codes are packed LSB-first: code i of a row lands in byte
+i·bits/8 at bit offset (i mod (8/bits))·bits. At 2 bits, byte j holds codes 4j .. 4j+3
+as `c0 | c1<<2 | c2<<4 | c3<<6`; at 4 bits, `c0 | c1<<4`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ott_gguf.errors import InvalidArgumentError
+
+
+def quantize_groups(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize each group (last axis) of fp16 `x`.
+
+    x:      fp16  [..., group]
+    return: codes uint8 [..., group], scale fp16 [...], min fp16 [...]
+    """
+    if x.dtype != np.float16:
+        raise InvalidArgumentError(f"quantize_groups: input dtype {x.dtype} is not float16")
+    xf = x.astype(np.float32)                                            # exact
+    mn = xf.min(axis=-1)                                                 # f32 [...]
+    mx = xf.max(axis=-1)                                                 # f32 [...]
+    levels = np.float32(2**bits - 1)
+    scale = ((mx - mn) / levels).astype(np.float16)                      # fp16 [...]
+    scale32 = scale.astype(np.float32)
+    inv = np.zeros_like(scale32)
+    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)     # f32 [...]
+    t = (xf - mn[..., None]) * inv[..., None]                            # f32 [..., group]
+    codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
+    return codes, scale, mn.astype(np.float16)
+
+
+def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """x̂ = code·scale + min in float64 (exact).
+
+    codes uint8 [..., group], scale fp16 [...], mn fp16 [...] -> float64 [..., group]
+    """
+    return (codes.astype(np.float64) * scale.astype(np.float64)[..., None]
+            + mn.astype(np.float64)[..., None])
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Pack the last axis LSB-first: uint8 [..., n] -> uint8 [..., n·bits/8]."""
+    per_byte = 8 // bits
+    n = codes.shape[-1]
+    if n % per_byte:
+        raise InvalidArgumentError(f"pack_codes: {n} codes at {bits} bits do not fill whole bytes")
+    c = codes.reshape(*codes.shape[:-1], n // per_byte, per_byte).astype(np.uint16)
+    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)               # [per_byte]
+    return (c << shifts).sum(axis=-1).astype(np.uint8)
+
+
+def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Inverse of pack_codes: uint8 [..., m] -> uint8 [..., m·8/bits]."""
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte, dtype=np.uint8) * bits)                # [per_byte]
+    mask = np.uint8((1 << bits) - 1)
+    c = (packed[..., None] >> shifts) & mask                             # [..., m, per_byte]
+    return c.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)

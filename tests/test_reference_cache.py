@@ -1,0 +1,404 @@
+"""The numpy KV-cache specification (ott_gguf/reference): quantizer, layout, schedule, OTT,
+attention and footprint."""
+import numpy as np
+import pytest
+
+from ott_gguf.errors import InvalidArgumentError
+from ott_gguf.reference import (
+    KVConfig, LayerCache, attend, dequantize_groups, footprint, forward_chunk, measure,
+    pack_codes, prefill, preset, quantize_block, quantize_groups, unpack_codes,
+)
+
+# A small OTT config so that many events happen in few tokens.
+SMALL = KVConfig(bits_k=2, bits_v=2, group_k=8, group_v=4, block=16, window=4, pool=2,
+                 extra_pool=5, skip_layers=0, sink=2)
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def scalar_quantize(x, bits):
+    """The quant.py recipe written one float32 scalar at a time (the C reference shape)."""
+    f = [np.float32(e) for e in x]
+    mn, mx = min(f), max(f)
+    scale = np.float16(np.float32(mx - mn) / np.float32(2**bits - 1))
+    s32 = np.float32(scale)
+    inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
+    codes = [int(min(max(np.rint(np.float32(np.float32(e - mn) * inv)), 0), 2**bits - 1)) for e in f]
+    return codes, scale, np.float16(mn)
+
+
+# ---------------------------------------------------------------- quantizer and packing
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_quantize_error_within_half_scale(bits):
+    x = (rng(bits).standard_normal((500, 32)) * rng(1).uniform(0.01, 20, (500, 1))).astype(np.float16)
+    codes, scale, mn = quantize_groups(x, bits)
+    err = np.abs(x.astype(np.float64) - dequantize_groups(codes, scale, mn))
+    assert (err <= scale.astype(np.float64)[:, None] / 2 * (1 + 2**-9)).all()
+    assert codes.max() == 2**bits - 1
+    # the minimum element always gets code 0, the maximum the top code
+    rows = np.arange(len(x))
+    assert (codes[rows, x.argmin(axis=1)] == 0).all()
+    assert (codes[rows, x.argmax(axis=1)] == 2**bits - 1).all()
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_quantize_matches_scalar_recipe(bits):
+    x = (rng(7).standard_normal((200, 16)) * 3).astype(np.float16)
+    codes, scale, mn = quantize_groups(x, bits)
+    for g in range(len(x)):
+        c, s, m = scalar_quantize(x[g], bits)
+        assert codes[g].tolist() == c
+        assert scale[g].tobytes() == s.tobytes() and mn[g].tobytes() == m.tobytes()
+
+
+def test_rounding_is_half_to_even():
+    # scale = (3 - 0)/3 = 1 exactly, so t = x and the ties are real ties
+    x = np.array([[0, 0.5, 1.5, 2.5, 3]], dtype=np.float16)
+    codes, scale, mn = quantize_groups(x, 2)
+    assert codes[0].tolist() == [0, 0, 2, 2, 3]
+    assert float(scale[0]) == 1.0 and float(mn[0]) == 0.0
+
+
+def test_constant_group_has_zero_scale():
+    x = np.full((3, 32), -1.25, dtype=np.float16)
+    codes, scale, mn = quantize_groups(x, 2)
+    assert (scale == 0).all() and (codes == 0).all()
+    assert (dequantize_groups(codes, scale, mn) == -1.25).all()
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_round_trip(bits):
+    codes = rng(bits).integers(0, 2**bits, size=(5, 64), dtype=np.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.shape == (5, 64 * bits // 8)
+    assert (unpack_codes(packed, bits) == codes).all()
+
+
+def test_pack_is_lsb_first():
+    assert pack_codes(np.array([1, 2, 3, 0], np.uint8), 2).tolist() == [1 | 2 << 2 | 3 << 4]
+    assert pack_codes(np.array([0xA, 0x3], np.uint8), 4).tolist() == [0x3A]
+
+
+def test_block_layout():
+    cfg = KVConfig(bits_k=2, bits_v=4, group_k=8, group_v=4, block=16, window=0, pool=0,
+                   extra_pool=0, skip_layers=0, sink=0)
+    k = rng(3).standard_normal((16, 8)).astype(np.float16)
+    v = rng(4).standard_normal((16, 8)).astype(np.float16)
+    masked = np.zeros(16, bool)
+    masked[[3, 9]] = True
+    b = quantize_block(k, v, masked, pos0=100, cfg=cfg)
+    assert b.k_codes.shape == (8, 4) and b.k_scale.shape == (2, 8)
+    assert b.v_codes.shape == (16, 4) and b.v_scale.shape == (16, 2)
+    assert b.mask.tolist() == [1 << 3, 1 << 1]
+    assert b.positions.tolist() == list(range(100, 116))
+    # key row c = channel c, along tokens; group g = slots 8g..8g+7
+    codes, scale, mn = quantize_groups(np.ascontiguousarray(k[8:16, 5]), 2)
+    assert (unpack_codes(b.k_codes[5], 2)[8:16] == codes).all()
+    assert b.k_scale[1, 5] == scale and b.k_min[1, 5] == mn
+    # value row t = slot t, along channels
+    codes, scale, mn = quantize_groups(np.ascontiguousarray(v[9, 4:8]), 4)
+    assert (unpack_codes(b.v_codes[9], 4)[4:8] == codes).all()
+    assert b.v_scale[9, 1] == scale and b.v_min[9, 1] == mn
+    kh, vh = b.dequantize(cfg)
+    assert np.abs(kh - k).max() <= b.k_scale.astype(np.float64).max() / 2 * (1 + 2**-9)
+    assert np.abs(vh - v).max() <= b.v_scale.astype(np.float64).max() / 2 * (1 + 2**-9)
+
+
+# ---------------------------------------------------------------- config
+
+def test_presets():
+    ott2 = preset("ott2")
+    assert (ott2.bits_k, ott2.bits_v, ott2.block, ott2.group_k, ott2.group_v, ott2.window,
+            ott2.pool, ott2.extra_pool, ott2.skip_layers, ott2.sink) == (2, 2, 128, 128, 64, 32, 3, 32, 2, 0)
+    kivi2 = preset("kivi2")
+    assert (kivi2.pool, kivi2.extra_pool, kivi2.group_k, kivi2.group_v, kivi2.window) == (0, 0, 32, 32, 128)
+    assert preset("ott4").bits_k == 4 and preset("kivi4").bits_v == 4
+    assert not preset("f16").quantized
+    assert ott2.for_head_dim(32).group_v == 32 and ott2.for_head_dim(128).group_v == 64
+    assert not ott2.traces(1) and ott2.traces(2) and not kivi2.traces(5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(block=100), "block=100"),
+    (dict(block=96, group_k=64), "not a multiple of group_k"),
+    (dict(bits_k=3), "bits_k=3"),
+    (dict(bits_v=16), "both fp16"),
+    (dict(pool=128), "pool=128"),
+    (dict(pool=0), "extra_pool=32 needs pool"),
+    (dict(group_k=2), "group_k=2"),
+    (dict(window=-1), "window=-1"),
+    (dict(colour=1), "unknown knob"),
+])
+def test_invalid_configs(overrides, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        preset("ott2").with_overrides(**overrides)
+
+
+def test_invalid_for_model():
+    with pytest.raises(InvalidArgumentError, match="group_v=48 does not divide head_dim=64"):
+        preset("ott2").with_overrides(group_v=48).for_head_dim(64)
+    with pytest.raises(InvalidArgumentError, match="window=32 does not apply"):
+        preset("f16").with_overrides(window=32)
+    with pytest.raises(InvalidArgumentError, match="kv mode 'ott3'"):
+        preset("ott3")
+
+
+# ---------------------------------------------------------------- schedule
+
+def test_schedule_counts_every_token_once():
+    cfg, r = SMALL, rng(11)
+    layer = LayerCache.new(cfg, il=0, n_head_kv=2, head_dim=8)
+    n = 0
+    for size in [1, 3, 17, 1, 1, 40, 16, 2, 33, 1]:
+        layer.append(r.standard_normal((size, 2, 8)), r.standard_normal((size, 2, 8)))
+        n += size
+        for head in layer.heads:
+            w = len(head.window)
+            if n >= cfg.sink + cfg.window:
+                assert cfg.window <= w < cfg.window + cfg.block
+            assert len(head.blocks) == (n - len(head.sink) - w) // cfg.block
+            masked = sum(int(b.masked.sum()) for b in head.blocks)
+            assert masked == len(head.pool) + len(head.extra)
+            live = (len(head.sink) + len(head.blocks) * cfg.block - masked + len(head.pool)
+                    + len(head.extra) + w)
+            assert live == n
+            pos, k, v = head.tokens()
+            assert sorted(pos.tolist()) == list(range(n))
+    assert layer.n_tokens == n
+
+
+def test_sink_holds_first_tokens():
+    layer = LayerCache.new(SMALL, il=0, n_head_kv=1, head_dim=8)
+    k = rng(2).standard_normal((60, 1, 8)).astype(np.float32)
+    layer.append(k, k)
+    head = layer.heads[0]
+    assert head.sink.pos.tolist() == [0, 1]
+    assert (head.sink.k == k[:2, 0].astype(np.float16)).all()
+    assert head.blocks[0].pos0 == 2
+
+
+def test_f16_mode_keeps_everything_in_window():
+    layer = LayerCache.new(preset("f16"), il=0, n_head_kv=1, head_dim=8)
+    x = rng(5).standard_normal((300, 1, 8)).astype(np.float32)
+    layer.append(x, x)
+    head = layer.heads[0]
+    assert len(head.window) == 300 and not head.blocks and layer.tokens_until_event() is None
+    assert (head.window.k == x[:, 0].astype(np.float16)).all()
+
+
+# ---------------------------------------------------------------- outlier token tracing
+
+def keys_with_outliers(n, head_dim, outliers, seed, base=1.0):
+    """Keys in [base, 2·base) per channel except `outliers` {slot: scale}, which are scaled down."""
+    k = rng(seed).uniform(base, 2 * base, (n, head_dim))
+    for slot, s in outliers.items():
+        k[slot] *= s
+    return k
+
+
+def test_selection_keeps_smallest_l1_and_masks_them():
+    cfg = SMALL.with_overrides(sink=0)
+    layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
+    k = keys_with_outliers(20, 8, {5: 0.01, 11: 0.02, 12: 0.03}, seed=1)
+    layer.append(k[:, None], k[:, None])
+    head = layer.heads[0]
+    assert len(head.blocks) == 1
+    assert head.pool.pos.tolist() == [5, 11]              # the two smallest, position order
+    assert head.blocks[0].masked.nonzero()[0].tolist() == [5, 11]
+    assert (head.pool.k == k[[5, 11]].astype(np.float16)).all()
+    # mean substitution: selected keys no longer set the minimum of their key group (slots
+    # 0..7), the unselected small key 12 still does in slots 8..15
+    assert (head.blocks[0].k_min[0].astype(np.float32) >= 1.0).all()
+    assert (head.blocks[0].k_min[1] == k[12].astype(np.float16)).all()
+    kh, _ = head.blocks[0].dequantize(cfg)
+    mean = k[[i for i in range(16) if i not in (5, 11)]].astype(np.float16).astype(np.float64).mean(0)
+    assert np.abs(kh[5] - mean).max() < 0.2
+
+
+def test_tracing_improves_the_block_holding_an_outlier():
+    # channels 0..3 sit near +4 for every token but the outlier (slot 6), whose key is tiny:
+    # quantized with it, those key groups span [0, 5]; without it, about [4, 5]
+    k = keys_with_outliers(20, 8, {6: 0.01}, seed=4)
+    k[:, :4] += 3.0
+    k[6] *= 0.01
+    errors = {}
+    for pool in (0, 2):
+        cfg = SMALL.with_overrides(sink=0, pool=pool, extra_pool=5 if pool else 0)
+        layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
+        layer.append(k[:, None], k[:, None])
+        block = layer.heads[0].blocks[0]
+        kh, _ = block.dequantize(cfg)
+        live = ~block.masked
+        assert live[6] == (pool == 0)
+        errors[pool] = np.abs(kh[live] - k[:16][live].astype(np.float16)).max()
+    assert errors[2] < errors[0] / 3
+
+
+def test_equal_scores_lower_position_wins():
+    cfg = SMALL.with_overrides(sink=0)
+    layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
+    k = keys_with_outliers(20, 8, {}, seed=2)
+    k[[3, 7, 9]] = 0.125                                 # three identical smallest keys
+    layer.append(k[:, None], k[:, None])
+    assert layer.heads[0].pool.pos.tolist() == [3, 7]
+
+
+def test_extra_pool_and_stop_rule():
+    # each block's two smallest keys beat the pool, so every event evicts the whole pool
+    cfg = SMALL.with_overrides(sink=0)                   # pool 2, extra pool 5, block 16, R 4
+    layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
+    blocks = [keys_with_outliers(16, 8, {2: 0.1, 9: 0.1}, seed=j, base=0.5**j) for j in range(6)]
+    k = np.concatenate(blocks + [np.ones((4, 8))])
+    layer.append(k[:, None], k[:, None])
+    head = layer.heads[0]
+    assert len(head.blocks) == 6
+    # event 1 fills the pool; 2 and 3 evict 2 each (extra 4); at event 4 only 1 slot is free < 2
+    assert head.extra.pos.tolist() == [2, 9, 18, 25]
+    assert head.pool.pos.tolist() == [34, 41]
+    assert not head.tracing
+    assert [b.masked.nonzero()[0].tolist() for b in head.blocks] == [[2, 9]] * 3 + [[]] * 3
+    pos, _, _ = head.tokens()
+    assert sorted(pos.tolist()) == list(range(len(k)))
+
+
+def test_skip_layers_have_no_pool():
+    cfg = SMALL.with_overrides(sink=0, skip_layers=1)
+    k = keys_with_outliers(40, 8, {5: 0.01, 11: 0.02}, seed=3)[:, None]
+    skipped = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
+    traced = LayerCache.new(cfg, il=1, n_head_kv=1, head_dim=8)
+    skipped.append(k, k)
+    traced.append(k, k)
+    assert len(skipped.heads[0].pool) == 0 and not skipped.heads[0].blocks[0].masked.any()
+    assert traced.heads[0].pool.pos.tolist() == [5, 11]
+
+
+# ---------------------------------------------------------------- attention
+
+def exact_attention(q, k, v):
+    """Causal softmax attention in float64 over fp16-rounded K/V, GQA by h // n_rep."""
+    n, n_head, d = q.shape
+    n_rep = n_head // k.shape[1]
+    k = k.astype(np.float16).astype(np.float64)
+    v = v.astype(np.float16).astype(np.float64)
+    out = np.empty(q.shape)
+    for h in range(n_head):
+        s = q[:, h].astype(np.float64) @ k[:, h // n_rep].T / np.sqrt(d)
+        s[np.triu_indices(n, 1)] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = p @ v[:, h // n_rep] / p.sum(1, keepdims=True)
+    return out
+
+
+def qkv(n, n_head, n_head_kv, d, seed):
+    r = rng(seed)
+    q = r.standard_normal((n, n_head, d)).astype(np.float32)
+    k = r.standard_normal((n, n_head_kv, d)).astype(np.float32)
+    v = r.standard_normal((n, n_head_kv, d)).astype(np.float32)
+    return q, k, v
+
+
+def decode(layer, q, k, v):
+    return np.concatenate([forward_chunk(layer, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i in range(len(q))])
+
+
+@pytest.mark.parametrize("n_head, n_head_kv", [(4, 4), (6, 2), (7, 1)])
+def test_f16_attention_is_exact(n_head, n_head_kv):
+    q, k, v = qkv(70, n_head, n_head_kv, 16, seed=n_head)
+    want = exact_attention(q, k, v)
+    got = decode(LayerCache.new(preset("f16"), 0, n_head_kv, 16), q, k, v)
+    assert np.abs(got - want).max() < 1e-12
+    got = prefill(LayerCache.new(preset("f16"), 0, n_head_kv, 16), q, k, v)
+    assert np.abs(got - want).max() < 1e-12
+
+
+def test_faithful_prefill_equals_decode():
+    q, k, v = qkv(90, 4, 2, 8, seed=9)
+    by_token = decode(LayerCache.new(SMALL, 2, 2, 8), q, k, v)
+    layer = LayerCache.new(SMALL, 2, 2, 8)
+    assert np.abs(prefill(layer, q, k, v) - by_token).max() < 1e-12
+    # events fire at sink + R + j·block tokens: 22, 38, ...
+    assert LayerCache.new(SMALL, 2, 2, 8).tokens_until_event() == 22
+
+
+def test_prefill_fp16_attends_in_full_precision_then_quantizes():
+    q, k, v = qkv(90, 4, 2, 8, seed=10)
+    layer = LayerCache.new(SMALL, 2, 2, 8)
+    assert np.abs(prefill(layer, q, k, v, fp16=True) - exact_attention(q, k, v)).max() < 1e-12
+    decoded = LayerCache.new(SMALL, 2, 2, 8)
+    decode(decoded, q, k, v)
+    for a, b in zip(layer.heads, decoded.heads):
+        assert len(a.blocks) == len(b.blocks) == (90 - 2 - 4) // 16
+        for x, y in zip(a.blocks, b.blocks):
+            for name in ("k_codes", "k_scale", "k_min", "v_codes", "v_scale", "v_min", "mask"):
+                assert getattr(x, name).tobytes() == getattr(y, name).tobytes(), name
+        for store in ("sink", "pool", "extra", "window"):
+            assert (getattr(a, store).pos == getattr(b, store).pos).all(), store
+            assert getattr(a, store).k.tobytes() == getattr(b, store).k.tobytes(), store
+
+
+def test_quantized_attention_error_shrinks_with_bits():
+    # relative L2 error of the output; random keys give near-uniform attention and a small
+    # output norm, so the 2-bit error is large in relative terms. Ideal scaling from 2 to 4
+    # bits is 15/3 = 5 and from 4 to 8 bits 255/15 = 17.
+    n, d = 600, 64
+    q, k, v = qkv(n + 4, 4, 2, d, seed=21)
+    k[:, :, 3] += 6.0                                    # a key outlier channel, as in real models
+    want = exact_attention(q, k, v)[n:]
+    for name in ("kivi2", "ott2"):
+        err = []
+        for bits in (2, 4, 8):
+            layer = LayerCache.new(preset(name).with_overrides(bits_k=bits, bits_v=bits), il=2,
+                                   n_head_kv=2, head_dim=d)
+            layer.append(k[:n], v[:n])
+            got = decode(layer, q[n:], k[n:], v[n:])
+            err.append(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert err[0] < 1.0, name
+        assert err[1] < err[0] / 4 and err[2] < err[1] / 8, (name, err)
+
+
+def test_attention_rejects_bad_shapes():
+    layer = LayerCache.new(preset("ott2"), 0, 2, 64)
+    q, k, v = qkv(1, 3, 2, 64, seed=0)
+    with pytest.raises(InvalidArgumentError, match="multiple of n_head_kv=2"):
+        attend(layer, q, k, v)
+    with pytest.raises(InvalidArgumentError, match=r"not \[n_tokens, 2, 64\]"):
+        layer.append(k[:, :1], v[:, :1])
+
+
+# ---------------------------------------------------------------- footprint
+
+def test_footprint_ott2_head_dim_64_at_4k():
+    # SmolLM2-135M shape: 30 layers, 3 KV heads, head_dim 64; ott2 skips 2 layers.
+    f = footprint(preset("ott2"), 4096, head_dim=64, n_head_kv=3, n_layer=30)
+    # per head: 31 blocks (31·128 = 3968 tokens), window 128 tokens
+    #   codes  31·(64·128·4/8) = 126976      scales 31·(1·64 + 128·1)·4 = 23808
+    #   masks  31·16 = 496 (28 layers)       window 128·256 = 32768
+    #   pool   3·260 = 780, extra 32·260 = 8320 (28 layers)
+    heads = 3
+    assert f.bytes["codes"] == 30 * heads * 126976
+    assert f.bytes["scales"] == 30 * heads * 23808
+    assert f.bytes["masks"] == 28 * heads * 496
+    assert f.bytes["window"] == 30 * heads * 32768
+    assert f.bytes["pool"] == 28 * heads * 780 and f.bytes["extra_pool"] == 28 * heads * 8320
+    assert f.bits_per_element == pytest.approx((28 * 193148 + 2 * 183552) * 8 / (30 * 4096 * 128))
+    # quantized part alone is ≈2.38 bits; window and pools bring it to ≈2.94 at 4K
+    assert 2.9 < f.bits_per_element < 3.0
+    assert 2.4 < footprint(preset("ott2"), 32768, 64, 3, 30).bits_per_element < 2.5
+    assert footprint(preset("kivi2"), 4096, 64, 3, 30).bits_per_element == pytest.approx(3.40625)
+    assert footprint(preset("f16"), 4096, 64, 3, 30).bits_per_element == 16.0
+    assert f.bytes_per_token_per_layer == pytest.approx(f.total_bytes / (4096 * 30))
+
+
+def test_measured_footprint_matches_formula():
+    cfg = preset("ott2").with_overrides(skip_layers=1)
+    n, d, r = 700, 64, rng(30)
+    layers = [LayerCache.new(cfg, il, 2, d) for il in range(3)]
+    for layer in layers:
+        layer.append(r.standard_normal((n, 2, d)), r.standard_normal((n, 2, d)))
+    got, want = measure(layers), footprint(cfg, n, d, 2, 3)
+    for store in ("sink", "codes", "scales", "masks", "pool", "window"):
+        assert got.bytes[store] == want.bytes[store], store
+    assert 0 < got.bytes["extra_pool"] <= want.bytes["extra_pool"]
