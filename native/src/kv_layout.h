@@ -1,0 +1,114 @@
+/* kv_layout.h — byte layouts of the quantized KV cache, shared by C, C++ and CUDA.
+ *
+ * The unit of quantized storage is a head-block: one block of `block` consecutive tokens
+ * of one KV head of one layer of one sequence, quantized at one event (DESIGN §2). Its
+ * arrays are those of ott_gguf/reference/block.py, byte for byte; they lie in one
+ * contiguous piece of memory at the offsets of ott_kv_block_layout:
+ *
+ *   k_scale  fp16  [block/group_k][head_dim]   [g][c] = key group g (slots g·group_k ..) of channel c
+ *   k_min    fp16  [block/group_k][head_dim]
+ *   v_scale  fp16  [block][head_dim/group_v]   [t][g] = channels g·group_v .. of slot t
+ *   v_min    fp16  [block][head_dim/group_v]
+ *   k_codes  uint8 [head_dim][block·bits_k/8]  row c = channel c, codes packed LSB-first along
+ *                                              slots (2 bits: byte j holds slots 4j..4j+3)
+ *   v_codes  uint8 [block][head_dim·bits_v/8]  row t = slot t, codes packed LSB-first along channels
+ *   mask     uint8 [block/8]                   bit t%8 of byte t/8 = 1: slot t lives in a pool
+ *
+ * Every array starts on an OTT_KV_ALIGN boundary and the head-block size is a multiple of
+ * it, so head-blocks can be laid side by side (the n_head_kv head-blocks of one event are).
+ *
+ * fp16 token stores (sink, outlier pool, extra pool, window) of one KV head are rows:
+ *   k   fp16  [n][head_dim]    v   fp16  [n][head_dim]    pos  int32 [n] (pools only)
+ *
+ * fp16 values are kept as their IEEE binary16 bit patterns (ott_fp16) so that C, C++ and
+ * CUDA code agree on the type without a half-precision compiler type.
+ */
+#ifndef OTT_KV_LAYOUT_H
+#define OTT_KV_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define OTT_HD __host__ __device__
+#else
+#define OTT_HD
+#endif
+
+#if defined(__cplusplus)
+#define OTT_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define OTT_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t ott_fp16;              /* IEEE binary16 bit pattern */
+
+#define OTT_KV_ALIGN 64                 /* bytes: start of every array of a head-block */
+
+/* The knobs that fix a head-block's layout (KVConfig resolved for head_dim). */
+typedef struct {
+    int32_t head_dim;    /* n_embd_head                                    */
+    int32_t block;       /* tokens per block, multiple of 8                */
+    int32_t bits_k;      /* 2, 4 or 8                                      */
+    int32_t bits_v;      /* 2, 4 or 8                                      */
+    int32_t group_k;     /* tokens per key group, divides block            */
+    int32_t group_v;     /* channels per value group, divides head_dim     */
+} ott_kv_geom;
+OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 24, "ott_kv_geom is six int32");
+
+/* Byte offsets of the arrays of one head-block from its start, and its size. */
+typedef struct {
+    uint32_t k_scale;
+    uint32_t k_min;
+    uint32_t v_scale;
+    uint32_t v_min;
+    uint32_t k_codes;
+    uint32_t v_codes;
+    uint32_t mask;
+    uint32_t size;       /* total bytes, a multiple of OTT_KV_ALIGN */
+} ott_kv_block_layout;
+OTT_STATIC_ASSERT(sizeof(ott_kv_block_layout) == 32, "ott_kv_block_layout is eight uint32");
+
+static inline OTT_HD uint32_t ott_kv_align(uint32_t n) {
+    return (n + OTT_KV_ALIGN - 1) / OTT_KV_ALIGN * OTT_KV_ALIGN;
+}
+
+/* Bytes of one packed code row. */
+static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) { return (uint32_t) (g->block * g->bits_k / 8); }
+static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) { return (uint32_t) (g->head_dim * g->bits_v / 8); }
+/* Groups per block (keys) and per token (values). */
+static inline OTT_HD uint32_t ott_kv_n_gk(const ott_kv_geom * g) { return (uint32_t) (g->block / g->group_k); }
+static inline OTT_HD uint32_t ott_kv_n_gv(const ott_kv_geom * g) { return (uint32_t) (g->head_dim / g->group_v); }
+
+static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geom * g) {
+    const uint32_t k_sc = ott_kv_n_gk(g) * (uint32_t) g->head_dim * 2;   /* bytes of k_scale, of k_min */
+    const uint32_t v_sc = (uint32_t) g->block * ott_kv_n_gv(g) * 2;      /* bytes of v_scale, of v_min */
+    ott_kv_block_layout L;
+    uint32_t off = 0;
+    L.k_scale = off; off += ott_kv_align(k_sc);
+    L.k_min   = off; off += ott_kv_align(k_sc);
+    L.v_scale = off; off += ott_kv_align(v_sc);
+    L.v_min   = off; off += ott_kv_align(v_sc);
+    L.k_codes = off; off += ott_kv_align((uint32_t) g->head_dim * ott_kv_k_row_bytes(g));
+    L.v_codes = off; off += ott_kv_align((uint32_t) g->block * ott_kv_v_row_bytes(g));
+    L.mask    = off; off += ott_kv_align((uint32_t) g->block / 8);
+    L.size    = off;
+    return L;
+}
+
+/* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
+static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
+    const uint64_t codes  = (uint64_t) g->head_dim * g->block * (uint64_t) (g->bits_k + g->bits_v) / 8;
+    const uint64_t groups = (uint64_t) ott_kv_n_gk(g) * g->head_dim + (uint64_t) g->block * ott_kv_n_gv(g);
+    return codes + groups * 2 * 2 + (with_mask ? (uint64_t) g->block / 8 : 0);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OTT_KV_LAYOUT_H */

@@ -1,0 +1,92 @@
+/* kv_quant.h — the scalar specification (`_ref`) of everything the quantized KV cache
+ * computes at a quantization event, transliterated from ott_gguf/reference (quant.py,
+ * outliers.py, block.py, cache.py). Bit-exact contract:
+ *
+ *  - fp16 <-> fp32: IEEE binary16, float -> fp16 rounds to nearest even (as numpy, F16C).
+ *  - Quantizing one group (KIVI, asymmetric), each step one float32 operation, no FMA
+ *    (this file is compiled with -ffp-contract=off; CUDA: no --use_fast_math):
+ *        mn = min x, mx = max x                     (exact)
+ *        scale = fp16((f32(mx) - f32(mn)) / f32(2^b - 1))
+ *        inv   = scale != 0 ? 1.0f / f32(scale) : 0
+ *        code  = clamp(rint((f32(x) - f32(mn)) * inv), 0, 2^b - 1)   rint: half to even
+ *    min is stored as fp16(mn) (exact).
+ *  - L1 score of a key: the exact sum of |k_c|, as an integer count of 2^-24 (every fp16
+ *    value is one), so any summation order gives the same number.
+ *  - Pool selection: the `capacity` candidates with the smallest score; equal scores go to
+ *    the lower candidate index (candidates are in ascending position).
+ *  - Mean substitution: per channel, the exact sum over unmasked rows, divided by their
+ *    count in double, rounded to float, then to fp16.
+ *
+ * These functions are also what the CPU cache runs at events (they are not on the hot
+ * path: one event per `block` tokens). Attention has its own workers (ott_ops_cpu.h).
+ */
+#ifndef OTT_KV_QUANT_H
+#define OTT_KV_QUANT_H
+
+#include "kv_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+float    ott_fp16_to_fp32_ref(ott_fp16 h);
+ott_fp16 ott_fp32_to_fp16_ref(float f);
+
+/* Quantize one group of n fp16 values read at x[i*stride]: codes uint8 [n] (unpacked),
+ * *scale and *min fp16. */
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits,
+                            uint8_t * codes, ott_fp16 * scale, ott_fp16 * min);
+
+/* Pack n codes LSB-first: code i goes to byte i*bits/8 at bit (i % (8/bits))*bits.
+ * out: uint8 [n*bits/8]; n*bits must be a multiple of 8. */
+void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out);
+
+/* Exact L1 norm of one key, fp16 [head_dim], in units of 2^-24. */
+int64_t ott_l1_score_ref(const ott_fp16 * k, int32_t head_dim);
+
+/* Mark the `capacity` smallest scores: keep uint8 [n_cand] = 1 for them, 0 elsewhere.
+ * Ties: the lower index wins. scratch: int32 [capacity]. */
+void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity,
+                         uint8_t * keep, int32_t * scratch);
+
+/* Replace the rows of x (fp16 [n][head_dim]) with masked[t] != 0 by the channel means of
+ * the other rows. At least one row must be unmasked. */
+void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const uint8_t * masked);
+
+/* Quantize one block of one KV head into a head-block (kv_layout.h).
+ * k, v: fp16 [block][head_dim], masked rows already substituted; masked: uint8 [block]. */
+void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
+                            const uint8_t * masked, uint8_t * out);
+
+/* fp16 tokens with positions: an outlier pool or an extra pool of one KV head. */
+typedef struct {
+    ott_fp16 * k;        /* [cap][head_dim] */
+    ott_fp16 * v;        /* [cap][head_dim] */
+    int32_t  * pos;      /* [cap]           */
+    int32_t    n;        /* tokens held     */
+    int32_t    cap;
+} ott_kv_rows;
+
+/* Scratch bytes ott_kv_event_ref needs for a pool of capacity pool_cap. */
+size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap);
+
+/* One quantization event of one KV head (reference/cache.py _quantize_oldest_block):
+ *   blk_k, blk_v  fp16 [block][head_dim]: the oldest block of the window, slot t at
+ *                 position pos0 + t; overwritten (masked rows get the mean)
+ *   pool, extra   the head's outlier and extra pools, updated; pool->cap 0 = no tracing
+ *   tracing       in: whether the head traces; out: cleared for good by the stop rule
+ *   out           the head-block (ott_kv_block_layout_of(g).size bytes)
+ *   scratch       ott_kv_event_scratch_bytes(g, pool->cap) bytes, 8-byte aligned
+ * Tracing: if extra->cap - extra->n < pool->n, tracing stops (pool kept as is). Otherwise
+ * the candidates pool ∪ block are scored, the `pool->cap` smallest form the new pool in
+ * ascending position, pool tokens that lost their place are appended to the extra pool in
+ * ascending position, and the selected block slots are masked and mean-substituted. */
+void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0,
+                      ott_kv_rows * pool, ott_kv_rows * extra, int32_t * tracing,
+                      uint8_t * out, void * scratch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OTT_KV_QUANT_H */
