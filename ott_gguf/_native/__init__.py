@@ -7,6 +7,7 @@ the build installed with the package.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import os
@@ -20,12 +21,9 @@ _MODULE = "ott_gguf._native._ott_cffi"
 
 def _load():
     tried = []
-    dirs = []
-    if os.environ.get("OTT_NATIVE_DIR"):
-        dirs.append(Path(os.environ["OTT_NATIVE_DIR"]))
-    dirs.append(Path(__file__).resolve().parent)
-    for d in dirs:
-        for f in sorted(d.glob("_ott_cffi*.so")) + sorted(d.glob("_ott_cffi*.pyd")):
+    override = os.environ.get("OTT_NATIVE_DIR")
+    if override:
+        for f in sorted(Path(override).glob("_ott_cffi*.so")) + sorted(Path(override).glob("_ott_cffi*.pyd")):
             try:
                 loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(f))
                 spec = importlib.util.spec_from_file_location(_MODULE, str(f), loader=loader)
@@ -34,8 +32,12 @@ def _load():
                 return mod
             except ImportError as e:
                 tried.append(f"{f}: {e}")
-        if not tried or not str(tried[-1]).startswith(str(d)):
-            tried.append(f"{d}: no _ott_cffi extension")
+        if not tried:
+            tried.append(f"OTT_NATIVE_DIR={override}: no _ott_cffi extension there")
+    try:
+        return importlib.import_module(_MODULE)
+    except ImportError as e:
+        tried.append(f"{_MODULE} (installed build): {e}")
     raise ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
 
 
