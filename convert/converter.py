@@ -1,0 +1,50 @@
+"""Hugging Face checkpoint -> GGUF: the steps in order.
+
+Everything that can be wrong with the input (config, architecture, tensor names and shapes,
+truncated files, tokenizer) is checked before the output file is opened.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ott_gguf.errors import InvalidArgumentError
+
+from .hparams import load_hparams
+from .hub import resolve_source
+from .metadata import add_general
+from .outtype import OUTTYPES
+from .registry import architecture_for
+from .source import open_checkpoint
+from .tensor_plan import plan_tensors
+from .vocab import add_vocab, load_vocab
+from .writer import write_gguf
+
+log = logging.getLogger(__name__)
+
+
+def convert(src: str, out: str | Path, outtype: str = "f16", revision: str | None = None) -> Path:
+    """Convert the checkpoint `src` (directory or Hub repo id) to the GGUF file `out`."""
+    if outtype not in OUTTYPES:
+        raise InvalidArgumentError(f"unknown output type '{outtype}' (choose from {', '.join(OUTTYPES)})")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise InvalidArgumentError(f"{out}: directory {out.parent} does not exist")
+
+    directory = resolve_source(src, revision)
+    hparams = load_hparams(directory)
+    arch = architecture_for(hparams, str(directory / "config.json"))
+    tensors = plan_tensors(arch, open_checkpoint(directory), outtype, directory)
+    vocab = load_vocab(directory, hparams.n_vocab, hparams.config)
+    log.info("%s: %s -> %s, %d tensors, %s", src, hparams.architecture, arch.name, len(tensors), outtype)
+
+    # a Hub snapshot directory is named by its commit hash: name the model by its repo id then
+    name = Path(src).name if directory != Path(src).expanduser() else directory.resolve().name
+
+    def add_metadata(w) -> None:
+        add_general(w, name, OUTTYPES[outtype][1], tensors, directory)
+        arch.add_parameters(w)
+        add_vocab(w, vocab, arch.writes_add_space_prefix)
+
+    write_gguf(out, arch.name, add_metadata, tensors, lambda t: t.produce(arch))
+    return out

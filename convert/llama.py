@@ -1,0 +1,71 @@
+"""Llama family: Llama 2/3, SmolLM, TinyLlama, Mistral (GGUF architecture "llama")."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
+
+from .architecture import Architecture
+from .registry import register
+
+
+def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder the rows of Wq or Wk (or their bias) for GGML's rope.
+
+    HF llama rotates the pairs (i, i + n_embd_head/2) of each head ("rotate_half"); GGML's
+    normal rope mode rotates adjacent pairs (2i, 2i+1). Within each head the rows
+    [x_0..x_{h-1}, y_0..y_{h-1}] become [x_0, y_0, x_1, y_1, ...].
+    w: [n_head * n_embd_head, ...] -> same shape.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(hparams) -> np.ndarray:
+    """F32 [n_embd_head/2]: the per-frequency divisors of Llama 3.1's rope scaling.
+
+    Wavelengths shorter than original_ctx/high_freq_factor keep their frequency, longer than
+    original_ctx/low_freq_factor are divided by `factor`, and those between are interpolated
+    smoothly; ggml divides each rope frequency by this factor ("rope_freqs" tensor).
+    The arithmetic is float32 throughout, as in llama.cpp's converter.
+    """
+    rope = hparams.rope_scaling
+    base = np.float32(hparams.rope_theta if hparams.rope_theta is not None else 10000.0)
+    dim = hparams.n_embd_head
+    factor = np.float32(rope.get("factor", 8.0))
+    low_freq_factor = np.float32(rope.get("low_freq_factor", 1.0))
+    high_freq_factor = np.float32(rope.get("high_freq_factor", 4.0))
+    old_context_len = np.float32(rope.get("original_max_position_embeddings", 8192))
+
+    freqs = np.float32(1.0) / base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    wavelen = np.float32(2 * math.pi) / freqs
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = np.float32(1.0) / ((np.float32(1.0) - smooth) / factor + smooth)
+    factors = np.where(wavelen < old_context_len / high_freq_factor, np.float32(1.0),
+                       np.where(wavelen > old_context_len / low_freq_factor, factor, between))
+    return factors.astype(np.float32)
+
+
+@register("LlamaForCausalLM", "MistralForCausalLM")
+class Llama(Architecture):
+    gguf_arch = MODEL_ARCH.LLAMA
+    rope_scaling_types = ("linear", "yarn", "llama3")
+    writes_add_space_prefix = True
+
+    def add_parameters(self, w: GGUFWriter) -> None:
+        super().add_parameters(w)
+        w.add_vocab_size(self.hparams.n_vocab)
+        w.add_rope_dimension_count(self.hparams.n_embd_head)
+
+    def transform(self, kind: MODEL_TENSOR, data: np.ndarray) -> np.ndarray:
+        if kind == MODEL_TENSOR.ATTN_Q:
+            return permute_rope_rows(data, self.hparams.n_head)
+        if kind == MODEL_TENSOR.ATTN_K:
+            return permute_rope_rows(data, self.hparams.n_head_kv)
+        return data
+
+    def extra_tensors(self) -> dict[str, np.ndarray]:
+        if self.hparams.rope_scaling.get("rope_type") == "llama3":
+            return {"rope_freqs.weight": llama3_rope_factors(self.hparams)}
+        return {}

@@ -1,0 +1,17 @@
+"""Qwen2 / Qwen2.5 (GGUF architecture "qwen2"): llama-like with Q/K/V biases, rope in NeoX mode.
+
+GGML runs Qwen2's rope in NeoX mode, which rotates the same (i, i + n_embd_head/2) pairs as
+HF, so unlike llama no rows are permuted.
+"""
+from __future__ import annotations
+
+from gguf import MODEL_ARCH, MODEL_TENSOR
+
+from .architecture import Architecture
+from .registry import register
+
+
+@register("Qwen2ForCausalLM")
+class Qwen2(Architecture):
+    gguf_arch = MODEL_ARCH.QWEN2
+    required_biases = (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)
