@@ -116,7 +116,7 @@ class Model:
         from .tokenizer import Tokenizer
 
         reader, self.metadata, self.tensor_types = read_metadata(self.path)
-        self.tokenizer = Tokenizer.from_gguf(self.path)
+        self.tokenizer = Tokenizer.from_reader(reader)
         self.chat_template = ChatTemplate.from_gguf(reader)
 
     # ---- text ---------------------------------------------------------------------------

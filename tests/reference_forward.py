@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 # Rope pairing per architecture. NORMAL rotates adjacent pairs (x[2i], x[2i+1]): the llama converter
@@ -33,7 +34,10 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 class ReferenceModel:
-    def __init__(self, path, dtype=np.float32) -> None:
+    def __init__(self, path, dtype=np.float32, ggml_numerics: bool = False) -> None:
+        """ggml_numerics: round like ggml's CPU backend does (activations to 8-bit blocks before a
+        quantized matmul, to fp16 before an F16 matmul; Q and the K/V cache to fp16), so that
+        near-tied greedy choices are decided the same way. Off: plain float math."""
         reader = GGUFReader(path)
         self.arch = arch = reader.fields["general.architecture"].contents()
         if arch not in ROPE_NEOX:
@@ -63,9 +67,12 @@ class ReferenceModel:
         # name -> dequantized array in numpy order (reversed ne)
         self.w = {t.name: dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist()))).astype(dtype)
                   for t in reader.tensors}
+        self.types = {t.name: t.tensor_type for t in reader.tensors}
         if "output.weight" not in self.w:  # tied embeddings
             self.w["output.weight"] = self.w["token_embd.weight"]
+            self.types["output.weight"] = self.types["token_embd.weight"]
         self.dtype = dtype
+        self.ggml_numerics = ggml_numerics
 
     def rope_tables(self, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin: [n_tokens, n_rot/2] for positions 0..n_tokens-1."""
@@ -85,8 +92,27 @@ class ReferenceModel:
         out = np.concatenate([ra, rb], -1) if self.neox else np.stack([ra, rb], -1).reshape(rot.shape)
         return np.concatenate([out, rest], -1)
 
+    def activations_for(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x as ggml's CPU matmul sees it for weight `name` (only with ggml_numerics)."""
+        kind = self.types[name]
+        if not self.ggml_numerics or kind == GGMLQuantizationType.F32:
+            return x
+        if kind in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+            return x.astype(np.float16).astype(self.dtype)
+        # Q8_K (blocks of 256, f32 scale) for k-quants, else Q8_0/Q8_1 (blocks of 32, fp16 scale)
+        block = 256 if kind.name.endswith("_K") else 32
+        xb = x.reshape(*x.shape[:-1], -1, block).astype(np.float32)
+        d = np.abs(xb).max(-1, keepdims=True) / 127.0
+        inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0).astype(np.float32)
+        q = np.round(xb * inv)
+        d = d if block == 256 else d.astype(np.float16).astype(np.float32)
+        return (q * d).reshape(x.shape).astype(self.dtype)
+
+    def to_fp16(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float16).astype(self.dtype) if self.ggml_numerics else x
+
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.w[f"{name}.weight"].T
+        y = self.activations_for(x, f"{name}.weight") @ self.w[f"{name}.weight"].T
         bias = self.w.get(f"{name}.bias")  # qwen2 has Q/K/V biases
         return y if bias is None else y + bias
 
@@ -105,6 +131,7 @@ class ReferenceModel:
             k = self.linear(h, f"{blk}.attn_k").reshape(n, self.n_head_kv, self.n_embd_head)
             v = self.linear(h, f"{blk}.attn_v").reshape(n, self.n_head_kv, self.n_embd_head)
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            q, k, v = self.to_fp16(q), self.to_fp16(k), self.to_fp16(v)         # fp16 KV cache
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head i uses kv head i // group
             scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(self.n_embd_head) + causal  # [n_head, n, n]
             attn = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, self.n_head * self.n_embd_head)
@@ -115,4 +142,4 @@ class ReferenceModel:
                                 f"{blk}.ffn_down")
 
         x = rms_norm(x, self.w["output_norm.weight"], self.eps)
-        return x @ self.w["output.weight"].T                                # [n, n_vocab]
+        return self.activations_for(x, "output.weight") @ self.w["output.weight"].T  # [n, n_vocab]
