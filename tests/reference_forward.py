@@ -102,8 +102,9 @@ class ReferenceModel:
         # Q8_K (blocks of 256, f32 scale) for k-quants, else Q8_0/Q8_1 (blocks of 32, fp16 scale)
         block = 256 if kind.name.endswith("_K") else 32
         xb = x.reshape(*x.shape[:-1], -1, block).astype(np.float32)
-        d = np.abs(xb).max(-1, keepdims=True) / 127.0
-        inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0).astype(np.float32)
+        amax = np.abs(xb).max(-1, keepdims=True)
+        d = amax / np.float32(127)
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)  # as ggml's AVX2 path
         q = np.round(xb * inv)
         d = d if block == 256 else d.astype(np.float16).astype(np.float32)
         return (q * d).reshape(x.shape).astype(self.dtype)
