@@ -1,6 +1,7 @@
 // graph.cpp — shared graph helpers.
 #include "graph.h"
 
+#include <algorithm>
 #include <cmath>
 
 void ott_graph_builder::build_inputs() {
@@ -10,16 +11,23 @@ void ott_graph_builder::build_inputs() {
     inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ub.n_tokens());
     ggml_set_name(inp_pos, "inp_pos");
     ggml_set_input(inp_pos);
-    inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) ub.out_idx.size());
-    ggml_set_name(inp_out_ids, "inp_out_ids");
-    ggml_set_input(inp_out_ids);
+    if (ub.out_idx.size() != (size_t) ub.n_tokens()) {
+        // a ubatch with no outputs still computes the head for one row (then ignored)
+        inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, std::max<int64_t>(1, (int64_t) ub.out_idx.size()));
+        ggml_set_name(inp_out_ids, "inp_out_ids");
+        ggml_set_input(inp_out_ids);
+    }
     kv.build_inputs(ctx);
 }
 
 void ott_graph_builder::set_inputs() {
     ggml_backend_tensor_set(inp_tokens, ub.token.data(), 0, ub.token.size() * sizeof(int32_t));
     ggml_backend_tensor_set(inp_pos, ub.pos.data(), 0, ub.pos.size() * sizeof(int32_t));
-    ggml_backend_tensor_set(inp_out_ids, ub.out_idx.data(), 0, ub.out_idx.size() * sizeof(int32_t));
+    if (inp_out_ids) {
+        const int32_t last = ub.n_tokens() - 1;
+        const int32_t * ids = ub.out_idx.empty() ? &last : ub.out_idx.data();
+        ggml_backend_tensor_set(inp_out_ids, ids, 0, ggml_nbytes(inp_out_ids));
+    }
     kv.set_inputs();
 }
 
@@ -78,7 +86,7 @@ ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & 
 }
 
 ggml_tensor * ott_graph_builder::select_outputs(ggml_tensor * cur) {
-    if ((size_t) ub.n_tokens() == ub.out_idx.size()) return cur;  // every row is an output
+    if (!inp_out_ids) return cur;  // every row is an output
     return ggml_get_rows(ctx, cur, inp_out_ids);
 }
 
