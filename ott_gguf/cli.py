@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         return _fail(f"{where}{e.strerror or e}", verbose)
+    except ImportError as e:
+        # A broken installation (native library, optional dependency) is one line too.
+        return _fail(str(e), verbose)
 
 
 def _fail(message: str, verbose: bool) -> int:
@@ -340,7 +343,9 @@ def cmd_tokenize(args) -> int:
         print(json.dumps(ids))
         return 0
     for tok in ids:
-        print(f"{tok:6d} -> '{model.tokenizer.token_to_piece(tok)}'")
+        # A piece may be part of a UTF-8 character: its lone bytes are shown as \xNN.
+        piece = model.tokenizer.token_to_piece(tok, special=True).decode("utf-8", errors="backslashreplace")
+        print(f"{tok:6d} -> '{piece}'")
     return 0
 
 

@@ -14,13 +14,17 @@ import gguf
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+import ott_gguf
+
+# The subprocess imports the same ott_gguf as this test process (the installed package in CI,
+# the checkout in development): its folder leads the path and is the working directory.
+PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
 
 
 def cli(*args, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "ott_gguf", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=env)
+                          text=True, timeout=timeout, cwd=PACKAGE_ROOT, env=env)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> str:

@@ -16,7 +16,8 @@ import pytest
 from ott_gguf import resolve
 from ott_gguf.errors import ModelFileError
 
-REPO = Path(__file__).resolve().parent.parent
+# Subprocesses import the same ott_gguf as this test process (installed in CI, the checkout in development).
+PACKAGE_ROOT = Path(resolve.__file__).resolve().parent.parent
 DEFAULT_NAME = Path(resolve.DEFAULT_MEMBER).name
 
 
@@ -141,11 +142,12 @@ def _fake_hub_cache(root: Path, repo_id: str, files: dict[str, bytes]) -> Path:
 
 def _resolve_offline(spec: str, hub_cache: Path) -> subprocess.CompletedProcess:
     """resolve_model(spec) in a fresh interpreter: huggingface_hub reads HF_* at import."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), PYTHONPATH=str(REPO))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), PYTHONPATH=str(PACKAGE_ROOT))
     code = ("import sys\nfrom ott_gguf.resolve import resolve_model\nfrom ott_gguf.errors import OttError\n"
             "try:\n    print(resolve_model(sys.argv[1]))\nexcept OttError as e:\n"
             "    print(f'error: {e}', file=sys.stderr); sys.exit(1)\n")
-    return subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE_ROOT)
 
 
 def test_hub_repo_with_file_resolves_from_the_cache(tmp_path):
