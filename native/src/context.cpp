@@ -234,8 +234,26 @@ extern "C" ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_
         return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
     }
     if (n_keep < 0) return ott_fail(OTT_ERR_INVALID_ARG, "n_keep = %d is negative", n_keep);
-    ctx->kv->seq_truncate(seq_id, n_keep);
+    return ctx->kv->seq_truncate(seq_id, n_keep);
+}
+
+extern "C" ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, int32_t * out) {
+    if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_tokens_until_event: null argument");
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
+    }
+    *out = ctx->kv->tokens_until_event(seq_id);
     return OTT_OK;
+}
+
+extern "C" ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head, ott_kv_head_state * out) {
+    if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_kv_export: null argument");
+    const ott_hparams & hp = ctx->model->hparams;
+    if (il < 0 || il >= hp.n_layer || seq_id < 0 || seq_id >= ctx->params.n_seq_max || head < 0 || head >= hp.n_head_kv) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "ott_kv_export: layer %d, sequence %d, KV head %d outside [0, %d) x [0, %d) x [0, %d)",
+                        il, seq_id, head, hp.n_layer, ctx->params.n_seq_max, hp.n_head_kv);
+    }
+    return ctx->kv->export_head(il, seq_id, head, *out);
 }
 
 extern "C" ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out) {

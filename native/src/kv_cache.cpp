@@ -4,7 +4,16 @@
 ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape & shape,
                                std::unique_ptr<ott_kv_cache> & out) {
     switch (params.type) {
-        case OTT_KV_F16: return ott_kv_f16_create(shape, out);
+        case OTT_KV_F16: {
+            const int32_t knobs[] = { params.bits_k, params.bits_v, params.group_k, params.group_v, params.block, params.window,
+                                      params.pool, params.extra_pool, params.skip_layers, params.sink, params.prefill_fp16 };
+            for (int32_t k : knobs) {
+                if (k != 0) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no quantization knobs (all must be 0)");
+            }
+            return ott_kv_f16_create(shape, out);
+        }
+        case OTT_KV_KIVI:
+        case OTT_KV_OTT: return ott_kv_ott_create(params, shape, out);
         default: return ott_fail(OTT_ERR_INVALID_ARG, "unknown KV cache type %d", params.type);
     }
 }

@@ -53,9 +53,16 @@ public:
     virtual void set_inputs() = 0;
     virtual void commit() = 0;
 
-    virtual int32_t seq_len(int32_t seq) const = 0;
-    virtual void    seq_truncate(int32_t seq, int32_t n_keep) = 0;
+    virtual int32_t    seq_len(int32_t seq) const = 0;
+    virtual ott_status seq_truncate(int32_t seq, int32_t n_keep) = 0;
     virtual ott_kv_stats stats() const = 0;
+
+    // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
+    virtual int32_t tokens_until_event(int32_t seq) const { return 0; }
+    // Copy of the stores of one KV head (ott.h: ott_kv_export); quantized caches only.
+    virtual ott_status export_head(int il, int32_t seq, int32_t head, ott_kv_head_state & out) const {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "the fp16 KV cache has no quantized stores to export");
+    }
 };
 
 struct ott_kv_shape {
@@ -72,3 +79,5 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
 
 // The fp16 cache (kv_f16.cpp).
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+// The quantized cache, KIVI and OTT modes (kv_ott.cpp); validates every knob.
+ott_status ott_kv_ott_create(const ott_kv_params & params, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);

@@ -128,7 +128,10 @@ public:
 
     int32_t seq_len(int32_t seq) const override { return len[seq]; }
 
-    void seq_truncate(int32_t seq, int32_t n_keep) override { len[seq] = std::min(len[seq], n_keep); }
+    ott_status seq_truncate(int32_t seq, int32_t n_keep) override {
+        len[seq] = std::min(len[seq], n_keep);
+        return OTT_OK;
+    }
 
     ott_kv_stats stats() const override {
         ott_kv_stats st{};

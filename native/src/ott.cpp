@@ -49,7 +49,7 @@ extern "C" ott_model_params ott_model_default_params(void) {
 }
 
 extern "C" ott_context_params ott_context_default_params(void) {
-    ott_context_params p;
+    ott_context_params p{};   // kv knobs 0: the fp16 cache
     p.n_ctx     = 0;
     p.n_seq_max = 1;
     p.n_ubatch  = 512;

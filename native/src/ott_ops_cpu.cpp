@@ -1,0 +1,432 @@
+// ott_ops_cpu.cpp — CPU workers of the quantized KV cache (see ott_ops_cpu.h).
+//
+// Attention of one work item keeps, per query row, the running max m, the sum l of
+// exp(score - m) and the weighted value sum acc (online softmax). Keys are processed in
+// tiles of up to KEY_TILE tokens: a quantized tile is dequantized once into channel-major
+// keys KT [head_dim][KEY_TILE] and row-major values V [KEY_TILE][head_dim], then shared by
+// every query row of the item (GQA: all query heads of the KV head, all tokens of the
+// query tile), so a KV head's codes are read once per item. The inner loops run over
+// contiguous floats without reductions across lanes the compiler may not reorder (scores
+// accumulate along tokens, values along channels), so they vectorise; this file is built
+// with AVX2/FMA/F16C on x86 and may reassociate float sums (attention is checked against
+// the float64 reference within a budget, not bit for bit; the quantizer in kv_quant.c is).
+#include "ott_ops_cpu.h"
+
+#include "kv_quant.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+constexpr int32_t KEY_TILE = 128;   // keys per tile
+
+// ---- code unpacking: byte -> its codes as floats, LSB-first ----------------------------
+
+struct code_lut {
+    float two[256][4];
+    float four[256][2];
+};
+
+constexpr code_lut make_code_lut() {
+    code_lut t{};
+    for (int b = 0; b < 256; ++b) {
+        for (int i = 0; i < 4; ++i) t.two[b][i] = (float) ((b >> (2 * i)) & 3);
+        for (int i = 0; i < 2; ++i) t.four[b][i] = (float) ((b >> (4 * i)) & 15);
+    }
+    return t;
+}
+
+constexpr code_lut LUT = make_code_lut();
+
+// n codes of a packed row -> float [n]; n*bits is a multiple of 8
+void unpack_codes(const uint8_t * row, int32_t n, int32_t bits, float * out) {
+    switch (bits) {
+        case 2: for (int32_t j = 0; j < n / 4; ++j) std::memcpy(out + 4 * j, LUT.two[row[j]], 4 * sizeof(float)); break;
+        case 4: for (int32_t j = 0; j < n / 2; ++j) std::memcpy(out + 2 * j, LUT.four[row[j]], 2 * sizeof(float)); break;
+        default: for (int32_t j = 0; j < n; ++j) out[j] = (float) row[j]; break;
+    }
+}
+
+// e^x for x <= 0 (x = -inf gives 0); relative error below 3e-7; branch-free so loops over
+// it vectorise. x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial.
+inline float exp_nonpos(float x) {
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t bits = (uint32_t) ((int32_t) n + 127) << 23;   // 2^n, n >= -126
+    float scale;
+    std::memcpy(&scale, &bits, sizeof(float));
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+// ---- per-thread work memory -------------------------------------------------------------
+
+struct attn_ws {
+    float   * kt;    // [head_dim][KEY_TILE] keys of the tile, channel-major
+    float   * v;     // [KEY_TILE][head_dim] values of the tile
+    float   * s;     // [rows][KEY_TILE] scores, then probabilities
+    float   * q;     // [rows][head_dim] queries times kq_scale
+    float   * acc;   // [rows][head_dim] weighted values
+    float   * m;     // [rows] running max
+    float   * l;     // [rows] running sum
+    float   * tmp;   // [KEY_TILE][head_dim] conversions
+    float   * ksc;   // [KEY_TILE][head_dim] key scales of the tile's groups (worst case group_k = 1)
+    float   * kmn;   // [KEY_TILE][head_dim] key mins
+    float   * vsc;   // [KEY_TILE][head_dim/group_v] value scales of the tile's slots
+    float   * vmn;   // [KEY_TILE][head_dim/group_v]
+    int32_t * lim;   // [rows] causal limit of each row inside a tile of the chunk
+    uint8_t * dead;  // [KEY_TILE] 1: masked slot
+};
+
+attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t rows) {
+    const size_t T = KEY_TILE;
+    const size_t n_f = hd * T * 5 + rows * T + rows * (size_t) hd * 2 + rows * 2 + T * n_gv * 2;
+    const size_t bytes = n_f * sizeof(float) + rows * sizeof(int32_t) + T;
+    if (mem.size() < bytes) mem.resize(bytes);
+    float * f = (float *) mem.data();
+    attn_ws w;
+    w.kt  = f; f += hd * T;
+    w.v   = f; f += hd * T;
+    w.tmp = f; f += hd * T;
+    w.ksc = f; f += hd * T;
+    w.kmn = f; f += hd * T;
+    w.s   = f; f += rows * T;
+    w.q   = f; f += (size_t) rows * hd;
+    w.acc = f; f += (size_t) rows * hd;
+    w.m   = f; f += rows;
+    w.l   = f; f += rows;
+    w.vsc = f; f += T * n_gv;
+    w.vmn = f; f += T * n_gv;
+    w.lim  = (int32_t *) f;
+    w.dead = (uint8_t *) (w.lim + rows);
+    return w;
+}
+
+// ---- tiles: fill w.kt / w.v with n_t keys and values -------------------------------------
+
+// Slots t0 .. t0+n_t-1 of a head-block.
+void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
+    const ott_kv_geom & g = cfg.geom;
+    const ott_kv_block_layout & L = cfg.layout;
+    const int32_t hd = g.head_dim, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
+
+    // keys: KT[c][t] = code·scale[g(t)][c] + min[g(t)][c]
+    const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_scale) + (size_t) g0 * hd, w.ksc, (int64_t) (g1 - g0) * hd);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_min) + (size_t) g0 * hd, w.kmn, (int64_t) (g1 - g0) * hd);
+    const size_t krow = ott_kv_k_row_bytes(&g);
+    const uint8_t * kcodes = hb + L.k_codes + (size_t) t0 * g.bits_k / 8;
+    for (int32_t c = 0; c < hd; ++c) {
+        float * __restrict kt = w.kt + (size_t) c * KEY_TILE;
+        unpack_codes(kcodes + c * krow, n_t, g.bits_k, kt);
+        for (int32_t gi = g0; gi < g1; ++gi) {
+            const int32_t ts = std::max(t0, gi * gk) - t0, te = std::min(t0 + n_t, (gi + 1) * gk) - t0;
+            const float sc = w.ksc[(size_t) (gi - g0) * hd + c], mn = w.kmn[(size_t) (gi - g0) * hd + c];
+            for (int32_t t = ts; t < te; ++t) kt[t] = kt[t] * sc + mn;
+        }
+    }
+
+    // values: V[t][c] = code·scale[t][g(c)] + min[t][g(c)]
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
+    const size_t vrow = ott_kv_v_row_bytes(&g);
+    for (int32_t t = 0; t < n_t; ++t) {
+        float * __restrict vt = w.v + (size_t) t * hd;
+        unpack_codes(hb + L.v_codes + (size_t) (t0 + t) * vrow, hd, g.bits_v, vt);
+        for (int32_t gi = 0; gi < n_gv; ++gi) {
+            const float sc = w.vsc[t * n_gv + gi], mn = w.vmn[t * n_gv + gi];
+            float * __restrict x = vt + gi * gv;
+            for (int32_t c = 0; c < gv; ++c) x[c] = x[c] * sc + mn;
+        }
+    }
+}
+
+// Transpose rows [n_t][hd] in w.tmp into w.kt.
+void keys_from_tmp(int32_t hd, int32_t n_t, const attn_ws & w) {
+    for (int32_t t = 0; t < n_t; ++t) {
+        const float * row = w.tmp + (size_t) t * hd;
+        for (int32_t c = 0; c < hd; ++c) w.kt[(size_t) c * KEY_TILE + t] = row[c];
+    }
+}
+
+// n_t fp16 rows of a store.
+void f16_tile(const ott_fp16 * k, const ott_fp16 * v, int32_t hd, int32_t n_t, const attn_ws & w) {
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k, w.tmp, (int64_t) n_t * hd);
+    keys_from_tmp(hd, n_t, w);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) v, w.v, (int64_t) n_t * hd);
+}
+
+// n_t rows of the chunk's own F32 K/V (tokens tok0 .. of the ubatch, KV head h), rounded
+// to fp16 as the window will store them.
+void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int32_t h, int32_t hd, int32_t n_t,
+                const attn_ws & w) {
+    ggml_fp16_t h16[1024];
+    for (int32_t t = 0; t < n_t; ++t) {
+        const float * kr = (const float *) ((const char *) k->data + (size_t) (tok0 + t) * k->nb[2] + (size_t) h * k->nb[1]);
+        const float * vr = (const float *) ((const char *) v->data + (size_t) (tok0 + t) * v->nb[2] + (size_t) h * v->nb[1]);
+        for (int32_t c0 = 0; c0 < hd; c0 += 1024) {
+            const int32_t n = std::min(hd - c0, 1024);
+            ggml_cpu_fp32_to_fp16(kr + c0, h16, n);
+            ggml_cpu_fp16_to_fp32(h16, w.tmp + (size_t) t * hd + c0, n);
+            ggml_cpu_fp32_to_fp16(vr + c0, h16, n);
+            ggml_cpu_fp16_to_fp32(h16, w.v + (size_t) t * hd + c0, n);
+        }
+    }
+    keys_from_tmp(hd, n_t, w);
+}
+
+// ---- one tile of attention: scores, masks, online softmax, values -----------------------
+
+// dead: per key, 1 = invisible (or nullptr); causal: row r sees keys t < w.lim[r]
+void attend_tile(const attn_ws & w, int32_t rows, int32_t hd, int32_t n_t, const uint8_t * dead, bool causal) {
+    for (int32_t r = 0; r < rows; ++r) std::fill(w.s + (size_t) r * KEY_TILE, w.s + (size_t) r * KEY_TILE + n_t, 0.0f);
+    for (int32_t c = 0; c < hd; ++c) {
+        const float * __restrict kt = w.kt + (size_t) c * KEY_TILE;
+        for (int32_t r = 0; r < rows; ++r) {
+            const float qc = w.q[(size_t) r * hd + c];
+            float * __restrict s = w.s + (size_t) r * KEY_TILE;
+            for (int32_t t = 0; t < n_t; ++t) s[t] += qc * kt[t];
+        }
+    }
+    for (int32_t r = 0; r < rows; ++r) {
+        float * __restrict s = w.s + (size_t) r * KEY_TILE;
+        if (dead) {
+            for (int32_t t = 0; t < n_t; ++t) s[t] = dead[t] ? -INFINITY : s[t];
+        }
+        if (causal) {
+            for (int32_t t = std::max(0, w.lim[r]); t < n_t; ++t) s[t] = -INFINITY;
+        }
+        float mx = -INFINITY;
+        for (int32_t t = 0; t < n_t; ++t) mx = std::max(mx, s[t]);
+        if (mx == -INFINITY) {          // nothing visible in this tile
+            std::fill(s, s + n_t, 0.0f);
+            continue;
+        }
+        const float m_new = std::max(w.m[r], mx);
+        const float corr = exp_nonpos(w.m[r] - m_new);
+        float sum = 0.0f;
+        for (int32_t t = 0; t < n_t; ++t) {
+            s[t] = exp_nonpos(s[t] - m_new);
+            sum += s[t];
+        }
+        w.l[r] = w.l[r] * corr + sum;
+        w.m[r] = m_new;
+        if (corr != 1.0f) {
+            float * __restrict acc = w.acc + (size_t) r * hd;
+            for (int32_t c = 0; c < hd; ++c) acc[c] *= corr;
+        }
+    }
+    for (int32_t t = 0; t < n_t; ++t) {
+        const float * __restrict vt = w.v + (size_t) t * hd;
+        for (int32_t r = 0; r < rows; ++r) {
+            const float p = w.s[(size_t) r * KEY_TILE + t];
+            if (p == 0.0f) continue;
+            float * __restrict acc = w.acc + (size_t) r * hd;
+            for (int32_t c = 0; c < hd; ++c) acc[c] += p * vt[c];
+        }
+    }
+}
+
+// Every tile of an fp16 store of n rows.
+void attend_f16_store(const attn_ws & w, int32_t rows, int32_t hd, const ott_fp16 * k, const ott_fp16 * v, int32_t n) {
+    for (int32_t t0 = 0; t0 < n; t0 += KEY_TILE) {
+        const int32_t n_t = std::min(KEY_TILE, n - t0);
+        f16_tile(k + (size_t) t0 * hd, v + (size_t) t0 * hd, hd, n_t, w);
+        attend_tile(w, rows, hd, n_t, nullptr, false);
+    }
+}
+
+} // namespace
+
+void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
+    const ott_kv_step & st = *op.step;
+    const ott_kv_config & cfg = *st.cfg;
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const int32_t hd = cfg.geom.head_dim, n_rep = st.n_head / cfg.n_head_kv, block = cfg.geom.block;
+    const bool traces = cfg.traces(op.il);
+    const attn_ws w = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
+
+    for (size_t it = ith; it < st.items.size(); it += nth) {
+        const ott_kv_attn_item & I = st.items[it];
+        const ott_kv_step_seq & S = st.seqs[I.sq];
+        const ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
+        const int32_t rows = I.n_q * n_rep;
+
+        // row qi*n_rep + r: query of chunk token I.i0 + qi, head I.head*n_rep + r
+        for (int32_t qi = 0; qi < I.n_q; ++qi) {
+            for (int32_t r = 0; r < n_rep; ++r) {
+                const float * src = (const float *) ((const char *) q->data + (size_t) (S.t0 + I.i0 + qi) * q->nb[2]
+                                                     + (size_t) (I.head * n_rep + r) * q->nb[1]);
+                float * qr = w.q + (size_t) (qi * n_rep + r) * hd;
+                for (int32_t c = 0; c < hd; ++c) qr[c] = src[c] * st.kq_scale;
+            }
+        }
+        std::fill(w.m, w.m + rows, -INFINITY);
+        std::fill(w.l, w.l + rows, 0.0f);
+        std::fill(w.acc, w.acc + (size_t) rows * hd, 0.0f);
+
+        // quantized blocks, masked slots excluded
+        for (int32_t b = I.b0; b < I.b1; ++b) {
+            const uint8_t * hb = ls.blocks[b] + (size_t) I.head * cfg.layout.size;
+            for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
+                const int32_t n_t = std::min(KEY_TILE, block - t0);
+                bool any_dead = false;
+                if (traces) {
+                    const uint8_t * mask = hb + cfg.layout.mask;
+                    for (int32_t t = 0; t < n_t; ++t) {
+                        w.dead[t] = (mask[(t0 + t) >> 3] >> ((t0 + t) & 7)) & 1;
+                        any_dead |= w.dead[t] != 0;
+                    }
+                }
+                dequant_tile(cfg, hb, t0, n_t, w);
+                attend_tile(w, rows, hd, n_t, any_dead ? w.dead : nullptr, false);
+            }
+        }
+
+        if (I.fp16) {
+            const int32_t h = I.head;
+            const size_t pc = cfg.pool_cap(op.il), ec = cfg.extra_cap(op.il);
+            attend_f16_store(w, rows, hd, ls.sink_k.data() + (size_t) h * cfg.sink * hd,
+                             ls.sink_v.data() + (size_t) h * cfg.sink * hd, S.before.n_sink);
+            if (pc) {
+                attend_f16_store(w, rows, hd, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
+            }
+            if (ec) {
+                attend_f16_store(w, rows, hd, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd, ls.n_extra[h]);
+            }
+            attend_f16_store(w, rows, hd, ls.win_k.data() + (size_t) h * S.win_cap * hd,
+                             ls.win_v.data() + (size_t) h * S.win_cap * hd, S.before.n_win);
+            // the chunk itself, causally: query token i sees chunk tokens j <= i
+            const int32_t n_own = I.i0 + I.n_q;
+            for (int32_t j0 = 0; j0 < n_own; j0 += KEY_TILE) {
+                const int32_t n_t = std::min(KEY_TILE, n_own - j0);
+                chunk_tile(k, v, S.t0 + j0, h, hd, n_t, w);
+                for (int32_t qi = 0; qi < I.n_q; ++qi) {
+                    for (int32_t r = 0; r < n_rep; ++r) w.lim[qi * n_rep + r] = I.i0 + qi + 1 - j0;
+                }
+                attend_tile(w, rows, hd, n_t, nullptr, true);
+            }
+        }
+
+        const int64_t prow = ott_attn_partial_row(hd);
+        float * out = (float *) dst->data + (size_t) it * st.rows_max * prow;
+        for (int32_t r = 0; r < rows; ++r) {
+            float * o = out + (size_t) r * prow;
+            o[0] = w.m[r];
+            o[1] = w.l[r];
+            std::memcpy(o + 2, w.acc + (size_t) r * hd, (size_t) hd * sizeof(float));
+        }
+    }
+}
+
+void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
+    const ott_kv_step & st = *op.step;
+    const int32_t hd = st.cfg->geom.head_dim, n_rep = st.n_head / st.cfg->n_head_kv;
+    const int64_t prow = ott_attn_partial_row(hd);
+    const float * part = (const float *) dst->src[0]->data;
+
+    for (size_t gi = ith; gi + 1 < st.groups.size(); gi += nth) {
+        const int32_t i_first = st.groups[gi], i_end = st.groups[gi + 1];
+        const ott_kv_attn_item & I = st.items[i_first];
+        const ott_kv_step_seq & S = st.seqs[I.sq];
+        for (int32_t qi = 0; qi < I.n_q; ++qi) {
+            for (int32_t r = 0; r < n_rep; ++r) {
+                const int32_t row = qi * n_rep + r;
+                float mx = -INFINITY;
+                for (int32_t it = i_first; it < i_end; ++it) mx = std::max(mx, part[((size_t) it * st.rows_max + row) * prow]);
+                float * o = (float *) ((char *) dst->data + (size_t) (S.t0 + I.i0 + qi) * dst->nb[1])
+                            + (size_t) (I.head * n_rep + r) * hd;
+                std::fill(o, o + hd, 0.0f);
+                float l = 0.0f;
+                for (int32_t it = i_first; it < i_end; ++it) {
+                    const float * p = part + ((size_t) it * st.rows_max + row) * prow;
+                    if (p[1] == 0.0f) continue;
+                    const float f = std::exp(p[0] - mx);
+                    l += p[1] * f;
+                    for (int32_t c = 0; c < hd; ++c) o[c] += p[2 + c] * f;
+                }
+                const float inv = 1.0f / l;
+                for (int32_t c = 0; c < hd; ++c) o[c] *= inv;
+            }
+        }
+    }
+}
+
+ott_kv_sched ott_kv_run_events(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, int h,
+                               int32_t win_cap, ott_kv_sched sched, std::vector<uint8_t> & scratch) {
+    const int32_t hd = cfg.geom.head_dim, block = cfg.geom.block;
+    const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
+    const size_t need = ott_kv_event_scratch_bytes(&cfg.geom, (int32_t) pc);
+    if (scratch.size() < need) scratch.resize(need);
+    ott_fp16 * wk = ls.win_k.data() + (size_t) h * win_cap * hd;
+    ott_fp16 * wv = ls.win_v.data() + (size_t) h * win_cap * hd;
+    while (sched.n_win >= cfg.window + block) {
+        ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd,
+                              ls.pool_pos.data() + h * pc, ls.n_pool[h], (int32_t) pc };
+        ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
+                              ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t) ec };
+        int32_t tracing = ls.tracing[h];
+        uint8_t * out = ls.blocks[sched.n_blocks] + (size_t) h * cfg.layout.size;
+        ott_kv_event_ref(&cfg.geom, wk, wv, sched.n_sink + sched.n_blocks * block, &pool, &extra, &tracing,
+                         out, scratch.data());
+        ls.n_pool[h]  = pool.n;
+        ls.n_extra[h] = extra.n;
+        ls.tracing[h] = tracing;
+        const size_t rest = (size_t) (sched.n_win - block) * hd;
+        std::memmove(wk, wk + (size_t) block * hd, rest * sizeof(ott_fp16));
+        std::memmove(wv, wv + (size_t) block * hd, rest * sizeof(ott_fp16));
+        sched.n_win -= block;
+        sched.n_blocks += 1;
+    }
+    return sched;
+}
+
+void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
+    const ott_kv_step & st = *op.step;
+    const ott_kv_config & cfg = *st.cfg;
+    const ggml_tensor * k = dst->src[0], * v = dst->src[1];
+    const int32_t hd = cfg.geom.head_dim, n_kv = cfg.n_head_kv;
+
+    for (size_t idx = ith; idx < st.seqs.size() * n_kv; idx += nth) {
+        const ott_kv_step_seq & S = st.seqs[idx / n_kv];
+        const int32_t h = (int32_t) (idx % n_kv);
+        ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
+        ott_kv_sched sc = S.before;
+        for (int32_t j = 0; j < S.n_new; ++j) {
+            const float * kr = (const float *) ((const char *) k->data + (size_t) (S.t0 + j) * k->nb[2] + (size_t) h * k->nb[1]);
+            const float * vr = (const float *) ((const char *) v->data + (size_t) (S.t0 + j) * v->nb[2] + (size_t) h * v->nb[1]);
+            ott_fp16 * kd, * vd;
+            if (sc.n_sink < cfg.sink) {
+                kd = ls.sink_k.data() + ((size_t) h * cfg.sink + sc.n_sink) * hd;
+                vd = ls.sink_v.data() + ((size_t) h * cfg.sink + sc.n_sink) * hd;
+                sc.n_sink++;
+            } else {
+                kd = ls.win_k.data() + ((size_t) h * S.win_cap + sc.n_win) * hd;
+                vd = ls.win_v.data() + ((size_t) h * S.win_cap + sc.n_win) * hd;
+                sc.n_win++;
+            }
+            for (int32_t c = 0; c < hd; ++c) {
+                kd[c] = ott_fp32_to_fp16_ref(kr[c]);
+                vd[c] = ott_fp32_to_fp16_ref(vr[c]);
+            }
+            sc.n_tokens++;
+            if (!S.defer && sc.n_win == cfg.window + cfg.geom.block) {
+                sc = ott_kv_run_events(cfg, ls, op.il, h, S.win_cap, sc, (*st.scratch)[ith]);
+            }
+        }
+    }
+}
