@@ -68,21 +68,25 @@ class ChatTemplate:
             raise UnsupportedError(f"chat template does not compile: line {exc.lineno}: {exc.message}") from exc
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> ChatTemplate:
-        """Template and bos/eos texts from a GGUF file's tokenizer metadata."""
-        fields = reader.fields
-        source = fields["tokenizer.chat_template"].contents() if "tokenizer.chat_template" in fields else None
-        tokens = fields["tokenizer.ggml.tokens"].contents() if "tokenizer.ggml.tokens" in fields else []
+    def from_fields(cls, fields: Mapping[str, Any]) -> ChatTemplate:
+        """Template and bos/eos texts from GGUF metadata already read (key -> Python value)."""
+        source = fields.get("tokenizer.chat_template")
+        tokens = fields.get("tokenizer.ggml.tokens", [])
 
         def token_text(key: str) -> str:
             if key not in fields:
                 return ""
-            token_id = int(fields[key].contents())
+            token_id = int(fields[key])
             if not 0 <= token_id < len(tokens):
                 raise UnsupportedError(f"GGUF {key} = {token_id} is outside the vocabulary of {len(tokens)} tokens")
             return tokens[token_id]
 
         return cls(source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"))
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> ChatTemplate:
+        """Template and bos/eos texts from an open GGUF file."""
+        return cls.from_fields({k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")})
 
     @property
     def is_fallback(self) -> bool:

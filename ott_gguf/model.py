@@ -19,8 +19,10 @@ import numpy as np
 
 from ._native import check, ffi, lib
 from .errors import InvalidArgumentError, ModelFileError
+from .reference.config import PRESETS, KVConfig, preset
 
-KV_TYPES = {"f16": lib.OTT_KV_F16}
+KV_TYPES = {name: (lib.OTT_KV_F16 if not cfg.quantized else lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT)
+            for name, cfg in PRESETS.items()}
 
 
 @dataclass(frozen=True)
@@ -60,32 +62,21 @@ def _struct_to(cls, c_struct):
     return cls(**values)
 
 
-def read_metadata(path: Path):
-    """GGUF metadata (scalars and short arrays) and tensor type counts, via `gguf`."""
-    from gguf import GGUFReader, GGUFValueType
-
-    reader = GGUFReader(path)
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.data) > 64:
-            continue  # vocabularies and merges are the tokenizer's business
-        meta[key] = field.contents()
-    types = Counter(t.tensor_type.name for t in reader.tensors)
-    return reader, meta, dict(types)
-
-
 class Model:
     """A GGUF model and its decoding context (KV cache for up to n_seq_max sequences)."""
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
-                 n_ubatch: int = 512, n_threads: int | None = None, kv: str = "f16", repack: bool = True):
+                 n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
+                 prefill_fp16: bool = False, repack: bool = True):
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
+        `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
+        full precision and is quantized at the sequence's next single-token step."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
-        if kv not in KV_TYPES:
-            raise InvalidArgumentError(f"unknown KV cache mode '{kv}' (choose from {', '.join(KV_TYPES)})")
+        kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
+        if prefill_fp16 and not kv_cfg.quantized:
+            raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
 
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
         mparams.repack = int(repack)
@@ -103,21 +94,29 @@ class Model:
         cparams.n_seq_max = n_seq_max
         cparams.n_ubatch = n_ubatch
         cparams.n_threads = n_threads or 0
-        cparams.kv.type = KV_TYPES[kv]
+        self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
+        _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
         pctx = ffi.new("ott_context **")
         check(lib.ott_context_init(self._model, cparams, pctx))
         self._ctx = ffi.gc(pctx[0], lib.ott_context_free)
         self.n_ctx = n_ctx or self.info.n_ctx_train
         self.n_seq_max = n_seq_max
         self.n_ubatch = n_ubatch
-        self.kv = kv
+        self.kv = kv if isinstance(kv, str) else "custom"
+        self.prefill_fp16 = prefill_fp16
 
         from .chat import ChatTemplate
+        from .gguf_meta import read_metadata, read_tensors
         from .tokenizer import Tokenizer
 
-        reader, self.metadata, self.tensor_types = read_metadata(self.path)
-        self.tokenizer = Tokenizer.from_reader(reader)
-        self.chat_template = ChatTemplate.from_gguf(reader)
+        meta = read_metadata(self._model)
+        self.tokenizer = Tokenizer.from_fields(meta)
+        self.chat_template = ChatTemplate.from_fields(meta)
+        # metadata to describe the model: scalars and short arrays (vocabularies are the tokenizer's)
+        self.metadata = {k: v for k, v in meta.items() if not (hasattr(v, "__len__") and not isinstance(v, str)
+                                                                 and len(v) > 64)}
+        self.tensors = read_tensors(self._model)
+        self.tensor_types = dict(Counter(t.type_name for t in self.tensors))
 
     # ---- text ---------------------------------------------------------------------------
 
@@ -166,6 +165,36 @@ class Model:
         """Keep the first n_keep tokens of sequence `seq` (0 clears it)."""
         check(lib.ott_seq_truncate(self._ctx, seq, n_keep))
 
+    def tokens_until_event(self, seq: int = 0) -> int | None:
+        """Tokens sequence `seq` can take until the next quantization event fires (after the
+        last of them); None when the cache never quantizes. Chunks of exactly this size, one
+        `eval` each (n_ubatch at least as large), are decode-faithful: every token sees the
+        cache token-by-token decoding would show it."""
+        n = ffi.new("int32_t *")
+        check(lib.ott_seq_tokens_until_event(self._ctx, seq, n))
+        return n[0] or None
+
+    def kv_head_state(self, layer: int, seq: int, head: int) -> KVHeadState:
+        """A copy of the raw stores of one KV head of a quantized cache (see KVHeadState)."""
+        st = ffi.new("ott_kv_head_state *")
+        check(lib.ott_kv_export(self._ctx, layer, seq, head, st))
+        hd = self.info.n_embd_head
+        arrays = {
+            "blocks": np.zeros((st.n_blocks, st.block_bytes), np.uint8),
+            "sink_k": np.zeros((st.n_sink, hd), np.float16), "sink_v": np.zeros((st.n_sink, hd), np.float16),
+            "pool_k": np.zeros((st.n_pool, hd), np.float16), "pool_v": np.zeros((st.n_pool, hd), np.float16),
+            "pool_pos": np.zeros(st.n_pool, np.int32),
+            "extra_k": np.zeros((st.n_extra, hd), np.float16), "extra_v": np.zeros((st.n_extra, hd), np.float16),
+            "extra_pos": np.zeros(st.n_extra, np.int32),
+            "window_k": np.zeros((st.n_window, hd), np.float16), "window_v": np.zeros((st.n_window, hd), np.float16),
+        }
+        ctypes = {np.uint8: "uint8_t *", np.float16: "uint16_t *", np.int32: "int32_t *"}
+        for name, a in arrays.items():
+            setattr(st, name, ffi.cast(ctypes[a.dtype.type], ffi.from_buffer(a)))
+        check(lib.ott_kv_export(self._ctx, layer, seq, head, st))
+        return KVHeadState(n_tokens=st.n_tokens, tracing=bool(st.tracing),
+                           block_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.block_offsets))), **arrays)
+
     def set_threads(self, n_threads: int) -> None:
         check(lib.ott_context_set_threads(self._ctx, n_threads))
 
@@ -193,6 +222,38 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class KVHeadState:
+    """The stores of one KV head of one layer of one sequence (ott.h: ott_kv_export)."""
+    BLOCK_ARRAYS = ("k_scale", "k_min", "v_scale", "v_min", "k_codes", "v_codes", "mask")
+
+    n_tokens: int
+    tracing: bool                 # the head still runs Outlier Token Tracing
+    block_offsets: dict           # array name (BLOCK_ARRAYS) -> byte offset in a head-block
+    blocks: np.ndarray            # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv_layout.h)
+    sink_k: np.ndarray            # fp16 [n_sink, head_dim]; likewise sink_v
+    sink_v: np.ndarray
+    pool_k: np.ndarray            # fp16 [n_pool, head_dim], ascending position
+    pool_v: np.ndarray
+    pool_pos: np.ndarray          # int32 [n_pool]
+    extra_k: np.ndarray           # fp16 [n_extra, head_dim], eviction order
+    extra_v: np.ndarray
+    extra_pos: np.ndarray         # int32 [n_extra]
+    window_k: np.ndarray          # fp16 [n_window, head_dim], the most recent positions
+    window_v: np.ndarray
+
+
+def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
+    """Fill an ott_kv_params from a validated KVConfig."""
+    if cfg.quantized:
+        c_kv.type = lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT
+        for f in fields(KVConfig):
+            setattr(c_kv, f.name, getattr(cfg, f.name))
+        c_kv.prefill_fp16 = int(prefill_fp16)
+    else:
+        c_kv.type = lib.OTT_KV_F16
 
 
 def physical_cores() -> int:

@@ -2,7 +2,8 @@
 
 Budgets: the quantized SmolLM2 runs its matmuls on Q8_1-quantized activations (as llama.cpp
 does), so its logits differ from the float reference by a few percent (relative L2 per
-row); greedy choices must still agree. The F32 random model has no quantization anywhere:
+row, up to ~20 % on rows whose logits sit near zero); the distributions they define stay
+within a KL divergence of ~0.01 nats, and greedy choices must agree. The F32 random model has no quantization anywhere:
 there the budget is float32 rounding.
 """
 import numpy as np
@@ -20,6 +21,15 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+def kl_div(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(ref || ours) per row, in nats."""
+    def log_softmax(x):
+        x = x.astype(np.float64) - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    lr, lo = log_softmax(ref_logits), log_softmax(logits)
+    return (np.exp(lr) * (lr - lo)).sum(-1)
+
+
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     return Model(smollm2_path, n_ctx=512, n_seq_max=3, n_threads=2)
@@ -34,8 +44,9 @@ def test_smollm2_logits_match_reference(smol, smol_ref):
     smol.truncate(0)
     ours = smol.eval(PROMPT, all_logits=True)
     ref = smol_ref.forward(PROMPT)
-    err = rel_err(ours, ref)
-    assert np.median(err) < 0.08 and err.max() < 0.15, err
+    err, kl = rel_err(ours, ref), kl_div(ref, ours)
+    assert np.median(err) < 0.08 and err.max() < 0.25, err
+    assert kl.mean() < 0.01 and kl.max() < 0.03, kl
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 

@@ -239,6 +239,7 @@ struct weight_loader {
 ott_model::~ott_model() {
     for (auto b : buffers) ggml_backend_buffer_free(b);
     for (auto c : ctxs_w) ggml_free(c);
+    if (ctx_meta) ggml_free(ctx_meta);
     if (gguf) gguf_free(gguf);
 }
 
@@ -260,7 +261,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     if (!m->gguf) {
         return ott_fail(OTT_ERR_FORMAT, "%s: cannot parse the GGUF header (truncated or corrupt file)", path);
     }
-    std::unique_ptr<ggml_context, decltype(&ggml_free)> meta_guard(meta, ggml_free);
+    m->ctx_meta = meta;
 
     // every tensor's data must lie inside the file
     const int64_t data_off = (int64_t) gguf_get_data_offset(m->gguf);

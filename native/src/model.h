@@ -58,6 +58,7 @@ struct ott_model {
     ott_hparams hparams;
 
     gguf_context * gguf       = nullptr;  // metadata (kept for the whole lifetime)
+    ggml_context * ctx_meta   = nullptr;  // headers of every tensor in the file (no data)
     std::vector<ggml_context *> ctxs_w;   // headers of the weights, one per buffer type
     std::vector<ggml_backend_buffer_t> buffers;  // weight data
 
