@@ -92,11 +92,29 @@ ott_status ott_model_tensor_get(const ott_model * model, int64_t i, ott_tensor_d
 /* ---- KV cache modes ------------------------------------------------------------------ */
 
 typedef enum {
-    OTT_KV_F16 = 0,   /* fp16 cache, ggml flash attention                                */
+    OTT_KV_F16  = 0,  /* fp16 cache, ggml flash attention                                */
+    OTT_KV_KIVI = 1,  /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
+    OTT_KV_OTT  = 2,  /* KIVI + Outlier Token Tracing (pool > 0)                          */
 } ott_kv_type;
 
+/* Knobs of the quantized cache (DESIGN §2, ott_gguf/reference/config.py); all 0 for
+ * OTT_KV_F16. group_v larger than head_dim is capped at head_dim. Invalid combinations
+ * make ott_context_init fail with OTT_ERR_INVALID_ARG and one line naming the knob. */
 typedef struct {
     int32_t type;             /* ott_kv_type                                             */
+    int32_t bits_k;           /* bits per key code: 2, 4 or 8                            */
+    int32_t bits_v;           /* bits per value code: 2, 4 or 8                          */
+    int32_t group_k;          /* tokens per key group (one channel), divides block      */
+    int32_t group_v;          /* channels per value group (one token), divides head_dim */
+    int32_t block;            /* tokens quantized at one event, multiple of 8            */
+    int32_t window;           /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
+    int32_t pool;             /* outlier-pool tokens per KV head, < block               */
+    int32_t extra_pool;       /* extra-pool tokens per KV head                           */
+    int32_t skip_layers;      /* layers 0 .. skip_layers-1 do not trace outliers        */
+    int32_t sink;             /* first tokens of a sequence kept in fp16                */
+    int32_t prefill_fp16;     /* 1: a multi-token chunk's quantization events wait until
+                                 the sequence's next single-token step, so a prompt given
+                                 in several chunks attends in full precision throughout */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
@@ -132,7 +150,9 @@ ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_out
 
 /* Sequence state. */
 ott_status ott_seq_len(const ott_context * ctx, int32_t seq_id, int32_t * out);
-ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep);  /* n_keep = 0 clears */
+/* n_keep = 0 clears. A quantized cache cannot undo quantization: it keeps n_keep tokens
+ * only when every dropped token is still in the fp16 window (else OTT_ERR_UNSUPPORTED). */
+ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep);
 
 typedef struct {
     int64_t bytes_allocated;      /* KV bytes allocated now, all layers and sequences   */
@@ -143,6 +163,44 @@ typedef struct {
 } ott_kv_stats;
 
 ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
+
+/* Tokens sequence seq_id can take until the next quantization event fires (the event
+ * fires after the last of them); 0 when the cache never quantizes. Feeding a sequence in
+ * chunks of exactly this size (each chunk one ott_decode call, n_ubatch >= the chunk)
+ * makes every token see the cache it would see in token-by-token decoding. */
+ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, int32_t * out);
+
+/* The raw stores of one KV head of one layer of one sequence, in a quantized cache.
+ * Counts are always filled; each non-NULL buffer receives a copy of its store. fp16
+ * values are IEEE binary16 bit patterns. Head-blocks are in native/src/kv_layout.h's
+ * layout (the arrays of ott_gguf/reference/block.py at the offsets block_offsets). */
+typedef struct {
+    int32_t  n_tokens;        /* tokens of the sequence                                   */
+    int32_t  n_sink;
+    int32_t  n_blocks;        /* quantized blocks; block j holds positions
+                                 n_sink + j*block ..                                      */
+    int32_t  n_pool;
+    int32_t  n_extra;
+    int32_t  n_window;        /* window positions: n_tokens - n_window ..                 */
+    int32_t  tracing;         /* 1 while this head still runs Outlier Token Tracing       */
+    int32_t  block_bytes;     /* bytes of one head-block                                  */
+    int32_t  block_offsets[7];/* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
+                                 v_codes, mask inside a head-block                        */
+    uint8_t  * blocks;        /* [n_blocks][block_bytes]                                  */
+    uint16_t * sink_k;        /* fp16 [n_sink][head_dim], likewise sink_v                 */
+    uint16_t * sink_v;
+    uint16_t * pool_k;        /* fp16 [n_pool][head_dim], ascending position              */
+    uint16_t * pool_v;
+    int32_t  * pool_pos;      /* [n_pool]                                                 */
+    uint16_t * extra_k;       /* fp16 [n_extra][head_dim], in eviction order              */
+    uint16_t * extra_v;
+    int32_t  * extra_pos;     /* [n_extra]                                                */
+    uint16_t * window_k;      /* fp16 [n_window][head_dim], ascending position            */
+    uint16_t * window_v;
+} ott_kv_head_state;
+
+ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head,
+                         ott_kv_head_state * out);
 
 /* Physical cores of this machine (the default thread count). */
 int32_t ott_physical_cores(void);
