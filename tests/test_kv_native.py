@@ -1,0 +1,297 @@
+"""The native quantized KV cache against the numpy specification (ott_gguf/reference).
+
+Harness: a random F32 model decodes token chunks through the native cache. After every
+chunk, the fp16 K/V the native cache stored for the chunk (read back with ott_kv_export
+from its sink and window, before any event can quantize them) are appended to one
+reference LayerCache per layer. Then:
+
+- stores, bit for bit: codes, scales, mins and masks of every block, sink, outlier pool
+  and extra pool (values and positions), window, tracing state, for every layer and KV head;
+- attention, within a budget: the reference runs the model's forward pass for the chunk
+  with float64 attention (reference.attend) over its cache and the same chunk K/V; the
+  native logits must match to a relative L2 error of LOGIT_BUDGET per token. The only
+  differences are float32 rounding in the matmuls and the native attention's float32
+  softmax (exp to 3e-7 relative) and accumulation.
+"""
+import numpy as np
+import pytest
+
+from ott_gguf.errors import UnsupportedError
+from ott_gguf.model import Model
+from ott_gguf.reference import KVConfig, LayerCache, attend, preset
+from reference_forward import ReferenceModel, rms_norm, silu
+
+LOGIT_BUDGET = 2e-4
+
+# small blocks so that a few hundred tokens cross every boundary many times
+SMALL = KVConfig(bits_k=2, bits_v=2, group_k=8, group_v=16, block=16, window=4, pool=2,
+                 extra_pool=5, skip_layers=1, sink=2)
+
+
+class ReferenceRun:
+    """The reference cache of every layer of one sequence, and the model's forward pass over it."""
+
+    def __init__(self, ref: ReferenceModel | None, cfg: KVConfig, model: Model):
+        """ref None: stores only (chunk() needs the model's weights)."""
+        self.ref = ref
+        info = model.info
+        self.layers = [LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head) for il in range(info.n_layer)]
+        self.n_tokens = 0
+
+    def chunk(self, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]], append: bool = True) -> np.ndarray:
+        """Logits [n, n_vocab] of a chunk whose K/V per layer are kv[il] (float32 [n, n_head_kv, hd])."""
+        r, n = self.ref, len(tokens)
+        cos, sin = r.rope_tables(self.n_tokens + n)
+        cos, sin = cos[self.n_tokens:], sin[self.n_tokens:]
+        x = r.w["token_embd.weight"][np.asarray(tokens)]
+        for il, layer in enumerate(self.layers):
+            blk = f"blk.{il}"
+            h = rms_norm(x, r.w[f"{blk}.attn_norm.weight"], r.eps)
+            q = r.rope(r.linear(h, f"{blk}.attn_q").reshape(n, r.n_head, r.n_embd_head), cos, sin)
+            out = attend(layer, q, *kv[il]).astype(np.float32).reshape(n, -1)
+            x = x + r.linear(out, f"{blk}.attn_output")
+            h = rms_norm(x, r.w[f"{blk}.ffn_norm.weight"], r.eps)
+            x = x + r.linear(silu(r.linear(h, f"{blk}.ffn_gate")) * r.linear(h, f"{blk}.ffn_up"), f"{blk}.ffn_down")
+        if append:
+            self.append(kv)
+        x = rms_norm(x, r.w["output_norm.weight"], r.eps)
+        return x @ r.w["output.weight"].T
+
+    def append(self, kv: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        for layer, (k, v) in zip(self.layers, kv):
+            layer.append(k, v)
+        self.n_tokens += len(kv[0][0])
+
+
+def stored_kv(model: Model, n_new: int, seq: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The fp16 K/V the native cache stored for the last n_new tokens of `seq`, per layer:
+    float32 [n_new, n_head_kv, head_dim] each. They must still sit in the sink or the window."""
+    out = []
+    for il in range(model.info.n_layer):
+        ks, vs = [], []
+        for h in range(model.info.n_head_kv):
+            st = model.kv_head_state(il, seq, h)
+            n_sink, win0 = len(st.sink_k), st.n_tokens - len(st.window_k)
+            pos = range(st.n_tokens - n_new, st.n_tokens)
+            assert all(p < n_sink or p >= win0 for p in pos), "chunk tokens already quantized"
+            ks.append([st.sink_k[p] if p < n_sink else st.window_k[p - win0] for p in pos])
+            vs.append([st.sink_v[p] if p < n_sink else st.window_v[p - win0] for p in pos])
+        out.append((np.array(ks, np.float32).transpose(1, 0, 2), np.array(vs, np.float32).transpose(1, 0, 2)))
+    return out
+
+
+def block_arrays(blocks: np.ndarray, offsets: dict, rb) -> dict:
+    """The arrays of native head-block j laid out like reference block rb (same shapes, dtypes)."""
+    out = {}
+    for name, off in offsets.items():
+        want = getattr(rb, name)
+        out[name] = blocks[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
+    return out
+
+
+def assert_same_state(model: Model, run: ReferenceRun, seq: int = 0) -> None:
+    """Every store of every layer and KV head, bit for bit."""
+    for il, layer in enumerate(run.layers):
+        for h, head in enumerate(layer.heads):
+            st = model.kv_head_state(il, seq, h)
+            where = f"layer {il} head {h} at {head.n_tokens} tokens"
+            assert st.n_tokens == head.n_tokens, where
+            assert st.tracing == head.tracing, where
+            for name, ref, ours in [("sink", head.sink, (st.sink_k, st.sink_v, None)),
+                                    ("pool", head.pool, (st.pool_k, st.pool_v, st.pool_pos)),
+                                    ("extra", head.extra, (st.extra_k, st.extra_v, st.extra_pos)),
+                                    ("window", head.window, (st.window_k, st.window_v, None))]:
+                assert ours[0].shape == ref.k.shape, f"{where}: {name} holds {len(ours[0])} not {len(ref)}"
+                assert (ours[0].view(np.uint16) == ref.k.view(np.uint16)).all(), f"{where}: {name} K"
+                assert (ours[1].view(np.uint16) == ref.v.view(np.uint16)).all(), f"{where}: {name} V"
+                if ours[2] is not None:
+                    assert ours[2].tolist() == ref.pos.tolist(), f"{where}: {name} positions"
+            assert len(st.blocks) == len(head.blocks), where
+            for j, rb in enumerate(head.blocks):
+                got = block_arrays(st.blocks[j], st.block_offsets, rb)
+                for name, arr in got.items():
+                    assert (arr.view(np.uint8) == getattr(rb, name).view(np.uint8)).all(), f"{where}: block {j} {name}"
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def random_model(tmp_path, head_dim: int, gqa: int, n_layer: int = 2, seed: int = 0):
+    from make_gguf import write_random_model
+
+    n_head_kv = 2 if gqa == 1 else 1
+    n_head = n_head_kv * gqa
+    return write_random_model(tmp_path / f"r{head_dim}-{gqa}.gguf", arch="qwen2", dtype="f32",
+                              n_embd=head_dim * n_head, n_layer=n_layer, n_head=n_head,
+                              n_head_kv=n_head_kv, n_ff=128, seed=seed, n_ctx_train=4096)
+
+
+def run_chunks(model: Model, run: ReferenceRun, tokens: list[int], sizes, check_every: int = 1):
+    """Feed tokens in chunks of the given sizes (cycled); compare logits each chunk and
+    stores every check_every chunks and at the end. Returns the largest logit error."""
+    worst, i, c = 0.0, 0, 0
+    while i < len(tokens):
+        n = min(sizes[c % len(sizes)], len(tokens) - i)
+        chunk = tokens[i:i + n]
+        ours = model.eval(chunk, all_logits=True)
+        theirs = run.chunk(chunk, stored_kv(model, n))
+        worst = max(worst, float(rel_err(ours, theirs).max()))
+        i, c = i + n, c + 1
+        if c % check_every == 0 or i == len(tokens):
+            assert_same_state(model, run)
+    return worst
+
+
+# ---------------------------------------------------------------- bit-exact stores + attention
+
+CASES = [
+    # id, head_dim, gqa, config, tokens, chunk sizes
+    ("hd64-gqa1-small", 64, 1, SMALL, 230, [1, 3, 4, 2]),
+    ("hd128-gqa3-small", 128, 3, SMALL, 200, [4, 1]),
+    ("hd64-gqa7-small", 64, 7, SMALL, 150, [2, 3]),
+    ("hd128-gqa1-4bit-g4", 128, 1, SMALL.with_overrides(bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
+    ("hd64-gqa3-8bit", 64, 3, SMALL.with_overrides(bits_k=8, bits_v=8, group_k=4), 90, [3]),
+    ("hd64-gqa1-kivi", 64, 1, SMALL.with_overrides(pool=0, extra_pool=0, sink=0), 120, [4, 1]),
+    ("hd64-gqa3-stop-early", 64, 3, SMALL.with_overrides(pool=3, extra_pool=3, window=8), 160, [8, 5]),
+    ("hd128-gqa7-window1", 128, 7, SMALL.with_overrides(window=1, sink=0, pool=1, extra_pool=2), 70, [1]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_native_matches_reference(tmp_path, case):
+    _, head_dim, gqa, cfg, n_tokens, sizes = case
+    path = random_model(tmp_path, head_dim, gqa)
+    model = Model(path, n_ctx=512, n_threads=2, kv=cfg)
+    run = ReferenceRun(ReferenceModel(path), cfg, model)
+    tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()
+    worst = run_chunks(model, run, tokens, sizes)
+    assert worst < LOGIT_BUDGET
+    # the boundaries the case was meant to cross
+    head = run.layers[1].heads[0]
+    assert len(head.blocks) >= 3
+    if cfg.pool:
+        assert len(head.pool) == cfg.pool and len(head.extra) > 0
+
+
+def test_stop_rule_reached(tmp_path):
+    """With a tiny extra pool every traced head stops tracing; later blocks have no masks."""
+    cfg = SMALL.with_overrides(extra_pool=2)
+    path = random_model(tmp_path, 64, 3)
+    model = Model(path, n_ctx=512, n_threads=2, kv=cfg)
+    run = ReferenceRun(ReferenceModel(path), cfg, model)
+    tokens = np.random.default_rng(5).integers(0, model.n_vocab, 150).tolist()
+    run_chunks(model, run, tokens, [4], check_every=8)
+    head = run.layers[1].heads[0]
+    assert not head.tracing and not model.kv_head_state(1, 0, 0).tracing
+    assert not head.blocks[-1].masked.any()
+
+
+@pytest.mark.parametrize("cfg", [SMALL.with_overrides(skip_layers=0),
+                                 SMALL.with_overrides(skip_layers=0, window=0, sink=0)], ids=["small", "window0"])
+def test_large_chunks_one_layer(tmp_path, cfg):
+    """Chunks larger than the window that span several events (prompt processing): the
+    chunk attends to itself in full precision and is quantized as it is appended. A
+    one-layer model's K/V do not depend on the cache, so a second context whose window never
+    quantizes (same chunks, same graphs) provides them."""
+    path = random_model(tmp_path, 64, 3, n_layer=1)
+    keep = cfg.with_overrides(window=400)
+    model = Model(path, n_ctx=512, n_threads=2, kv=cfg)
+    probe = Model(path, n_ctx=512, n_threads=2, kv=keep)
+    run = ReferenceRun(ReferenceModel(path), cfg, model)
+    tokens = np.random.default_rng(2).integers(0, model.n_vocab, 300).tolist()
+    i = 0
+    for n in [40, 1, 37, 64, 100, 3, 55]:
+        chunk = tokens[i:i + n]
+        ours = model.eval(chunk, all_logits=True)
+        probe.eval(chunk)
+        theirs = run.chunk(chunk, stored_kv(probe, n))
+        assert rel_err(ours, theirs).max() < LOGIT_BUDGET
+        assert_same_state(model, run)
+        i += n
+
+
+def test_prefill_fp16(tmp_path):
+    """prefill_fp16: a prompt given in several ubatches attends in full precision as one
+    chunk; its events fire before the next single-token step."""
+    path = random_model(tmp_path, 64, 3)
+    model = Model(path, n_ctx=512, n_threads=2, n_ubatch=16, kv=SMALL, prefill_fp16=True)
+    run = ReferenceRun(ReferenceModel(path), SMALL, model)
+    tokens = np.random.default_rng(3).integers(0, model.n_vocab, 100).tolist()
+    ours = model.eval(tokens[:90], all_logits=True)
+    theirs = run.chunk(tokens[:90], stored_kv(model, 90))   # one reference chunk, then appended
+    assert rel_err(ours, theirs).max() < LOGIT_BUDGET
+    assert len(model.kv_head_state(1, 0, 0).blocks) == 0     # nothing quantized yet
+    for t in tokens[90:]:
+        ours = model.eval([t], all_logits=True)
+        theirs = run.chunk([t], stored_kv(model, 1))
+        assert rel_err(ours, theirs).max() < LOGIT_BUDGET
+    assert_same_state(model, run)
+
+
+def test_sequences_in_one_batch(tmp_path):
+    """Several sequences of different lengths in one batch: each equals its own run."""
+    path = random_model(tmp_path, 64, 3)
+    batched = Model(path, n_ctx=256, n_seq_max=3, n_threads=2, kv=SMALL)
+    alone = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, batched.n_vocab, n).tolist() for n in (5, 41, 70)]
+    for s, p in enumerate(prompts):
+        batched.eval(p, seq=s)
+    step = [int(rng.integers(0, batched.n_vocab)) for _ in prompts]
+    out = batched.decode_batch(step, [len(p) for p in prompts], [0, 1, 2], [True] * 3)
+    for s, p in enumerate(prompts):
+        alone.truncate(0)
+        alone.eval(p)
+        want = alone.eval([step[s]])
+        assert rel_err(out[s], want) < 1e-5
+        st, ref = batched.kv_head_state(1, s, 0), alone.kv_head_state(1, 0, 0)
+        assert (st.blocks == ref.blocks).all() and (st.window_k == ref.window_k).all()
+
+
+def test_truncate(tmp_path):
+    path = random_model(tmp_path, 64, 1)
+    model = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
+    tokens = np.random.default_rng(6).integers(0, model.n_vocab, 60).tolist()
+    model.eval(tokens)
+    st = model.kv_head_state(0, 0, 0)
+    frozen = 60 - len(st.window_k)
+    model.truncate(0, frozen + 1)                      # only window tokens dropped
+    assert model.seq_len() == frozen + 1
+    with pytest.raises(UnsupportedError, match="quantized"):
+        model.truncate(0, frozen - 1)
+    model.truncate(0, 0)
+    assert model.seq_len() == 0 and model.kv_stats().bytes_allocated == 0
+    again = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
+    assert np.array_equal(model.eval(tokens[:20], all_logits=True), again.eval(tokens[:20], all_logits=True))
+
+
+def test_tokens_until_event(tmp_path):
+    path = random_model(tmp_path, 64, 1)
+    model = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
+    run = LayerCache.new(SMALL, 0, 1, 64)
+    assert model.tokens_until_event() == run.tokens_until_event() == SMALL.sink + SMALL.window + SMALL.block
+    for n in (1, 21, 5, 16):
+        model.eval([1] * n)
+        run.append(np.zeros((n, 1, 64), np.float32), np.zeros((n, 1, 64), np.float32))
+        assert model.tokens_until_event() == run.tokens_until_event()
+    assert Model(path, n_ctx=64, n_threads=2).tokens_until_event() is None
+
+
+def test_default_presets_on_qwen(qwen05_path):
+    """ott2's defaults (block 128, window 32, pool 3) on a real GQA-7 model, through two
+    events: stores bit for bit; logits within the budget of the model's own rounding
+    (Q4_K weights: ggml quantizes activations to 8 bits before each matmul, the reference
+    does not, so only stores are compared exactly here)."""
+    cfg = preset("ott2")
+    model = Model(qwen05_path, n_ctx=512, n_threads=2, kv=cfg)
+    run = ReferenceRun(None, cfg, model)
+    tokens = model.tokenize("def fibonacci(n):\n    if n < 2:\n        return n\n" * 20)[:300]
+    i = 0
+    while i < len(tokens):
+        n = min(32, len(tokens) - i)
+        model.eval(tokens[i:i + n])
+        run.append(stored_kv(model, n))
+        i += n
+    assert len(run.layers[5].heads[0].blocks) == 2
+    assert_same_state(model, run)
