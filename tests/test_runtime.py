@@ -190,3 +190,71 @@ def test_random_model_matches_reference(tmp_path, arch, dtype, budget):
         logits = model.eval([generated[-1]])
     ref_choices = ref.forward(prompt + generated[:-1])[len(prompt) - 1:].argmax(-1)
     assert ref_choices.tolist() == generated
+
+
+def _rewrite_gguf(src, dst, tensor_map=lambda name, data: data, kv_map=lambda key, value: value):
+    """Copy a GGUF file, passing each tensor and metadata value through a function."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dst, kv_map("general.architecture", arch))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = kv_map(key, field.contents())
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, vtype)
+    for t in reader.tensors:
+        data = tensor_map(t.name, np.array(t.data))
+        raw_dtype = None if data.dtype in (np.float32, np.float16, np.int32) else t.tensor_type
+        writer.add_tensor(t.name, data, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_unsupported_tensor_type_is_refused(tmp_path):
+    from ott_gguf.errors import UnsupportedError
+    from make_gguf import write_random_model
+
+    src = write_random_model(tmp_path / "src.gguf", arch="qwen2", dtype="f32", seed=3)
+    bad = _rewrite_gguf(src, tmp_path / "i32.gguf",
+                        tensor_map=lambda name, d: d.astype(np.int32) if name == "blk.1.attn_q.weight" else d)
+    with pytest.raises(UnsupportedError, match=r"blk\.1\.attn_q\.weight.*i32"):
+        Model(bad, n_ctx=32)
+
+
+def test_unsupported_architecture_and_missing_tensor(tmp_path):
+    from ott_gguf.errors import ModelFileError, UnsupportedError
+    from make_gguf import write_random_model
+
+    src = write_random_model(tmp_path / "src.gguf", arch="llama", dtype="f16", seed=3)
+    gptneox = _rewrite_gguf(src, tmp_path / "neox.gguf",
+                            kv_map=lambda k, v: "gptneox" if k == "general.architecture" else v)
+    with pytest.raises(UnsupportedError, match="architecture 'gptneox'.*llama, mistral, qwen2"):
+        Model(gptneox, n_ctx=32)
+    wrong_shape = _rewrite_gguf(src, tmp_path / "shape.gguf",
+                                tensor_map=lambda n, d: d[:-1] if n == "blk.0.attn_k.weight" else d)
+    with pytest.raises(ModelFileError, match=r"blk\.0\.attn_k\.weight.*shape"):
+        Model(wrong_shape, n_ctx=32)
+
+
+def test_truncated_and_foreign_files(tmp_path, smollm2_path):
+    from ott_gguf.errors import ModelFileError
+
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(smollm2_path.read_bytes()[: 40 << 20])
+    with pytest.raises(ModelFileError, match="truncated"):
+        Model(truncated, n_ctx=32)
+    foreign = tmp_path / "weights.bin"
+    foreign.write_bytes(b"PK\x03\x04" + bytes(1000))
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        Model(foreign, n_ctx=32)
+    with pytest.raises(ModelFileError, match="no such file"):
+        Model(tmp_path / "missing.gguf")
