@@ -13,9 +13,16 @@ import traceback
 from pathlib import Path
 
 from .errors import ContextFullError, InvalidArgumentError, OttError
+from .reference.config import PRESETS as _KV_PRESETS
 
 # info and tokenize evaluate nothing: a small context keeps the KV allocation negligible.
 _NO_EVAL_CTX = 256
+# --kv-* overrides: KVConfig knob -> what it sets
+_KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
+             "group_k": "tokens per key group", "group_v": "channels per value group",
+             "block": "tokens quantized together", "window": "fp16 window R",
+             "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
+             "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,9 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
 
-    runtime = argparse.ArgumentParser(add_help=False)
+    kvopts = argparse.ArgumentParser(add_help=False)
+    kvopts.add_argument("--kv", default="f16", choices=list(_KV_PRESETS), help="KV cache mode (default f16)")
+    for knob, what in _KV_KNOBS.items():
+        kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", type=_int_at_least(0),
+                            metavar="N", help=f"override the mode's {what}")
+    kvopts.add_argument("--prefill-fp16", action="store_true",
+                        help="a prompt attends in full precision and is quantized afterwards (quantized modes)")
+
+    runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts])
     runtime.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
-    runtime.add_argument("--kv", default="f16", choices=["f16"], help="KV cache type (default f16)")
 
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("-n", "--n-predict", type=_int_at_least(1), default=256,
@@ -88,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system message")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("info", parents=[common], help="describe a model: architecture, sizes, tensor types, KV bytes")
+    p = sub.add_parser("info", parents=[common, kvopts], help="describe a model: architecture, sizes, tensor types, KV bytes")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("perplexity", parents=[common, runtime],
@@ -157,7 +171,22 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512):
     from .resolve import resolve_model
 
     return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
-                 n_threads=getattr(args, "threads", None), kv=getattr(args, "kv", "f16"))
+                 n_threads=getattr(args, "threads", None), kv=_kv_config(args),
+                 prefill_fp16=getattr(args, "prefill_fp16", False))
+
+
+def _kv_config(args):
+    """The --kv mode with its --kv-* overrides, validated (one clear error when invalid)."""
+    from .reference.config import preset
+
+    cfg = preset(getattr(args, "kv", "f16"))
+    return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS})
+
+
+def _kv_description(model, n_ctx: int | None = None) -> str:
+    fp = model.kv_footprint(n_ctx)
+    return (f"{model.kv}: {fp.bytes_per_token_per_layer:.1f} bytes per token per layer, "
+            f"{fp.bits_per_element:.2f} bits per element at {fp.n_ctx} tokens (everything counted)")
 
 
 def _sampling(args):
@@ -304,7 +333,7 @@ def cmd_info(args) -> int:
     model = _load(args, _NO_EVAL_CTX)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size
-    kv_per_token = model.kv_bytes_per_token()
+    kv_per_token = model.kv_bytes_per_token(info.n_ctx_train)
     rows = [
         ("file", f"{model.path} ({file_bytes / 2**20:.1f} MiB)"),
         ("name", meta.get("general.name", "-")),
@@ -327,6 +356,7 @@ def cmd_info(args) -> int:
         ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
         (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
                                  f"{kv_per_token * info.n_ctx_train / 2**20:.1f} MiB for {info.n_ctx_train} tokens)"),
+        ("KV footprint", _kv_description(model, info.n_ctx_train)),
         ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
                                    sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
     ]
@@ -384,4 +414,5 @@ def cmd_bench(args) -> int:
     print(f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
           f"ubatch {args.ubatch} | {args.reps} repetitions")
     print(format_table(rows))
+    print(f"KV footprint {_kv_description(model)}")
     return 0

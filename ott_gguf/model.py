@@ -20,6 +20,7 @@ import numpy as np
 from ._native import check, ffi, lib
 from .errors import InvalidArgumentError, ModelFileError
 from .reference.config import PRESETS, KVConfig, preset
+from .reference.footprint import Footprint, footprint
 
 KV_TYPES = {name: (lib.OTT_KV_F16 if not cfg.quantized else lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT)
             for name, cfg in PRESETS.items()}
@@ -102,7 +103,7 @@ class Model:
         self.n_ctx = n_ctx or self.info.n_ctx_train
         self.n_seq_max = n_seq_max
         self.n_ubatch = n_ubatch
-        self.kv = kv if isinstance(kv, str) else "custom"
+        self.kv = next((name for name, cfg in PRESETS.items() if cfg == kv_cfg), "custom")
         self.prefill_fp16 = prefill_fp16
 
         from .chat import ChatTemplate
@@ -205,9 +206,15 @@ class Model:
         check(lib.ott_get_kv_stats(self._ctx, st))
         return KVStats(st.bytes_allocated, st.bytes_used, st.n_tokens, st.bytes_per_token_layer, st.bits_per_element)
 
-    def kv_bytes_per_token(self) -> int:
-        """KV bytes one token occupies across all layers."""
-        return int(round(self.kv_stats().bytes_per_token_layer * self.info.n_layer))
+    def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
+        """The cache's footprint for one sequence of n_ctx tokens (default: the context size),
+        everything counted (reference/footprint.py; the extra pool at the most it can hold)."""
+        i = self.info
+        return footprint(self.kv_config, n_ctx or self.n_ctx, i.n_embd_head, i.n_head_kv, i.n_layer)
+
+    def kv_bytes_per_token(self, n_ctx: int | None = None) -> int:
+        """KV bytes one token occupies across all layers, at a context of n_ctx tokens."""
+        return int(round(self.kv_footprint(n_ctx).bytes_per_token_per_layer * self.info.n_layer))
 
     def close(self) -> None:
         """Free the context and the weights now (otherwise when garbage-collected)."""
