@@ -119,6 +119,57 @@ def test_chat_answers_each_line_and_keeps_the_conversation(smollm2_path):
     assert len([r for r in replies if r.strip()]) >= 2, proc.stdout
 
 
+def _fresh_greedy(model, messages, max_tokens):
+    from ott_gguf.generate import generate_text
+    from ott_gguf.sampling import SamplingParams
+
+    ids = model.tokenize(model.chat_template.render(messages, add_generation_prompt=True),
+                         add_special=False, parse_special=True)
+    return "".join(generate_text(model, ids, max_tokens, SamplingParams(temperature=0)))
+
+
+def test_chat_session_reuses_the_cache_and_matches_a_fresh_run(smollm2_path, smollm2):
+    from ott_gguf.cli import ChatSession
+    from ott_gguf.model import Model
+    from ott_gguf.sampling import SamplingParams
+
+    with Model(smollm2_path, n_ctx=256, n_threads=2) as model:
+        evaluated = []
+        eval_tokens = model.eval
+        model.eval = lambda tokens, seq=0, **kw: evaluated.append(len(tokens)) or eval_tokens(tokens, seq, **kw)
+        session = ChatSession(model, SamplingParams(temperature=0), max_reply=16)
+        for turn, question in enumerate(["What is the capital of France?", "And of Italy?", "Which was first?"]):
+            evaluated.clear()
+            cached_before = len(session.cached)
+            reply = "".join(session.reply(question))
+            assert reply == _fresh_greedy(smollm2, session.messages[:-1], 16)
+            if turn:
+                # Only the part after the cached conversation is evaluated as a prompt.
+                n_prompt = len(session.cached) - (len(evaluated) - 1)
+                assert evaluated[0] < n_prompt - cached_before + 8, (evaluated[0], n_prompt, cached_before)
+            assert model.seq_len(0) == len(session.cached)
+
+
+def test_chat_session_drops_the_oldest_turns_when_the_context_is_full(smollm2_path):
+    from ott_gguf.cli import ChatSession
+    from ott_gguf.errors import ContextFullError
+    from ott_gguf.model import Model
+    from ott_gguf.sampling import SamplingParams
+
+    with Model(smollm2_path, n_ctx=128, n_threads=2) as model:
+        session = ChatSession(model, SamplingParams(temperature=0), max_reply=16)
+        questions = ["What is the capital of France?", "And of Italy?", "And what about the capital of Spain?",
+                     "Which of these cities is the largest?", "Name a river in each of them."]
+        for question in questions:
+            "".join(session.reply(question))
+        users = [m["content"] for m in session.messages if m["role"] == "user"]
+        assert users == questions[-len(users):] and len(users) < len(questions)
+        assert model.seq_len(0) <= model.n_ctx
+        with pytest.raises(ContextFullError, match="the context holds 128"):
+            list(session.reply("word " * 200))
+        assert [m["content"] for m in session.messages if m["role"] == "user"] == users
+
+
 def test_perplexity_prints_running_values_and_the_estimate(smollm2_path, smollm2, wikitext_path, tmp_path):
     from ott_gguf.perplexity import perplexity
 
