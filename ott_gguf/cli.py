@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, type=Path, help="text file (UTF-8)")
     p.add_argument("-c", "--ctx-size", type=_int_at_least(4), default=512, help="window size in tokens (default 512)")
     p.add_argument("--chunks", type=_int_at_least(1), help="number of windows (default: all)")
-    p.add_argument("-b", "--ubatch", type=_int_at_least(1), help="tokens per decode call (default min(512, CTX))")
+    p.add_argument("-b", "--ubatch", type=_int_at_least(1),
+                   help="tokens per decode call (default: the KV block for a quantized cache, else 512; at most CTX)")
     p.set_defaults(func=cmd_perplexity)
 
     p = sub.add_parser("bench", parents=[common, runtime], help="prompt and decode tokens/s at context depths")
@@ -395,7 +396,10 @@ def cmd_perplexity(args) -> int:
     n_ctx = args.ctx_size
     if n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")
-    ubatch = min(args.ubatch or 512, n_ctx)
+    # A quantized cache is fed in blocks so that each chunk sees the cache states decoding
+    # would see (DESIGN §3); an fp16 cache attends the same in any chunking, up to rounding.
+    kv_cfg = _kv_config(args)
+    ubatch = min(args.ubatch or (kv_cfg.block if kv_cfg.quantized else 512), n_ctx)
     model = _load(args, n_ctx, n_ubatch=ubatch)
     print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
           f"ubatch {ubatch}, kv {model.kv}", flush=True)
