@@ -6,6 +6,8 @@ shapes are checked against config.json before anything is written.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES, GGUFWriter, RopeScalingType
 
@@ -18,6 +20,8 @@ T = MODEL_TENSOR
 
 class Architecture:
     gguf_arch: MODEL_ARCH
+    # values transformers' config class assumes for keys config.json may leave out
+    config_defaults: dict[str, Any] = {}
     # biases that every layer must have (besides the weights)
     required_biases: tuple[MODEL_TENSOR, ...] = ()
     # rope_scaling types of config.json this architecture converts
@@ -30,8 +34,8 @@ class Architecture:
         self.hparams = hparams
         rope_type = hparams.rope_scaling.get("rope_type")
         if rope_type is not None and rope_type not in self.rope_scaling_types:
-            raise UnsupportedError(f"{hparams.architecture}: rope scaling '{rope_type}' is not supported "
-                                   f"(supported: {', '.join(self.rope_scaling_types)})")
+            raise UnsupportedError(f"{hparams.path}: rope scaling '{rope_type}' is not supported for "
+                                   f"{hparams.architecture} (supported: {', '.join(self.rope_scaling_types)})")
 
     @property
     def name(self) -> str:
@@ -43,16 +47,13 @@ class Architecture:
         """The {arch}.* keys, with llama.cpp's names and meanings."""
         hp = self.hparams
         w.add_block_count(hp.n_layer)
-        if hp.n_ctx_train is not None:
-            w.add_context_length(int(hp.n_ctx_train))
+        w.add_context_length(hp.n_ctx_train)
         w.add_embedding_length(hp.n_embd)
         w.add_feed_forward_length(hp.n_ff)
         w.add_head_count(hp.n_head)
         w.add_head_count_kv(hp.n_head_kv)
-        if hp.rope_theta is not None:
-            w.add_rope_freq_base(hp.rope_theta)
-        if hp.rms_eps is not None:
-            w.add_layer_norm_rms_eps(float(hp.rms_eps))
+        w.add_rope_freq_base(hp.rope_theta)
+        w.add_layer_norm_rms_eps(hp.rms_eps)
         if hp.head_dim_given:
             w.add_key_length(hp.n_embd_head)
             w.add_value_length(hp.n_embd_head)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ott_gguf.errors import InvalidArgumentError
 
-from .hparams import load_hparams
+from .hparams import read_config
 from .hub import resolve_source
 from .metadata import add_general
 from .outtype import OUTTYPES
@@ -32,8 +32,8 @@ def convert(src: str, out: str | Path, outtype: str = "f16", revision: str | Non
         raise InvalidArgumentError(f"{out}: directory {out.parent} does not exist")
 
     directory = resolve_source(src, revision)
-    hparams = load_hparams(directory)
-    arch = architecture_for(hparams, str(directory / "config.json"))
+    arch = architecture_for(read_config(directory), directory / "config.json")
+    hparams = arch.hparams
     tensors = plan_tensors(arch, open_checkpoint(directory), outtype, directory)
     vocab = load_vocab(directory, hparams.n_vocab, hparams.config)
     log.info("%s: %s -> %s, %d tensors, %s", src, hparams.architecture, arch.name, len(tensors), outtype)

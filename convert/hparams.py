@@ -20,11 +20,12 @@ class HParams:
     n_embd_head: int             # per-head size (config "head_dim", else n_embd / n_head)
     head_dim_given: bool         # config.json states head_dim explicitly
     n_vocab: int
-    n_ctx_train: int | None
-    rope_theta: float | None
-    rms_eps: float | None
+    n_ctx_train: int
+    rope_theta: float
+    rms_eps: float
     rope_scaling: dict[str, Any]  # {"rope_type": ..., "factor": ...}; empty when none
     tie_word_embeddings: bool
+    path: Path                    # the config.json, for messages
     config: dict[str, Any] = field(repr=False)
 
 
@@ -39,40 +40,42 @@ def read_json(path: Path) -> Any:
         raise ModelFileError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _rope_scaling(config: dict[str, Any]) -> dict[str, Any]:
-    # transformers < 5 writes "rope_scaling" with "type" or "rope_type"; 5.x writes "rope_parameters"
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+def _rope_scaling(rope: dict[str, Any]) -> dict[str, Any]:
+    """The rope scaling parameters with a lower-case "rope_type"; empty when there is none."""
     rope_type = rope.get("rope_type", rope.get("type"))
     if rope_type in (None, "default"):
         return {}
-    rope["rope_type"] = str(rope_type).lower()
-    return rope
+    return {**rope, "rope_type": str(rope_type).lower()}
 
 
-def load_hparams(directory: Path) -> HParams:
+def read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise ModelFileError(f"{directory}: no config.json (not a Hugging Face model directory)")
     config = read_json(path)
     if not isinstance(config, dict):
         raise ModelFileError(f"{path}: expected a JSON object")
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise ModelFileError(f"{path}: missing 'architectures' (a non-empty list)")
+    return config
 
+
+def parse_hparams(config: dict[str, Any], path: Path) -> HParams:
+    """config: config.json over the architecture's defaults (those of its transformers class)."""
     def need(key: str) -> Any:
-        if key not in config:
+        if config.get(key) is None:
             raise ModelFileError(f"{path}: missing '{key}'")
         return config[key]
-
-    architectures = need("architectures")
-    if not isinstance(architectures, list) or not architectures:
-        raise ModelFileError(f"{path}: 'architectures' must be a non-empty list")
 
     n_embd = int(need("hidden_size"))
     n_head = int(need("num_attention_heads"))
     head_dim = config.get("head_dim")
-    rope = _rope_scaling(config)
-    rope_theta = config.get("rope_theta", rope.get("rope_theta"))
+    # transformers < 5 writes "rope_scaling" (with "type" or "rope_type"); 5.x writes
+    # "rope_parameters", which also holds rope_theta
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     return HParams(
-        architecture=str(architectures[0]),
+        architecture=str(config["architectures"][0]),
         n_layer=int(need("num_hidden_layers")),
         n_embd=n_embd,
         n_ff=int(need("intermediate_size")),
@@ -81,10 +84,11 @@ def load_hparams(directory: Path) -> HParams:
         n_embd_head=int(head_dim) if head_dim is not None else n_embd // n_head,
         head_dim_given=head_dim is not None,
         n_vocab=int(need("vocab_size")),
-        n_ctx_train=config.get("max_position_embeddings"),
-        rope_theta=float(rope_theta) if rope_theta is not None else None,
-        rms_eps=config.get("rms_norm_eps"),
-        rope_scaling=rope,
+        n_ctx_train=int(need("max_position_embeddings")),
+        rope_theta=float(rope["rope_theta"] if "rope_theta" in rope else need("rope_theta")),
+        rms_eps=float(need("rms_norm_eps")),
+        rope_scaling=_rope_scaling(rope),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        path=path,
         config=config,
     )

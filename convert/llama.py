@@ -7,6 +7,7 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 
 from .architecture import Architecture
+from .hparams import HParams
 from .registry import register
 
 
@@ -22,7 +23,7 @@ def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama3_rope_factors(hparams) -> np.ndarray:
+def llama3_rope_factors(hparams: HParams) -> np.ndarray:
     """F32 [n_embd_head/2]: the per-frequency divisors of Llama 3.1's rope scaling.
 
     Wavelengths shorter than original_ctx/high_freq_factor keep their frequency, longer than
@@ -31,7 +32,7 @@ def llama3_rope_factors(hparams) -> np.ndarray:
     The arithmetic is float32 throughout, as in llama.cpp's converter.
     """
     rope = hparams.rope_scaling
-    base = np.float32(hparams.rope_theta if hparams.rope_theta is not None else 10000.0)
+    base = np.float32(hparams.rope_theta)
     dim = hparams.n_embd_head
     factor = np.float32(rope.get("factor", 8.0))
     low_freq_factor = np.float32(rope.get("low_freq_factor", 1.0))
@@ -47,16 +48,22 @@ def llama3_rope_factors(hparams) -> np.ndarray:
     return factors.astype(np.float32)
 
 
-@register("LlamaForCausalLM", "MistralForCausalLM")
+@register("LlamaForCausalLM")
 class Llama(Architecture):
     gguf_arch = MODEL_ARCH.LLAMA
+    config_defaults = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048}
     rope_scaling_types = ("linear", "yarn", "llama3")
     writes_add_space_prefix = True
 
     def add_parameters(self, w: GGUFWriter) -> None:
         super().add_parameters(w)
-        w.add_vocab_size(self.hparams.n_vocab)
-        w.add_rope_dimension_count(self.hparams.n_embd_head)
+        hp = self.hparams
+        w.add_vocab_size(hp.n_vocab)
+        w.add_rope_dimension_count(hp.n_embd_head)
+        if not hp.head_dim_given:
+            # llama.cpp's converter reads LlamaConfig, which always has head_dim
+            w.add_key_length(hp.n_embd_head)
+            w.add_value_length(hp.n_embd_head)
 
     def transform(self, kind: MODEL_TENSOR, data: np.ndarray) -> np.ndarray:
         if kind == MODEL_TENSOR.ATTN_Q:
@@ -69,3 +76,8 @@ class Llama(Architecture):
         if self.hparams.rope_scaling.get("rope_type") == "llama3":
             return {"rope_freqs.weight": llama3_rope_factors(self.hparams)}
         return {}
+
+
+@register("MistralForCausalLM")
+class Mistral(Llama):
+    config_defaults = {**Llama.config_defaults, "max_position_embeddings": 4096 * 32}

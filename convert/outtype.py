@@ -38,19 +38,40 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def encode(data: np.ndarray, src_dtype: str, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Source array (float32, float16, or uint16 bfloat16 bits) -> the bytes of `qtype`.
+# elements encoded per step: the float32 temporaries of a conversion stay at a few MiB
+CHUNK_ELEMENTS = 1 << 22
 
-    Returns float32/float16 arrays for F32/F16 and uint8/uint16 arrays for BF16 and Q8_0,
-    ready for GGUFWriter.write_tensor_data.
-    """
+# source dtype -> the GGML type holding the same bits
+SAME_BITS = {"F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16, "BF16": GGMLQuantizationType.BF16}
+
+
+def _encode_block(data: np.ndarray, src_dtype: str, qtype: GGMLQuantizationType) -> np.ndarray:
     if src_dtype == "BF16":
-        if qtype == GGMLQuantizationType.BF16:
-            return data  # the bits pass through unchanged
         data = bf16_bits_to_f32(data)
     if qtype == GGMLQuantizationType.F32:
         return data.astype(np.float32, copy=False)
     if qtype == GGMLQuantizationType.F16:
         return data.astype(np.float16, copy=False)
-    # BF16 (round to nearest even, like ggml) and Q8_0 from float32
+    # BF16 (round to nearest even, like ggml) and Q8_0, from float32
     return quantize(data.astype(np.float32, copy=False), qtype)
+
+
+def encode(data: np.ndarray, src_dtype: str, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Source array (float32, float16, or uint16 bfloat16 bits) -> the data of `qtype`.
+
+    Returns float32/float16 arrays for F32/F16, uint8 [.., n_rows, row bytes] for BF16 and Q8_0,
+    ready for GGUFWriter.write_tensor_data. Rows are encoded a chunk at a time into the output,
+    so memory holds the source, the output and one chunk's temporaries.
+    """
+    if SAME_BITS[src_dtype] == qtype:
+        return data   # the bits pass through unchanged
+    if data.ndim < 2 or data.size <= CHUNK_ELEMENTS:
+        return _encode_block(data, src_dtype, qtype)
+    rows = data.reshape(-1, data.shape[-1])                 # [n_rows, n_cols]
+    step = max(1, CHUNK_ELEMENTS // rows.shape[1])
+    first = _encode_block(rows[:step], src_dtype, qtype)    # [step, n_cols or row bytes]
+    out = np.empty((rows.shape[0], first.shape[1]), dtype=first.dtype)
+    out[:step] = first
+    for r in range(step, rows.shape[0], step):
+        out[r:r + step] = _encode_block(rows[r:r + step], src_dtype, qtype)
+    return out.reshape(*data.shape[:-1], first.shape[1])

@@ -14,4 +14,5 @@ from .registry import register
 @register("Qwen2ForCausalLM")
 class Qwen2(Architecture):
     gguf_arch = MODEL_ARCH.QWEN2
+    config_defaults = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
     required_biases = (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V)

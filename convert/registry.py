@@ -1,12 +1,13 @@
 """The converter's architectures, keyed by the Hugging Face class name in config.json."""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from ott_gguf.errors import UnsupportedError
 
 from .architecture import Architecture
-from .hparams import HParams
+from .hparams import parse_hparams
 
 ARCHITECTURES: dict[str, type[Architecture]] = {}
 
@@ -21,12 +22,14 @@ def register(*hf_names: str) -> Callable[[A], A]:
     return add
 
 
-def architecture_for(hparams: HParams, where: str) -> Architecture:
+def architecture_for(config: dict[str, Any], path: Path) -> Architecture:
+    """The architecture named by config.json (at `path`), with its hyperparameters."""
     # the modules register themselves on import
     from . import llama, qwen2  # noqa: F401
 
-    cls = ARCHITECTURES.get(hparams.architecture)
+    name = config["architectures"][0]
+    cls = ARCHITECTURES.get(name)
     if cls is None:
-        raise UnsupportedError(f"{where}: architecture {hparams.architecture} is not supported "
+        raise UnsupportedError(f"{path}: architecture {name} is not supported "
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return cls(hparams)
+    return cls(parse_hparams({**cls.config_defaults, **config}, path))

@@ -75,7 +75,9 @@ def write_bf16_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 
 def write_sentencepiece_model(path: Path, pieces: list[tuple[str, float, int]]) -> None:
-    """A protobuf ModelProto holding only `pieces` (text, score, SentencePiece type)."""
+    """A protobuf ModelProto: `pieces` (text, score, SentencePiece type) and a TrainerSpec saying
+    BPE with byte fallback (model_type = 3, byte_fallback = 35), which sentencepiece needs to
+    accept <0xNN> pieces."""
     def varint(n: int) -> bytes:
         out = bytearray()
         while True:
@@ -91,6 +93,7 @@ def write_sentencepiece_model(path: Path, pieces: list[tuple[str, float, int]]) 
     for text, score, kind in pieces:
         piece = field_bytes(1, text.encode()) + varint(2 << 3 | 5) + struct.pack("<f", score) + varint(3 << 3) + varint(kind)
         model += field_bytes(1, piece)
+    model += field_bytes(2, varint(3 << 3) + varint(2) + varint(35 << 3) + varint(1))
     path.write_bytes(model)
 
 

@@ -17,8 +17,8 @@ from gguf import GGUFReader, TokenType
 from gguf.quants import dequantize
 
 import convert
-from convert_checkpoints import (TINY, TINY_SPM_PIECES, smollm2_checkpoint, tiny_llama_checkpoint,
-                                 tiny_qwen2_checkpoint, unpermute_rope_rows, write_json)
+from convert_checkpoints import (QWEN2_SPLIT, SMOLLM2_PRE_TOKENIZER, TINY, TINY_SPM_PIECES, smollm2_checkpoint,
+                                 tiny_llama_checkpoint, tiny_qwen2_checkpoint, unpermute_rope_rows, write_json)
 from ott_gguf.errors import InvalidArgumentError, ModelFileError, UnsupportedError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,6 +177,33 @@ def test_qwen2_metadata_and_vocab(qwen2_hf, tmp_path):
     assert meta["general.sampling.penalty_repeat"] == pytest.approx(1.05)
 
 
+# ---- the pre-tokenizer table ---------------------------------------------------------------------
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def split_then_bytes(regex: str) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+
+
+@pytest.mark.parametrize("pre_tokenizer, clean_up, name", [
+    ({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}, True, "gpt-2"),
+    (SMOLLM2_PRE_TOKENIZER, False, "smollm"),
+    (SMOLLM2_PRE_TOKENIZER, True, "starcoder"),
+    (split_then_bytes(LLAMA3_SPLIT), True, "llama-bpe"),
+    (split_then_bytes(LLAMA3_SPLIT), None, "llama-bpe"),
+    (split_then_bytes(QWEN2_SPLIT), False, "qwen2"),
+    (split_then_bytes(QWEN2_SPLIT), True, "stablelm2"),
+])
+def test_pre_tokenizer_names(pre_tokenizer, clean_up, name):
+    from convert.pretokenizer import pre_tokenizer_name
+
+    assert pre_tokenizer_name({"pre_tokenizer": pre_tokenizer}, clean_up, Path("tokenizer.json")) == name
+
+
 # ---- tiny llama: SentencePiece tokenizer.model, Llama 3 / linear rope scaling, tied output ------
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -315,6 +342,11 @@ def _shape_mismatch(d: Path) -> None:
     write_json(d / "config.json", config | {"intermediate_size": 128})
 
 
+def _unsupported_rope_scaling(d: Path) -> None:
+    config = json.loads((d / "config.json").read_text())
+    write_json(d / "config.json", config | {"rope_scaling": {"type": "dynamic", "factor": 2.0}})
+
+
 def _unknown_pre_tokenizer(d: Path) -> None:
     tokenizer = json.loads((d / "tokenizer.json").read_text())
     tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\w+"
@@ -334,6 +366,7 @@ def _missing_tensor(d: Path) -> None:
                                                "Qwen2ForCausalLM"]),
     (_truncated_safetensors, ModelFileError, ["model-00002-of-00002.safetensors", "truncated"]),
     (_shape_mismatch, ModelFileError, ["mlp.", "[96, 64]", "config.json implies"]),
+    (_unsupported_rope_scaling, UnsupportedError, ["config.json", "rope scaling 'dynamic'", "linear"]),
     (_unknown_pre_tokenizer, UnsupportedError, ["tokenizer.json", "unknown pre-tokenizer"]),
     (_missing_tensor, ModelFileError, ["blk.2.", "lacks"]),
 ], ids=lambda v: v.__name__.strip("_") if callable(v) else None)
