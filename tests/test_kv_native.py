@@ -23,8 +23,10 @@ from reference_forward import ReferenceModel, rms_norm, silu
 
 LOGIT_BUDGET = 2e-4
 
-# small blocks so that a few hundred tokens cross every boundary many times
-SMALL = KVConfig(bits_k=2, bits_v=2, group_k=8, group_v=16, block=16, window=4, pool=2,
+# small blocks so that a few hundred tokens cross every boundary many times; groups of 16
+# take the native attention's fused path (decode rows read codes directly), groups of 8 or
+# 4 its materialised path (tiles dequantised first, as for prompt chunks)
+SMALL = KVConfig(bits_k=2, bits_v=2, group_k=16, group_v=16, block=16, window=4, pool=2,
                  extra_pool=5, skip_layers=1, sink=2)
 
 
@@ -148,6 +150,7 @@ def run_chunks(model: Model, run: ReferenceRun, tokens: list[int], sizes, check_
 CASES = [
     # id, head_dim, gqa, config, tokens, chunk sizes
     ("hd64-gqa1-small", 64, 1, SMALL, 230, [1, 3, 4, 2]),
+    ("hd64-gqa3-groups8x4", 64, 3, SMALL.with_overrides(group_k=8, group_v=4), 150, [1, 4]),
     ("hd128-gqa3-small", 128, 3, SMALL, 200, [4, 1]),
     ("hd64-gqa7-small", 64, 7, SMALL, 150, [2, 3]),
     ("hd128-gqa1-4bit-g4", 128, 1, SMALL.with_overrides(bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),

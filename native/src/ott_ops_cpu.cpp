@@ -1,15 +1,22 @@
 // ott_ops_cpu.cpp — CPU workers of the quantized KV cache (see ott_ops_cpu.h).
 //
 // Attention of one work item keeps, per query row, the running max m, the sum l of
-// exp(score - m) and the weighted value sum acc (online softmax). Keys are processed in
-// tiles of up to KEY_TILE tokens: a quantized tile is dequantized once into channel-major
-// keys KT [head_dim][KEY_TILE] and row-major values V [KEY_TILE][head_dim], then shared by
-// every query row of the item (GQA: all query heads of the KV head, all tokens of the
-// query tile), so a KV head's codes are read once per item. The inner loops run over
-// contiguous floats without reductions across lanes the compiler may not reorder (scores
-// accumulate along tokens, values along channels), so they vectorise; this file is built
-// with AVX2/FMA/F16C on x86 and may reassociate float sums (attention is checked against
-// the float64 reference within a budget, not bit for bit; the quantizer in kv_quant.c is).
+// exp(score - m) and the weighted value sum acc (online softmax), over tiles of up to
+// KEY_TILE keys. A KV head's data are read once per item and shared by all its query rows
+// (GQA: every query head of the KV head, every chunk token of the item), which are kept
+// in registers RB_MAX at a time.
+//
+// Quantized blocks take one of two paths:
+//   fused         (few rows, groups a multiple of VL) scores and values straight from the
+//                 codes: Σ_c (q_c·scale_c)·code + Σ_c q_c·min_c per key group, and
+//                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (DESIGN §3)
+//   materialised  the tile is dequantised once into float keys (channel-major) and values,
+//                 then the same kernels as the fp16 stores run on it
+// Vectors are GCC/Clang vector extensions of VL floats (SSE2 … AVX-512 from one source);
+// on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the
+// baseline, picked at load time. This file may reassociate float sums: attention is
+// checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
+// bit-exact and compiled apart.
 #include "ott_ops_cpu.h"
 
 #include "kv_quant.h"
@@ -20,11 +27,52 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define OTT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OTT_CLONES
+#endif
+#define OTT_INLINE inline __attribute__((always_inline))
+
 namespace {
 
-constexpr int32_t KEY_TILE = 128;   // keys per tile
+constexpr int32_t KEY_TILE   = 128;   // keys per tile
+constexpr int32_t VL         = 16;    // floats per vector
+constexpr int32_t LD         = KEY_TILE + VL;  // row stride of per-key buffers (a partial vector may overrun)
+constexpr int32_t RB_MAX     = 4;     // query rows whose accumulators stay in registers together
+constexpr int32_t FUSED_ROWS = 8;     // items with at most this many rows read codes directly
 
-// ---- code unpacking: byte -> its codes as floats, LSB-first ----------------------------
+typedef float    v16f __attribute__((vector_size(VL * sizeof(float))));
+typedef uint32_t v16u __attribute__((vector_size(VL * sizeof(uint32_t))));
+typedef int32_t  v16i __attribute__((vector_size(VL * sizeof(int32_t))));
+typedef uint8_t  v16b __attribute__((vector_size(VL)));
+
+OTT_INLINE v16f load16(const float * p) { v16f v; std::memcpy(&v, p, sizeof v); return v; }
+OTT_INLINE void store16(float * p, v16f v) { std::memcpy(p, &v, sizeof v); }
+OTT_INLINE v16f splat(float x) { return (v16f){} + x; }
+
+// 16 consecutive codes of a packed row, from the first bit of byte p
+OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
+    if (bits == 2) {
+        const v16u sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
+        uint32_t w;
+        std::memcpy(&w, p, 4);
+        return __builtin_convertvector((v16i) ((((v16u){}) + w) >> sh & 3u), v16f);
+    }
+    if (bits == 4) {
+        const v16u sh = { 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28 };
+        uint32_t a, b;
+        std::memcpy(&a, p, 4);
+        std::memcpy(&b, p + 4, 4);
+        const v16u w = { a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b };
+        return __builtin_convertvector((v16i) (w >> sh & 15u), v16f);
+    }
+    v16b x;
+    std::memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, v16f);
+}
+
+// ---- code unpacking for any length: byte -> its codes as floats, LSB-first ------------
 
 struct code_lut {
     float two[256][4];
@@ -51,9 +99,9 @@ void unpack_codes(const uint8_t * row, int32_t n, int32_t bits, float * out) {
     }
 }
 
-// e^x for x <= 0 (x = -inf gives 0); relative error below 3e-7; branch-free so loops over
+// e^x for x <= 0 (x = -inf gives 0); relative error below 4e-7; branch-free so loops over
 // it vectorise. x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial.
-inline float exp_nonpos(float x) {
+OTT_INLINE float exp_nonpos(float x) {
     const float xc = x < -87.0f ? -87.0f : x;
     const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
     const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
@@ -73,134 +121,135 @@ inline float exp_nonpos(float x) {
 // ---- per-thread work memory -------------------------------------------------------------
 
 struct attn_ws {
-    float   * kt;    // [head_dim][KEY_TILE] keys of the tile, channel-major
-    float   * v;     // [KEY_TILE][head_dim] values of the tile
-    float   * s;     // [rows][KEY_TILE] scores, then probabilities
-    float   * q;     // [rows][head_dim] queries times kq_scale
-    float   * acc;   // [rows][head_dim] weighted values
+    int32_t   hd, hdp;   // head_dim, and head_dim rounded up to VL (row stride of q, acc, v)
+    float   * kc;    // [head_dim][LD] keys of a tile, channel-major
+    float   * vc;    // [KEY_TILE][hdp] values of a tile
+    float   * tmp;   // [KEY_TILE][hdp] conversions
+    float   * s;     // [rows][LD] scores, then probabilities
+    float   * pw;    // [rows][LD] probabilities times a value group's scales
+    float   * q;     // [rows][hdp] queries times kq_scale
+    float   * qs;    // [rows][hdp] queries times a key group's scales
+    float   * acc;   // [rows][hdp] weighted values
     float   * m;     // [rows] running max
     float   * l;     // [rows] running sum
-    float   * tmp;   // [KEY_TILE][head_dim] conversions
-    float   * ksc;   // [KEY_TILE][head_dim] key scales of the tile's groups (worst case group_k = 1)
+    float   * qm;    // [rows] queries · a key group's mins
+    float   * mt;    // [rows] probabilities · a value group's mins
+    float   * ksc;   // [KEY_TILE][head_dim] key scales of a tile's groups (worst case group_k = 1)
     float   * kmn;   // [KEY_TILE][head_dim] key mins
-    float   * vsc;   // [KEY_TILE][head_dim/group_v] value scales of the tile's slots
-    float   * vmn;   // [KEY_TILE][head_dim/group_v]
+    float   * vsc;   // [KEY_TILE][n_gv] value scales of a tile's slots
+    float   * vmn;   // [KEY_TILE][n_gv]
     int32_t * lim;   // [rows] causal limit of each row inside a tile of the chunk
     uint8_t * dead;  // [KEY_TILE] 1: masked slot
 };
 
 attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t rows) {
-    const size_t T = KEY_TILE;
-    const size_t n_f = hd * T * 5 + rows * T + rows * (size_t) hd * 2 + rows * 2 + T * n_gv * 2;
-    const size_t bytes = n_f * sizeof(float) + rows * sizeof(int32_t) + T;
-    if (mem.size() < bytes) mem.resize(bytes);
-    float * f = (float *) mem.data();
     attn_ws w;
-    w.kt  = f; f += hd * T;
-    w.v   = f; f += hd * T;
-    w.tmp = f; f += hd * T;
-    w.ksc = f; f += hd * T;
-    w.kmn = f; f += hd * T;
-    w.s   = f; f += rows * T;
-    w.q   = f; f += (size_t) rows * hd;
-    w.acc = f; f += (size_t) rows * hd;
-    w.m   = f; f += rows;
-    w.l   = f; f += rows;
+    w.hd = hd;
+    w.hdp = (hd + VL - 1) / VL * VL;
+    const size_t T = KEY_TILE, R = rows, H = w.hdp;
+    const size_t n_f = hd * (size_t) LD + 2 * T * H + 2 * R * LD + 4 * R * H + 4 * R + 2 * T * hd + 2 * T * n_gv;
+    const size_t bytes = n_f * sizeof(float) + R * sizeof(int32_t) + T;
+    if (mem.size() < bytes) mem.assign(bytes, 0);    // zero: padding lanes stay finite
+    float * f = (float *) mem.data();
+    w.kc  = f; f += hd * (size_t) LD;
+    w.vc  = f; f += T * H;
+    w.tmp = f; f += T * H;
+    w.s   = f; f += R * LD;
+    w.pw  = f; f += R * LD;
+    w.q   = f; f += R * H;
+    w.qs  = f; f += R * H;
+    w.acc = f; f += R * H;
+    w.m   = f; f += R;
+    w.l   = f; f += R;
+    w.qm  = f; f += R;
+    w.mt  = f; f += R;
+    w.ksc = f; f += T * hd;
+    w.kmn = f; f += T * hd;
     w.vsc = f; f += T * n_gv;
     w.vmn = f; f += T * n_gv;
     w.lim  = (int32_t *) f;
-    w.dead = (uint8_t *) (w.lim + rows);
+    w.dead = (uint8_t *) (w.lim + R);
     return w;
 }
 
-// ---- tiles: fill w.kt / w.v with n_t keys and values -------------------------------------
+// ---- register-blocked kernels over RB query rows -----------------------------------------
 
-// Slots t0 .. t0+n_t-1 of a head-block.
-void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
-    const ott_kv_geom & g = cfg.geom;
-    const ott_kv_block_layout & L = cfg.layout;
-    const int32_t hd = g.head_dim, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
-
-    // keys: KT[c][t] = code·scale[g(t)][c] + min[g(t)][c]
-    const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_scale) + (size_t) g0 * hd, w.ksc, (int64_t) (g1 - g0) * hd);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_min) + (size_t) g0 * hd, w.kmn, (int64_t) (g1 - g0) * hd);
-    const size_t krow = ott_kv_k_row_bytes(&g);
-    const uint8_t * kcodes = hb + L.k_codes + (size_t) t0 * g.bits_k / 8;
-    for (int32_t c = 0; c < hd; ++c) {
-        float * __restrict kt = w.kt + (size_t) c * KEY_TILE;
-        unpack_codes(kcodes + c * krow, n_t, g.bits_k, kt);
-        for (int32_t gi = g0; gi < g1; ++gi) {
-            const int32_t ts = std::max(t0, gi * gk) - t0, te = std::min(t0 + n_t, (gi + 1) * gk) - t0;
-            const float sc = w.ksc[(size_t) (gi - g0) * hd + c], mn = w.kmn[(size_t) (gi - g0) * hd + c];
-            for (int32_t t = ts; t < te; ++t) kt[t] = kt[t] * sc + mn;
+// s[r][t] = Σ_c q[r][c]·kc[c][t], t in [0, n_t) rounded up to VL
+template <int RB>
+OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float * kc, int32_t n_t, float * s) {
+    for (int32_t t = 0; t < n_t; t += VL) {
+        v16f a[RB] = {};
+        for (int32_t c = 0; c < hd; ++c) {
+            const v16f k = load16(kc + (size_t) c * LD + t);
+            for (int r = 0; r < RB; ++r) a[r] += q[(size_t) r * hdp + c] * k;
         }
-    }
-
-    // values: V[t][c] = code·scale[t][g(c)] + min[t][g(c)]
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
-    const size_t vrow = ott_kv_v_row_bytes(&g);
-    for (int32_t t = 0; t < n_t; ++t) {
-        float * __restrict vt = w.v + (size_t) t * hd;
-        unpack_codes(hb + L.v_codes + (size_t) (t0 + t) * vrow, hd, g.bits_v, vt);
-        for (int32_t gi = 0; gi < n_gv; ++gi) {
-            const float sc = w.vsc[t * n_gv + gi], mn = w.vmn[t * n_gv + gi];
-            float * __restrict x = vt + gi * gv;
-            for (int32_t c = 0; c < gv; ++c) x[c] = x[c] * sc + mn;
-        }
+        for (int r = 0; r < RB; ++r) store16(s + (size_t) r * LD + t, a[r]);
     }
 }
 
-// Transpose rows [n_t][hd] in w.tmp into w.kt.
-void keys_from_tmp(int32_t hd, int32_t n_t, const attn_ws & w) {
-    for (int32_t t = 0; t < n_t; ++t) {
-        const float * row = w.tmp + (size_t) t * hd;
-        for (int32_t c = 0; c < hd; ++c) w.kt[(size_t) c * KEY_TILE + t] = row[c];
-    }
-}
-
-// n_t fp16 rows of a store.
-void f16_tile(const ott_fp16 * k, const ott_fp16 * v, int32_t hd, int32_t n_t, const attn_ws & w) {
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k, w.tmp, (int64_t) n_t * hd);
-    keys_from_tmp(hd, n_t, w);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) v, w.v, (int64_t) n_t * hd);
-}
-
-// n_t rows of the chunk's own F32 K/V (tokens tok0 .. of the ubatch, KV head h), rounded
-// to fp16 as the window will store them.
-void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int32_t h, int32_t hd, int32_t n_t,
-                const attn_ws & w) {
-    ggml_fp16_t h16[1024];
-    for (int32_t t = 0; t < n_t; ++t) {
-        const float * kr = (const float *) ((const char *) k->data + (size_t) (tok0 + t) * k->nb[2] + (size_t) h * k->nb[1]);
-        const float * vr = (const float *) ((const char *) v->data + (size_t) (tok0 + t) * v->nb[2] + (size_t) h * v->nb[1]);
-        for (int32_t c0 = 0; c0 < hd; c0 += 1024) {
-            const int32_t n = std::min(hd - c0, 1024);
-            ggml_cpu_fp32_to_fp16(kr + c0, h16, n);
-            ggml_cpu_fp16_to_fp32(h16, w.tmp + (size_t) t * hd + c0, n);
-            ggml_cpu_fp32_to_fp16(vr + c0, h16, n);
-            ggml_cpu_fp16_to_fp32(h16, w.v + (size_t) t * hd + c0, n);
+// acc[r][c] += Σ_t p[r][t]·vc[t][c], c in [0, hdp)
+template <int RB>
+OTT_INLINE void values_rb(const float * p, const float * vc, int32_t hdp, int32_t n_t, float * acc) {
+    for (int32_t c = 0; c < hdp; c += VL) {
+        v16f a[RB];
+        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t) r * hdp + c);
+        for (int32_t t = 0; t < n_t; ++t) {
+            const v16f v = load16(vc + (size_t) t * hdp + c);
+            for (int r = 0; r < RB; ++r) a[r] += p[(size_t) r * LD + t] * v;
         }
+        for (int r = 0; r < RB; ++r) store16(acc + (size_t) r * hdp + c, a[r]);
     }
-    keys_from_tmp(hd, n_t, w);
 }
 
-// ---- one tile of attention: scores, masks, online softmax, values -----------------------
-
-// dead: per key, 1 = invisible (or nullptr); causal: row r sees keys t < w.lim[r]
-void attend_tile(const attn_ws & w, int32_t rows, int32_t hd, int32_t n_t, const uint8_t * dead, bool causal) {
-    for (int32_t r = 0; r < rows; ++r) std::fill(w.s + (size_t) r * KEY_TILE, w.s + (size_t) r * KEY_TILE + n_t, 0.0f);
-    for (int32_t c = 0; c < hd; ++c) {
-        const float * __restrict kt = w.kt + (size_t) c * KEY_TILE;
-        for (int32_t r = 0; r < rows; ++r) {
-            const float qc = w.q[(size_t) r * hd + c];
-            float * __restrict s = w.s + (size_t) r * KEY_TILE;
-            for (int32_t t = 0; t < n_t; ++t) s[t] += qc * kt[t];
+// s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group
+template <int RB>
+OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, int32_t hd, const uint8_t * kcodes,
+                                size_t krow, int32_t bits, int32_t ta, int32_t tb, float * s) {
+    for (int32_t t = ta; t < tb; t += VL) {
+        v16f a[RB];
+        for (int r = 0; r < RB; ++r) a[r] = splat(qm[r]);
+        const uint8_t * col = kcodes + (size_t) t * bits / 8;
+        for (int32_t c = 0; c < hd; ++c) {
+            const v16f k = codes16(col + c * krow, bits);
+            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t) r * hdp + c] * k;
         }
+        for (int r = 0; r < RB; ++r) store16(s + (size_t) r * LD + (t - ta), a[r]);
     }
+}
+
+// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the channels [ca, cb) of one value group
+template <int RB>
+OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t bits,
+                                int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
+    for (int32_t c = ca; c < cb; c += VL) {
+        v16f a[RB];
+        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t) r * hdp + c) + mt[r];
+        const uint8_t * col = vcodes + (size_t) c * bits / 8;
+        for (int32_t t = 0; t < n_t; ++t) {
+            const v16f v = codes16(col + t * vrow, bits);
+            for (int r = 0; r < RB; ++r) a[r] += pw[(size_t) r * LD + t] * v;
+        }
+        for (int r = 0; r < RB; ++r) store16(acc + (size_t) r * hdp + c, a[r]);
+    }
+}
+
+// Run kernel K<RB> over the rows in blocks of RB_MAX: f(rb_kernel, first row).
+#define OTT_FOR_ROW_BLOCKS(rows, CALL)                                \
+    for (int32_t r0 = 0; r0 < (rows); r0 += RB_MAX) {                 \
+        switch (std::min(RB_MAX, (rows) - r0)) {                      \
+            case 1:  CALL(1); break;                                  \
+            case 2:  CALL(2); break;                                  \
+            case 3:  CALL(3); break;                                  \
+            default: CALL(4); break;                                  \
+        }                                                             \
+    }
+
+// Online softmax over a tile's scores w.s (n_t keys): masks, new max, rescaled sums and
+// accumulators; w.s then holds the probabilities. dead: per key, 1 = invisible (or
+// nullptr); causal: row r sees keys t < w.lim[r].
+OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const uint8_t * dead, bool causal) {
     for (int32_t r = 0; r < rows; ++r) {
-        float * __restrict s = w.s + (size_t) r * KEY_TILE;
+        float * s = w.s + (size_t) r * LD;
         if (dead) {
             for (int32_t t = 0; t < n_t; ++t) s[t] = dead[t] ? -INFINITY : s[t];
         }
@@ -223,27 +272,162 @@ void attend_tile(const attn_ws & w, int32_t rows, int32_t hd, int32_t n_t, const
         w.l[r] = w.l[r] * corr + sum;
         w.m[r] = m_new;
         if (corr != 1.0f) {
-            float * __restrict acc = w.acc + (size_t) r * hd;
-            for (int32_t c = 0; c < hd; ++c) acc[c] *= corr;
-        }
-    }
-    for (int32_t t = 0; t < n_t; ++t) {
-        const float * __restrict vt = w.v + (size_t) t * hd;
-        for (int32_t r = 0; r < rows; ++r) {
-            const float p = w.s[(size_t) r * KEY_TILE + t];
-            if (p == 0.0f) continue;
-            float * __restrict acc = w.acc + (size_t) r * hd;
-            for (int32_t c = 0; c < hd; ++c) acc[c] += p * vt[c];
+            float * acc = w.acc + (size_t) r * w.hdp;
+            for (int32_t c = 0; c < w.hdp; ++c) acc[c] *= corr;
         }
     }
 }
 
+// One tile already in w.kc / w.vc (n_t keys): scores, softmax, values.
+OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const uint8_t * dead, bool causal) {
+    for (int32_t c = 0; c < w.hd && n_t % VL; ++c) {      // finite lanes past n_t
+        std::fill(w.kc + (size_t) c * LD + n_t, w.kc + (size_t) c * LD + (n_t + VL - 1) / VL * VL, 0.0f);
+    }
+#define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t) r0 * w.hdp, w.hdp, w.hd, w.kc, n_t, w.s + (size_t) r0 * LD)
+    OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+#undef OTT_SCORES
+    softmax_tile(w, rows, n_t, dead, causal);
+#define OTT_VALUES(RB) values_rb<RB>(w.s + (size_t) r0 * LD, w.vc, w.hdp, n_t, w.acc + (size_t) r0 * w.hdp)
+    OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
+#undef OTT_VALUES
+}
+
+// Slots t0 .. t0+n_t-1 of a head-block straight from the codes (fused path; group_k,
+// group_v multiples of VL, n_t a multiple of VL).
+OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
+                             int32_t rows, const uint8_t * dead) {
+    const ott_kv_geom & g = cfg.geom;
+    const ott_kv_block_layout & L = cfg.layout;
+    const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
+    const ott_fp16 * k_scale = (const ott_fp16 *) (hb + L.k_scale), * k_min = (const ott_fp16 *) (hb + L.k_min);
+    const uint8_t * kcodes = hb + L.k_codes;
+    const size_t krow = ott_kv_k_row_bytes(&g);
+
+    // scores, one key group segment at a time: qs = q·scale, qm = q·min
+    for (int32_t ta = t0; ta < t0 + n_t;) {
+        const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k_scale + (size_t) gi * hd, w.ksc, hd);
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k_min + (size_t) gi * hd, w.kmn, hd);
+        for (int32_t r = 0; r < rows; ++r) {
+            const float * q = w.q + (size_t) r * hdp;
+            float * qs = w.qs + (size_t) r * hdp;
+            float qm = 0.0f;
+            for (int32_t c = 0; c < hd; ++c) {
+                qs[c] = q[c] * w.ksc[c];
+                qm += q[c] * w.kmn[c];
+            }
+            w.qm[r] = qm;
+        }
+#define OTT_SCORES(RB) scores_codes_rb<RB>(w.qs + (size_t) r0 * hdp, w.qm + r0, hdp, hd, kcodes, krow, g.bits_k, \
+                                           ta, tb, w.s + (size_t) r0 * LD + (ta - t0))
+        OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+#undef OTT_SCORES
+        ta = tb;
+    }
+    softmax_tile(w, rows, n_t, dead, false);
+
+    // values, one value group at a time: pw = p·scale, mt = Σ p·min
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
+    const uint8_t * vcodes = hb + L.v_codes + (size_t) t0 * ott_kv_v_row_bytes(&g);
+    for (int32_t gi = 0; gi < n_gv; ++gi) {
+        for (int32_t r = 0; r < rows; ++r) {
+            const float * p = w.s + (size_t) r * LD;
+            float * pw = w.pw + (size_t) r * LD;
+            float mt = 0.0f;
+            for (int32_t t = 0; t < n_t; ++t) {
+                pw[t] = p[t] * w.vsc[t * n_gv + gi];
+                mt += p[t] * w.vmn[t * n_gv + gi];
+            }
+            w.mt[r] = mt;
+        }
+#define OTT_VALUES(RB) values_codes_rb<RB>(w.pw + (size_t) r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, \
+                                           n_t, gi * gv, (gi + 1) * gv, hdp, w.acc + (size_t) r0 * hdp)
+        OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
+#undef OTT_VALUES
+    }
+}
+
+// ---- tiles: fill w.kc / w.vc with n_t keys and values ------------------------------------
+
+// Slots t0 .. t0+n_t-1 of a head-block, dequantised (materialised path).
+void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
+    const ott_kv_geom & g = cfg.geom;
+    const ott_kv_block_layout & L = cfg.layout;
+    const int32_t hd = g.head_dim, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
+
+    // keys: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c]
+    const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_scale) + (size_t) g0 * hd, w.ksc, (int64_t) (g1 - g0) * hd);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_min) + (size_t) g0 * hd, w.kmn, (int64_t) (g1 - g0) * hd);
+    const size_t krow = ott_kv_k_row_bytes(&g);
+    const uint8_t * kcodes = hb + L.k_codes + (size_t) t0 * g.bits_k / 8;
+    for (int32_t c = 0; c < hd; ++c) {
+        float * kt = w.kc + (size_t) c * LD;
+        unpack_codes(kcodes + c * krow, n_t, g.bits_k, kt);
+        for (int32_t gi = g0; gi < g1; ++gi) {
+            const int32_t ts = std::max(t0, gi * gk) - t0, te = std::min(t0 + n_t, (gi + 1) * gk) - t0;
+            const float sc = w.ksc[(size_t) (gi - g0) * hd + c], mn = w.kmn[(size_t) (gi - g0) * hd + c];
+            for (int32_t t = ts; t < te; ++t) kt[t] = kt[t] * sc + mn;
+        }
+    }
+
+    // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
+    const size_t vrow = ott_kv_v_row_bytes(&g);
+    for (int32_t t = 0; t < n_t; ++t) {
+        float * vt = w.vc + (size_t) t * w.hdp;
+        unpack_codes(hb + L.v_codes + (size_t) (t0 + t) * vrow, hd, g.bits_v, vt);
+        for (int32_t gi = 0; gi < n_gv; ++gi) {
+            const float sc = w.vsc[t * n_gv + gi], mn = w.vmn[t * n_gv + gi];
+            float * x = vt + gi * gv;
+            for (int32_t c = 0; c < gv; ++c) x[c] = x[c] * sc + mn;
+        }
+    }
+}
+
+// Transpose rows [n_t][hdp] in w.tmp into w.kc.
+void keys_from_tmp(int32_t n_t, const attn_ws & w) {
+    for (int32_t t = 0; t < n_t; ++t) {
+        const float * row = w.tmp + (size_t) t * w.hdp;
+        for (int32_t c = 0; c < w.hd; ++c) w.kc[(size_t) c * LD + t] = row[c];
+    }
+}
+
+// n_t fp16 rows of a store.
+void f16_tile(const ott_fp16 * k, const ott_fp16 * v, int32_t n_t, const attn_ws & w) {
+    for (int32_t t = 0; t < n_t; ++t) {
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k + (size_t) t * w.hd, w.tmp + (size_t) t * w.hdp, w.hd);
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) v + (size_t) t * w.hd, w.vc + (size_t) t * w.hdp, w.hd);
+    }
+    keys_from_tmp(n_t, w);
+}
+
+// n_t rows of the chunk's own F32 K/V (tokens tok0 .. of the ubatch, KV head h), rounded
+// to fp16 as the window will store them.
+void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int32_t h, int32_t n_t, const attn_ws & w) {
+    ggml_fp16_t h16[1024];
+    for (int32_t t = 0; t < n_t; ++t) {
+        const float * kr = (const float *) ((const char *) k->data + (size_t) (tok0 + t) * k->nb[2] + (size_t) h * k->nb[1]);
+        const float * vr = (const float *) ((const char *) v->data + (size_t) (tok0 + t) * v->nb[2] + (size_t) h * v->nb[1]);
+        for (int32_t c0 = 0; c0 < w.hd; c0 += 1024) {
+            const int32_t n = std::min(w.hd - c0, 1024);
+            ggml_cpu_fp32_to_fp16(kr + c0, h16, n);
+            ggml_cpu_fp16_to_fp32(h16, w.tmp + (size_t) t * w.hdp + c0, n);
+            ggml_cpu_fp32_to_fp16(vr + c0, h16, n);
+            ggml_cpu_fp16_to_fp32(h16, w.vc + (size_t) t * w.hdp + c0, n);
+        }
+    }
+    keys_from_tmp(n_t, w);
+}
+
 // Every tile of an fp16 store of n rows.
-void attend_f16_store(const attn_ws & w, int32_t rows, int32_t hd, const ott_fp16 * k, const ott_fp16 * v, int32_t n) {
+void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n) {
     for (int32_t t0 = 0; t0 < n; t0 += KEY_TILE) {
         const int32_t n_t = std::min(KEY_TILE, n - t0);
-        f16_tile(k + (size_t) t0 * hd, v + (size_t) t0 * hd, hd, n_t, w);
-        attend_tile(w, rows, hd, n_t, nullptr, false);
+        f16_tile(k + (size_t) t0 * w.hd, v + (size_t) t0 * w.hd, n_t, w);
+        attend_tile(w, rows, n_t, nullptr, false);
     }
 }
 
@@ -256,6 +440,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
     const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t hd = cfg.geom.head_dim, n_rep = st.n_head / cfg.n_head_kv, block = cfg.geom.block;
     const bool traces = cfg.traces(op.il);
+    const bool aligned = cfg.geom.group_k % VL == 0 && cfg.geom.group_v % VL == 0;
     const attn_ws w = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
 
     for (size_t it = ith; it < st.items.size(); it += nth) {
@@ -263,19 +448,20 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
         const ott_kv_step_seq & S = st.seqs[I.sq];
         const ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
         const int32_t rows = I.n_q * n_rep;
+        const bool fused = aligned && rows <= FUSED_ROWS;
 
         // row qi*n_rep + r: query of chunk token I.i0 + qi, head I.head*n_rep + r
         for (int32_t qi = 0; qi < I.n_q; ++qi) {
             for (int32_t r = 0; r < n_rep; ++r) {
                 const float * src = (const float *) ((const char *) q->data + (size_t) (S.t0 + I.i0 + qi) * q->nb[2]
                                                      + (size_t) (I.head * n_rep + r) * q->nb[1]);
-                float * qr = w.q + (size_t) (qi * n_rep + r) * hd;
+                float * qr = w.q + (size_t) (qi * n_rep + r) * w.hdp;
                 for (int32_t c = 0; c < hd; ++c) qr[c] = src[c] * st.kq_scale;
             }
         }
         std::fill(w.m, w.m + rows, -INFINITY);
         std::fill(w.l, w.l + rows, 0.0f);
-        std::fill(w.acc, w.acc + (size_t) rows * hd, 0.0f);
+        std::fill(w.acc, w.acc + (size_t) rows * w.hdp, 0.0f);
 
         // quantized blocks, masked slots excluded
         for (int32_t b = I.b0; b < I.b1; ++b) {
@@ -290,33 +476,37 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                         any_dead |= w.dead[t] != 0;
                     }
                 }
-                dequant_tile(cfg, hb, t0, n_t, w);
-                attend_tile(w, rows, hd, n_t, any_dead ? w.dead : nullptr, false);
+                if (fused) {
+                    attend_codes(cfg, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
+                } else {
+                    dequant_tile(cfg, hb, t0, n_t, w);
+                    attend_tile(w, rows, n_t, any_dead ? w.dead : nullptr, false);
+                }
             }
         }
 
         if (I.fp16) {
             const int32_t h = I.head;
             const size_t pc = cfg.pool_cap(op.il), ec = cfg.extra_cap(op.il);
-            attend_f16_store(w, rows, hd, ls.sink_k.data() + (size_t) h * cfg.sink * hd,
+            attend_f16_store(w, rows, ls.sink_k.data() + (size_t) h * cfg.sink * hd,
                              ls.sink_v.data() + (size_t) h * cfg.sink * hd, S.before.n_sink);
             if (pc) {
-                attend_f16_store(w, rows, hd, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
+                attend_f16_store(w, rows, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
             }
             if (ec) {
-                attend_f16_store(w, rows, hd, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd, ls.n_extra[h]);
+                attend_f16_store(w, rows, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd, ls.n_extra[h]);
             }
-            attend_f16_store(w, rows, hd, ls.win_k.data() + (size_t) h * S.win_cap * hd,
+            attend_f16_store(w, rows, ls.win_k.data() + (size_t) h * S.win_cap * hd,
                              ls.win_v.data() + (size_t) h * S.win_cap * hd, S.before.n_win);
             // the chunk itself, causally: query token i sees chunk tokens j <= i
             const int32_t n_own = I.i0 + I.n_q;
             for (int32_t j0 = 0; j0 < n_own; j0 += KEY_TILE) {
                 const int32_t n_t = std::min(KEY_TILE, n_own - j0);
-                chunk_tile(k, v, S.t0 + j0, h, hd, n_t, w);
+                chunk_tile(k, v, S.t0 + j0, h, n_t, w);
                 for (int32_t qi = 0; qi < I.n_q; ++qi) {
                     for (int32_t r = 0; r < n_rep; ++r) w.lim[qi * n_rep + r] = I.i0 + qi + 1 - j0;
                 }
-                attend_tile(w, rows, hd, n_t, nullptr, true);
+                attend_tile(w, rows, n_t, nullptr, true);
             }
         }
 
@@ -326,7 +516,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             float * o = out + (size_t) r * prow;
             o[0] = w.m[r];
             o[1] = w.l[r];
-            std::memcpy(o + 2, w.acc + (size_t) r * hd, (size_t) hd * sizeof(float));
+            std::memcpy(o + 2, w.acc + (size_t) r * w.hdp, (size_t) hd * sizeof(float));
         }
     }
 }
