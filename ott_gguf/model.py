@@ -44,6 +44,7 @@ class ModelInfo:
     tied_output: bool
     n_params: int
     weight_bytes: int
+    device: str                   # where the model runs: "cpu" or "cuda:N"
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,12 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
                  n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
-                 prefill_fp16: bool = False, repack: bool = True):
+                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None):
         """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
-        full precision and is quantized at the sequence's next single-token step."""
+        full precision and is quantized at the sequence's next single-token step.
+        device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this build has CUDA
+        and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
@@ -81,6 +84,10 @@ class Model:
 
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
         mparams.repack = int(repack)
+        if device is not None:
+            if not isinstance(device, str) or len(device.encode()) >= len(mparams.device):
+                raise InvalidArgumentError(f"device {device!r} is not one of cpu, cuda, cuda:N")
+            mparams.device = device.encode()
         pmodel = ffi.new("ott_model **")
         check(lib.ott_model_load(str(self.path).encode(), mparams, pmodel))
         self._model = ffi.gc(pmodel[0], lib.ott_model_free)
@@ -196,6 +203,10 @@ class Model:
         return KVHeadState(n_tokens=st.n_tokens, tracing=bool(st.tracing),
                            block_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.block_offsets))), **arrays)
 
+    def copy_sequence(self, src: int, dst: int) -> None:
+        """Make sequence `dst` a copy of sequence `src` (a shared prompt decoded once)."""
+        check(lib.ott_seq_copy(self._ctx, src, dst))
+
     def set_threads(self, n_threads: int) -> None:
         check(lib.ott_context_set_threads(self._ctx, n_threads))
 
@@ -265,3 +276,8 @@ def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
 
 def physical_cores() -> int:
     return lib.ott_physical_cores()
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this build can run on (0 without CUDA support or without a GPU)."""
+    return lib.ott_cuda_device_count()

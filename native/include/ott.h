@@ -36,6 +36,9 @@ typedef struct ott_context ott_context;
 typedef struct {
     int32_t repack;      /* 1: store matmul weights in ggml's repacked CPU layout where the
                             type has one (faster kernels); 0: keep the file's layout    */
+    char    device[16];  /* "cpu", "cuda", "cuda:N"; "" (default): cuda:0 when this build
+                            has CUDA and a GPU is present, else cpu. Weights, graph and KV
+                            cache live there; logits come back to the host            */
 } ott_model_params;
 
 typedef struct {
@@ -55,6 +58,7 @@ typedef struct {
     int32_t  tied_output;       /* 1 when the output projection is token_embd        */
     int64_t  n_params;
     int64_t  weight_bytes;
+    char     device[16];        /* where the model runs: "cpu" or "cuda:N"           */
 } ott_model_info;
 
 ott_model_params ott_model_default_params(void);
@@ -153,6 +157,9 @@ ott_status ott_seq_len(const ott_context * ctx, int32_t seq_id, int32_t * out);
 /* n_keep = 0 clears. A quantized cache cannot undo quantization: it keeps n_keep tokens
  * only when every dropped token is still in the fp16 window (else OTT_ERR_UNSUPPORTED). */
 ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep);
+/* Make sequence dst a copy of sequence src (dst's tokens are dropped): a prompt decoded once
+ * and continued in several sequences. OTT_ERR_UNSUPPORTED for a cache mode that cannot. */
+ott_status ott_seq_copy(ott_context * ctx, int32_t src, int32_t dst);
 
 typedef struct {
     int64_t bytes_allocated;      /* KV bytes allocated now, all layers and sequences   */
@@ -204,6 +211,9 @@ ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, in
 
 /* Physical cores of this machine (the default thread count). */
 int32_t ott_physical_cores(void);
+
+/* CUDA devices this build can run on: 0 when it was built without CUDA or no GPU is present. */
+int32_t ott_cuda_device_count(void);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
-// context.cpp — a decoding context: KV cache, thread pool, and ott_decode, which splits a
-// batch into ubatches of runs, builds one graph per ubatch and collects the logits.
+// context.cpp — a decoding context: the model's backend (CPU with a thread pool, or CUDA),
+// KV cache, and ott_decode, which splits a batch into ubatches of runs, builds one graph per
+// ubatch, has the cache compute it and collects the logits.
 #include "graph.h"
 
 #include "ggml-alloc.h"
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
 
 struct ott_context {
     ott_model * model = nullptr;
@@ -35,6 +37,10 @@ namespace {
 ott_status set_threads(ott_context * c, int32_t n_threads) {
     if (n_threads <= 0) n_threads = ott_physical_cores();
     if (n_threads > 512) return ott_fail(OTT_ERR_INVALID_ARG, "n_threads = %d is too large", n_threads);
+    if (c->model->cuda_device >= 0) {  // the graph runs on the GPU; nothing to thread
+        c->params.n_threads = n_threads;
+        return OTT_OK;
+    }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
     ggml_threadpool * tp = ggml_threadpool_new(&tpp);
     if (!tp) return ott_fail(OTT_ERR_BACKEND, "cannot create a thread pool of %d threads", n_threads);
@@ -121,20 +127,32 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     ggml_tensor * logits = ott_build_llama(b);
     ggml_build_forward_expand(gf, logits);
 
+    if (c->model->cuda_device >= 0) {  // ggml-cuda aborts on an op it lacks: refuse it here
+        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+            const ggml_tensor * node = ggml_graph_node(gf, i);
+            if (!ggml_backend_supports_op(c->backend, node)) {
+                return ott_fail(OTT_ERR_UNSUPPORTED, "%s cannot compute node '%s' (%s%s%s)", ggml_backend_name(c->backend),
+                                ggml_get_name(node), ggml_op_desc(node), node->op == GGML_OP_FLASH_ATTN_EXT ? ", head_dim " : "",
+                                node->op == GGML_OP_FLASH_ATTN_EXT ? std::to_string(node->src[0]->ne[0]).c_str() : "");
+            }
+        }
+    }
     if (!ggml_gallocr_alloc_graph(c->galloc, gf)) {
         return ott_fail(OTT_ERR_ALLOC, "cannot allocate the compute buffer for %d tokens", ub.n_tokens());
     }
     b.set_inputs();
-    if (ggml_backend_graph_compute(c->backend, gf) != GGML_STATUS_SUCCESS) {
-        return ott_fail(OTT_ERR_BACKEND, "graph computation failed");
-    }
+    OTT_TRY(c->kv->compute(c->backend, gf));
     c->kv->commit();
 
+    // logits rows go to their batch rows; consecutive rows are fetched in one copy
     const int32_t n_vocab = c->model->hparams.n_vocab;
-    for (size_t j = 0; j < ub.out_idx.size(); ++j) {
+    const size_t row_bytes = (size_t) n_vocab * sizeof(float);
+    for (size_t j = 0; j < ub.out_idx.size();) {
         const int32_t row = out_row[ub_src[ub.out_idx[j]]];
-        ggml_backend_tensor_get(logits, c->logits.data() + (size_t) row * n_vocab,
-                                j * (size_t) n_vocab * sizeof(float), (size_t) n_vocab * sizeof(float));
+        size_t n = 1;
+        while (j + n < ub.out_idx.size() && out_row[ub_src[ub.out_idx[j + n]]] == row + (int32_t) n) ++n;
+        ggml_backend_tensor_get(logits, c->logits.data() + (size_t) row * n_vocab, j * row_bytes, n * row_bytes);
+        j += n;
     }
     return OTT_OK;
 }
@@ -159,12 +177,14 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
         return ott_fail(OTT_ERR_INVALID_ARG, "n_ubatch = %d must be in [1, 8192]", c->params.n_ubatch);
     }
 
-    c->backend = ggml_backend_cpu_init();
-    if (!c->backend) return ott_fail(OTT_ERR_BACKEND, "cannot initialise the CPU backend");
+    c->backend = ggml_backend_dev_init(model->dev, nullptr);
+    if (!c->backend) return ott_fail(OTT_ERR_BACKEND, "cannot initialise the %s backend", ggml_backend_dev_name(model->dev));
     OTT_TRY(set_threads(c.get(), params->n_threads));
-    c->galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(c->backend);
+    c->galloc = ggml_gallocr_new(buft);
 
-    const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max };
+    const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max,
+                                 buft, model->cuda_device };
     OTT_TRY(ott_kv_cache_create(params->kv, shape, c->kv));
     *out = c.release();
     return OTT_OK;
@@ -235,6 +255,17 @@ extern "C" ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_
     }
     if (n_keep < 0) return ott_fail(OTT_ERR_INVALID_ARG, "n_keep = %d is negative", n_keep);
     return ctx->kv->seq_truncate(seq_id, n_keep);
+}
+
+extern "C" ott_status ott_seq_copy(ott_context * ctx, int32_t src, int32_t dst) {
+    if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_copy: null context");
+    for (int32_t s : { src, dst }) {
+        if (s < 0 || s >= ctx->params.n_seq_max) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", s, ctx->params.n_seq_max);
+        }
+    }
+    if (src == dst) return OTT_OK;
+    return ctx->kv->seq_copy(src, dst);
 }
 
 extern "C" ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, int32_t * out) {

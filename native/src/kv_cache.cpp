@@ -13,7 +13,11 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
             return ott_kv_f16_create(shape, out);
         }
         case OTT_KV_KIVI:
-        case OTT_KV_OTT: return ott_kv_ott_create(params, shape, out);
+        case OTT_KV_OTT:
+#ifdef OTT_USE_CUDA
+            if (shape.cuda_device >= 0) return ott_kv_ott_cuda_create(params, shape, out);
+#endif
+            return ott_kv_ott_create(params, shape, out);
         default: return ott_fail(OTT_ERR_INVALID_ARG, "unknown KV cache type %d", params.type);
     }
 }

@@ -7,6 +7,7 @@
 //   build_inputs(ctx)    create the step's input tensors (indices, masks) in the graph
 //   build_attn(...)      once per layer: store K/V, return the attention output
 //   set_inputs()         after allocation: fill the input tensors
+//   compute(backend, gf) run the step's graph (and the cache's own kernels, if any)
 //   commit()             after a successful compute: sequences grow
 #pragma once
 
@@ -51,10 +52,23 @@ public:
     virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il,
                                      ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) = 0;
     virtual void set_inputs() = 0;
+    // The default runs the whole graph on the backend. A cache whose attention runs outside
+    // ggml (the CUDA quantized cache: ggml-cuda has no custom ops, DESIGN §1) runs the graph
+    // in segments and launches its kernels between them.
+    virtual ott_status compute(ggml_backend_t backend, ggml_cgraph * gf) {
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            return ott_fail(OTT_ERR_BACKEND, "graph computation failed");
+        }
+        return OTT_OK;
+    }
     virtual void commit() = 0;
 
     virtual int32_t    seq_len(int32_t seq) const = 0;
     virtual ott_status seq_truncate(int32_t seq, int32_t n_keep) = 0;
+    // dst becomes a copy of src (src != dst, both valid).
+    virtual ott_status seq_copy(int32_t src, int32_t dst) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "this KV cache mode cannot copy sequences on this backend");
+    }
     virtual ott_kv_stats stats() const = 0;
 
     // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
@@ -71,6 +85,8 @@ struct ott_kv_shape {
     int32_t n_embd_head;
     int32_t n_ctx;       // tokens per sequence
     int32_t n_seq_max;
+    ggml_backend_buffer_type_t buft;  // memory of the context's backend, where stores live
+    int32_t cuda_device;              // the backend's CUDA device; -1: the CPU backend
 };
 
 // Create the cache selected by params.type; reports unsupported or invalid settings.
@@ -81,3 +97,6 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
 // The quantized cache, KIVI and OTT modes (kv_ott.cpp); validates every knob.
 ott_status ott_kv_ott_create(const ott_kv_params & params, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+// The same cache in the memory of a CUDA device, attention and events by our kernels
+// (kv_ott_cuda.cpp; builds with OTT_CUDA only).
+ott_status ott_kv_ott_cuda_create(const ott_kv_params & params, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);

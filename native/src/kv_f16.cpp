@@ -28,7 +28,7 @@ public:
             ggml_format_name(k_l.back(), "cache_k_l%d", il);
             ggml_format_name(v_l.back(), "cache_v_l%d", il);
         }
-        buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+        buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, sh.buft);
         if (!buf) {
             return ott_fail(OTT_ERR_ALLOC, "cannot allocate the fp16 KV cache (%d layers x %d sequences x %d tokens)",
                             sh.n_layer, sh.n_seq_max, sh.n_ctx);
@@ -49,6 +49,9 @@ public:
                 }
                 n_kv = std::max(n_kv, len[s] + r.n_tokens);
             }
+            // ggml-cuda's fastest flash-attention kernels want n_kv a multiple of 256 (the
+            // extra rows are masked out)
+            if (sh.cuda_device >= 0) n_kv = std::min(sh.n_ctx, (n_kv + 255) / 256 * 256);
             plan.push_back({ r, n_kv, nullptr });
         }
         return OTT_OK;
@@ -130,6 +133,27 @@ public:
 
     ott_status seq_truncate(int32_t seq, int32_t n_keep) override {
         len[seq] = std::min(len[seq], n_keep);
+        return OTT_OK;
+    }
+
+    // The rows of src's tokens, every layer, onto dst's rows (on the device that holds them).
+    ott_status seq_copy(int32_t src, int32_t dst) override {
+        const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t) sh.n_ctx;
+        const int64_t n_elem = (int64_t) len[src] * n_embd_gqa();
+        ggml_init_params ip = { ggml_tensor_overhead() * 2, nullptr, true };
+        ggml_context * vc = ggml_init(ip);
+        for (int il = 0; il < sh.n_layer && n_elem > 0; ++il) {
+            for (ggml_tensor * t : { k_l[il], v_l[il] }) {
+                ggml_reset(vc);
+                ggml_tensor * from = ggml_view_1d(vc, t, n_elem, seq_bytes * src);
+                ggml_tensor * to   = ggml_view_1d(vc, t, n_elem, seq_bytes * dst);
+                ggml_backend_view_init(from);
+                ggml_backend_view_init(to);
+                ggml_backend_tensor_copy(from, to);
+            }
+        }
+        ggml_free(vc);
+        len[dst] = len[src];
         return OTT_OK;
     }
 

@@ -1,9 +1,12 @@
-// model.cpp — read a GGUF file: validate metadata and tensors, place weights on the CPU
-// backend in their stored types (repacked where ggml has a faster layout).
+// model.cpp — read a GGUF file: validate metadata and tensors, place weights on the chosen
+// device in their stored types (on the CPU repacked where ggml has a faster layout).
 #include "model.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
+#ifdef OTT_USE_CUDA
+#include "ggml-cuda.h"
+#endif
 
 #include <cerrno>
 #include <cinttypes>
@@ -168,8 +171,8 @@ struct weight_loader {
     ggml_context * meta;                   // headers from the GGUF file
     std::map<ggml_backend_buffer_type_t, ggml_context *> ctxs;  // one context per buffer type
     std::vector<std::pair<ggml_tensor *, const ggml_tensor *>> placed;  // (ours, file's)
-    std::vector<ggml_backend_buffer_type_t> extra_bufts;  // repacked layouts, best first
-    ggml_backend_dev_t dev = nullptr;
+    std::vector<ggml_backend_buffer_type_t> extra_bufts;  // repacked layouts, best first (CPU)
+    ggml_backend_dev_t dev = nullptr;      // the device that holds the weights
 
     ggml_context * ctx_for(ggml_backend_buffer_type_t buft) {
         auto it = ctxs.find(buft);
@@ -181,7 +184,7 @@ struct weight_loader {
         return c;
     }
 
-    // Would ggml's CPU backend multiply `w` when it lives in `buft`?
+    // Would the device's backend multiply `w` when it lives in `buft`?
     bool matmul_supported(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
         ggml_init_params ip = { ggml_tensor_overhead() * 4, nullptr, true };
         ggml_context * c = ggml_init(ip);
@@ -197,6 +200,12 @@ struct weight_loader {
         return ok;
     }
 
+    // Can the device multiply a weight of this tensor's type in its plain layout?
+    bool multipliable(const ggml_tensor * w) {
+        if (!cpu_matmul_type(w->type)) return false;  // every type ggml can compute has a CPU kernel
+        return m->cuda_device < 0 || matmul_supported(ggml_backend_dev_buffer_type(dev), w);
+    }
+
     // Find `name`, check its type and shape, and create our header for it.
     ott_status get(const std::string & name, std::vector<int64_t> ne, bool matmul, bool required, ggml_tensor ** out) {
         *out = nullptr;
@@ -205,11 +214,10 @@ struct weight_loader {
             if (!required) return OTT_OK;
             return ott_fail(OTT_ERR_FORMAT, "%s: tensor '%s' is missing", m->path.c_str(), name.c_str());
         }
-        const bool type_ok = matmul ? cpu_matmul_type(src->type)
-                                    : (src->type == GGML_TYPE_F32 || cpu_matmul_type(src->type));
+        const bool type_ok = matmul ? multipliable(src) : (src->type == GGML_TYPE_F32 || multipliable(src));
         if (!type_ok || (!matmul && src->type != GGML_TYPE_F32 && ne.size() == 1)) {
-            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which the CPU backend cannot use here",
-                            m->path.c_str(), name.c_str(), ggml_type_name(src->type));
+            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which the %s backend cannot use here",
+                            m->path.c_str(), name.c_str(), ggml_type_name(src->type), ggml_backend_dev_name(dev));
         }
         for (int d = 0; d < GGML_MAX_DIMS; ++d) {
             const int64_t want = d < (int) ne.size() ? ne[d] : 1;
@@ -220,7 +228,7 @@ struct weight_loader {
                     ne[0], ne.size() > 1 ? ne[1] : 1, ne.size() > 2 ? ne[2] : 1);
             }
         }
-        ggml_backend_buffer_type_t buft = ggml_backend_cpu_buffer_type();
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         if (matmul) {
             for (auto b : extra_bufts) {
                 if (matmul_supported(b, src)) { buft = b; break; }
@@ -235,6 +243,42 @@ struct weight_loader {
 };
 
 } // namespace
+
+ott_status ott_device_resolve(const char * device, ggml_backend_dev_t & dev, int32_t & cuda_device) {
+    const std::string name(device, strnlen(device, sizeof(ott_model_params::device)));
+    const int32_t n_cuda = ott_cuda_device_count();
+    cuda_device = -1;
+    if (name.empty()) {
+        cuda_device = n_cuda > 0 ? 0 : -1;
+    } else if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+        const std::string idx = name.size() > 5 ? name.substr(5) : (name == "cuda" ? "0" : "");
+        if (idx.empty() || idx.size() > 3 || idx.find_first_not_of("0123456789") != std::string::npos) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "device '%s' is not one of cpu, cuda, cuda:N", name.c_str());
+        }
+        if (n_cuda == 0) {
+#ifdef OTT_USE_CUDA
+            return ott_fail(OTT_ERR_UNSUPPORTED, "device %s: no CUDA device is present", name.c_str());
+#else
+            return ott_fail(OTT_ERR_UNSUPPORTED, "device %s: this build has no CUDA support (build with OTT_CUDA=ON: bench/build_cuda.sh)",
+                            name.c_str());
+#endif
+        }
+        cuda_device = std::stoi(idx);
+        if (cuda_device >= n_cuda) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "device %s: this machine has %d CUDA device(s)", name.c_str(), n_cuda);
+        }
+    } else if (name != "cpu") {
+        return ott_fail(OTT_ERR_INVALID_ARG, "device '%s' is not one of cpu, cuda, cuda:N", name.c_str());
+    }
+#ifdef OTT_USE_CUDA
+    if (cuda_device >= 0) {
+        dev = ggml_backend_reg_dev_get(ggml_backend_cuda_reg(), (size_t) cuda_device);
+        return dev ? OTT_OK : ott_fail(OTT_ERR_BACKEND, "ggml has no device for cuda:%d", cuda_device);
+    }
+#endif
+    dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    return dev ? OTT_OK : ott_fail(OTT_ERR_BACKEND, "ggml has no CPU device");
+}
 
 ott_model::~ott_model() {
     for (auto b : buffers) ggml_backend_buffer_free(b);
@@ -276,9 +320,9 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     OTT_TRY(read_hparams(m));
     ott_hparams & hp = m->hparams;
 
-    weight_loader wl{ m, meta, {}, {}, {}, ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) };
-    if (!wl.dev) return ott_fail(OTT_ERR_BACKEND, "ggml has no CPU device");
-    if (params.repack) {
+    OTT_TRY(ott_device_resolve(params.device, m->dev, m->cuda_device));
+    weight_loader wl{ m, meta, {}, {}, {}, m->dev };
+    if (params.repack && m->cuda_device < 0) {
         auto get_extra = (ggml_backend_dev_get_extra_bufts_t)
             ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(wl.dev), "ggml_backend_dev_get_extra_bufts");
         if (get_extra) {
@@ -298,9 +342,9 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     OTT_TRY(wl.get("output.weight",      { n_embd, hp.n_vocab }, true, false, &m->output));
     OTT_TRY(wl.get("rope_freqs.weight",  { hp.n_rot / 2 }, false, false, &m->rope_freqs));
     if (!m->output) {
-        if (!cpu_matmul_type(m->tok_embd->type)) {
-            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tied output needs token_embd type %s to be multipliable", path,
-                            ggml_type_name(m->tok_embd->type));
+        if (!wl.multipliable(m->tok_embd)) {
+            return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tied output needs token_embd type %s to be multipliable on %s", path,
+                            ggml_type_name(m->tok_embd->type), ggml_backend_dev_name(m->dev));
         }
         m->output = m->tok_embd;
     }
@@ -406,5 +450,7 @@ extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * o
     out->tied_output     = m->output == m->tok_embd;
     out->n_params        = m->n_params;
     out->weight_bytes    = m->weight_bytes;
+    if (m->cuda_device >= 0) snprintf(out->device, sizeof(out->device), "cuda:%d", m->cuda_device);
+    else snprintf(out->device, sizeof(out->device), "cpu");
     return OTT_OK;
 }

@@ -57,6 +57,8 @@ struct ott_model {
     std::string path;
     ott_hparams hparams;
 
+    ggml_backend_dev_t dev    = nullptr;  // the device holding the weights and running the graph
+    int32_t cuda_device       = -1;       // its CUDA index; -1: the CPU
     gguf_context * gguf       = nullptr;  // metadata (kept for the whole lifetime)
     ggml_context * ctx_meta   = nullptr;  // headers of every tensor in the file (no data)
     std::vector<ggml_context *> ctxs_w;   // headers of the weights, one per buffer type
@@ -73,6 +75,10 @@ struct ott_model {
 
     ~ott_model();
 };
+
+// The device of ott_model_params.device: "cpu", "cuda", "cuda:N", or "" for cuda:0 when this
+// build has CUDA and a GPU is present, else the CPU.
+ott_status ott_device_resolve(const char * device, ggml_backend_dev_t & dev, int32_t & cuda_device);
 
 // Load hyperparameters and weights; validates everything before ggml sees it.
 ott_status ott_model_load_file(const char * path, const ott_model_params & params, ott_model * model);

@@ -1,7 +1,12 @@
 // ott.cpp — error reporting, defaults and machine queries of the C API.
 #include "common.h"
 
+#ifdef OTT_USE_CUDA
+#include "ggml-cuda.h"
+#endif
+
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include <thread>
@@ -42,9 +47,18 @@ extern "C" int32_t ott_physical_cores(void) {
     return n > 0 ? (int32_t) n : 1;
 }
 
+extern "C" int32_t ott_cuda_device_count(void) {
+#ifdef OTT_USE_CUDA
+    return ggml_backend_cuda_get_device_count();
+#else
+    return 0;
+#endif
+}
+
 extern "C" ott_model_params ott_model_default_params(void) {
     ott_model_params p;
-    p.repack = 1;
+    memset(&p, 0, sizeof(p));
+    p.repack = 1;      // device "": CUDA when present
     return p;
 }
 

@@ -1,0 +1,119 @@
+"""Write a GGUF with the shapes of Llama-2-7B and random F16 weights (real 7B weights are not
+available offline; decode speed does not depend on their values).
+
+    python bench/llama7b_gguf.py OUT.gguf [--n-ctx-train 32768]
+
+32 layers, n_embd 4096, 32 heads (no GQA), n_ff 11008, n_vocab 32000: 6.74 G parameters,
+13.5 GB. Tensors are streamed one at a time (at most one tensor in memory, ~260 MB): the
+header and tensor index are written first, then each tensor's data. Values are slices of a
+pool of N(0, 1) draws scaled by 1/sqrt(n_in), so activations keep unit scale. The
+vocabulary is a byte-level BPE alphabet padded with unused tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+
+N_EMBD, N_LAYER, N_HEAD, N_FF, N_VOCAB = 4096, 32, 32, 11008, 32000
+POOL = 1 << 27                      # random fp16 values shared by every tensor (256 MB)
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte -> unicode mapping: printable bytes stand for themselves, the others get
+    the code points 256, 257, ... in byte order."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    out, shifted = [], 256
+    for b in range(256):
+        out.append(chr(b) if b in printable else chr(shifted))
+        shifted += b not in printable
+    return out
+
+
+def tensor_list(n_layer: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, numpy shape [n_out, n_in] or [n], n_in for the scale; 0 = a norm vector)."""
+    out = [("token_embd.weight", (N_VOCAB, N_EMBD), N_EMBD)]
+    for il in range(n_layer):
+        b = f"blk.{il}"
+        out += [(f"{b}.attn_norm.weight", (N_EMBD,), 0),
+                (f"{b}.attn_q.weight", (N_EMBD, N_EMBD), N_EMBD),
+                (f"{b}.attn_k.weight", (N_EMBD, N_EMBD), N_EMBD),
+                (f"{b}.attn_v.weight", (N_EMBD, N_EMBD), N_EMBD),
+                (f"{b}.attn_output.weight", (N_EMBD, N_EMBD), N_EMBD),
+                (f"{b}.ffn_norm.weight", (N_EMBD,), 0),
+                (f"{b}.ffn_gate.weight", (N_FF, N_EMBD), N_EMBD),
+                (f"{b}.ffn_up.weight", (N_FF, N_EMBD), N_EMBD),
+                (f"{b}.ffn_down.weight", (N_EMBD, N_FF), N_FF)]
+    return out + [("output_norm.weight", (N_EMBD,), 0), ("output.weight", (N_VOCAB, N_EMBD), N_EMBD)]
+
+
+def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal(POOL, dtype=np.float32).astype(np.float16)
+
+    tokens = byte_alphabet() + ["Ġt", "<|endoftext|>"]
+    types = [TokenType.NORMAL] * (len(tokens) - 1) + [TokenType.CONTROL]
+    types += [TokenType.UNUSED] * (N_VOCAB - len(tokens))
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), N_VOCAB)]
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("random-llama-2-7b-shape")
+    w.add_file_type(LlamaFileType.MOSTLY_F16)
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(N_VOCAB)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(["Ġ t"])
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+
+    tensors = tensor_list(n_layer)
+    for name, shape, n_in in tensors:
+        dtype = np.float16 if n_in else np.float32
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes,
+                          raw_dtype=GGMLQuantizationType.F16 if n_in else GGMLQuantizationType.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, n_in in tensors:
+        n = int(np.prod(shape))
+        if n_in == 0:
+            data = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        else:
+            start = int(rng.integers(0, POOL - 1))
+            part = pool[start:start + n]
+            data = np.concatenate([part, pool[:n - len(part)]]) if len(part) < n else part
+            data = data * np.float16(1.0 / np.sqrt(n_in))
+        w.write_tensor_data(data.reshape(shape))
+    w.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--n-ctx-train", type=int, default=32768)
+    ap.add_argument("--n-layer", type=int, default=N_LAYER, help="fewer layers for a quick check (default 32)")
+    args = ap.parse_args(argv)
+    write(args.out, args.n_ctx_train, args.n_layer)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.2f} GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+// attn.cu — fused attention of the quantized KV cache (DESIGN §3), flash-decoding style.
+//
+// Grid (n_tiles, n_splits + 1), 4 warps per block. A tile is up to NR query rows of one KV
+// head of one sequence (its query heads, times its chunk tokens), so the head's codes are
+// read once for all of them. Splits 0 .. n_splits-1 share the head's quantized blocks; split
+// n_splits reads the fp16 stores (sink, pool, extra pool, window) and the chunk itself,
+// causally. Each block writes one partial softmax (max, sum, weighted values) per row;
+// attn_merge_kernel combines a tile's partials. Scores are kept in the log2 domain
+// (q is scaled by kq_scale·log2 e), so every exponential is an exp2.
+//
+// Quantized blocks, one warp per head-block (warps of a split take turns):
+//  - keys: a lane holds one 32-bit word of codes of one channel row (32/BITS slots) for a
+//    set of channels and accumulates q_c·scale_c·code over them for its slots; lanes with
+//    the same word are summed with shuffles. Loads: a warp reads 128 contiguous bytes.
+//  - values: a lane holds one word of one slot row (32/BITS channels) for a set of slots and
+//    accumulates p_t·scale_t·code over them; lanes with the same word are summed at the end.
+//  - 2-, 4- and 8-bit codes are unpacked in registers without integer-to-float conversion:
+//    the byte holding a code is shifted into the float mantissa's top byte, one AND-OR
+//    makes the float 1 + code·2^(i·BITS-8) (i: the code's index in its byte), and the
+//    constant 1 is taken off the sums afterwards (its sum is accumulated alongside). The
+//    sums lose at most 8 bits to that offset, leaving a relative error near 2^-16.
+#include "ott_cuda.h"
+
+#include <cuda_fp16.h>
+
+namespace {
+
+constexpr int WARPS = 4;
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float h2f(ott_fp16 x) { return __half2float(__ushort_as_half(x)); }
+
+// acc[u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the 32/BITS codes u of word w (i: u's
+// index in its byte, gi: the group of u's byte among the word's NGW groups, 1 or 4). Each
+// byte is shifted to bits 15..22; one AND-OR per code makes the float.
+template <int BITS, int NR, int NGW>
+__device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], float (&acc)[32 / BITS][NR]) {
+    constexpr int CPB = 8 / BITS;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const uint32_t ws = b * 8 <= 15 ? w << (15 - b * 8) : w >> (b * 8 - 15);
+        const int gi = NGW == 1 ? 0 : b;
+#pragma unroll
+        for (int i = 0; i < CPB; ++i) {
+            const float f = __uint_as_float(0x3F800000u | (ws & (((1u << BITS) - 1) << (15 + i * BITS))));
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[b * CPB + i][r] = fmaf(s[gi][r], f, acc[b * CPB + i][r]);
+        }
+    }
+}
+
+// The word's group of the codes of byte b: NGW = 1, one group; NGW = 4, a group per byte.
+template <int NGW>
+__device__ __forceinline__ constexpr int group_of_byte(int b) { return NGW == 1 ? 0 : b; }
+
+// The weight of code u's sum: sums over 1 + code·2^(i·BITS-8) give Σ s·code = (sum - Σ s)·2^(8-i·BITS).
+template <int BITS>
+__device__ __forceinline__ constexpr float code_weight(int u) {
+    return (float) (1 << (8 - (u % (8 / BITS)) * BITS));
+}
+
+// x summed over the lanes that differ from this one in lane bits >= first (a power of two).
+__device__ __forceinline__ void warp_sum_from(float & x, int first) {
+    for (int o = first; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+}
+
+// Per-warp online-softmax state of NR rows; every lane holds the same m and l.
+template <int NR>
+struct softmax_rows {
+    float m[NR];
+    float l[NR];
+};
+
+// Shared memory of a block: queries, then per warp either probabilities of a head-block
+// [NR][block] or, at the end, the warp's weighted values [NR][HD].
+template <int HD, int NR>
+struct __align__(16) attn_smem {
+    float q[NR][HD];
+    float m[WARPS][NR];
+    float l[WARPS][NR];
+};
+
+// Combine the warps' partial results (each warp wrote its values to red[w][r][c] and its
+// m, l to S) into the block's partial for split `split`.
+template <int HD, int NR>
+__device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
+                             const ott_cuda_attn_tile & T) {
+    __syncthreads();
+    float * out = a.partials + ((size_t) blockIdx.x * (a.n_splits + 1) + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    for (int r = 0; r < T.n_rows; ++r) {
+        float mx = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, S.m[w][r]);
+        float wgt[WARPS];
+        float l = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            wgt[w] = S.m[w][r] == -INFINITY ? 0.0f : exp2f(S.m[w][r] - mx);
+            l += S.l[w][r] * wgt[w];
+        }
+        float * o = out + (size_t) r * (HD + 2);
+        for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int w = 0; w < WARPS; ++w) acc += red[((size_t) w * NR + r) * HD + c] * wgt[w];
+            o[2 + c] = acc;
+        }
+        if (threadIdx.x == 0) {
+            o[0] = mx;
+            o[1] = l;
+        }
+    }
+}
+
+// ---- split over quantized blocks ------------------------------------------------------------
+
+template <int HD, int BITS, int NR, int NGW>
+__device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
+                              float * dyn) {
+    constexpr int TPW = 32 / BITS, CPB = 8 / BITS;   // codes per 32-bit word, per byte
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const ott_cuda_kv_layer & L = a.L;
+    const ott_kv_geom & g = L.geom;
+    const int block = g.block, n_gv = HD / g.group_v;
+    const int Wk = block * BITS / 32, Wv = HD * BITS / 32;   // words per key row / value row
+    const int jk = lane % Wk, phk = lane / Wk, nphk = 32 / Wk;
+    const int jv = lane % Wv, phv = lane / Wv, nphv = 32 / Wv;
+    // groups of this lane's key slots and value channels, per byte group of its word
+    int gk[NGW], gv[NGW];
+#pragma unroll
+    for (int gi = 0; gi < NGW; ++gi) {
+        const int first = gi * (TPW / NGW);
+        gk[gi] = (jk * TPW + first) / g.group_k;
+        gv[gi] = (jv * TPW + first) / g.group_v;
+    }
+    float * p_s = dyn + (size_t) warp * NR * block;  // [NR][block] this warp's probabilities
+
+    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
+    const int b0 = min(T.n_blocks, (int) blockIdx.y * per), b1 = min(T.n_blocks, b0 + per);
+
+    softmax_rows<NR> sm;
+    float accv[TPW][NR], sv[NGW][NR], mv[NGW][NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        sm.m[r] = -INFINITY;
+        sm.l[r] = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < NGW; ++gi) sv[gi][r] = mv[gi][r] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < TPW; ++u) accv[u][r] = 0.0f;
+    }
+
+    for (int b = b0 + warp; b < b1; b += WARPS) {
+        const uint8_t * hb = L.blocks + (((size_t) T.seq * L.max_blocks + b) * L.n_head_kv + T.head) * L.layout.size;
+        const uint32_t * kc = (const uint32_t *) (hb + L.layout.k_codes);   // [HD][Wk]
+        const ott_fp16 * ksc = (const ott_fp16 *) (hb + L.layout.k_scale);  // [block/group_k][HD]
+        const ott_fp16 * kmn = (const ott_fp16 *) (hb + L.layout.k_min);
+
+        // keys: scores of slots jk*TPW .. jk*TPW+TPW-1, in s (masked slots: -inf)
+        float s[TPW][NR], off[NGW][NR], base[NGW][NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) off[gi][r] = base[gi][r] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < TPW; ++u) s[u][r] = 0.0f;
+        }
+        for (int c = phk; c < HD; c += nphk) {
+            const uint32_t w = kc[c * Wk + jk];
+            float qs[NGW][NR];
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                const float ks = h2f(ksc[gk[gi] * HD + c]), km = h2f(kmn[gk[gi] * HD + c]);
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    qs[gi][r] = S.q[r][c] * ks;
+                    off[gi][r] += qs[gi][r];
+                    base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
+                }
+            }
+            fma_word<BITS, NR, NGW>(w, qs, s);
+        }
+        const uint8_t * mask = hb + L.layout.mask;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                warp_sum_from(off[gi][r], Wk);
+                warp_sum_from(base[gi][r], Wk);
+            }
+#pragma unroll
+            for (int u = 0; u < TPW; ++u) {
+                const int gi = group_of_byte<NGW>(u / CPB);
+                warp_sum_from(s[u][r], Wk);
+                const int t = jk * TPW + u;
+                const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
+                s[u][r] = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BITS>(u) + base[gi][r];
+            }
+        }
+
+        // online softmax over the block's slots
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < TPW; ++u) mx = fmaxf(mx, s[u][r]);
+            for (int o = 1; o < Wk; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(sm.m[r], mx);
+            const float corr = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
+            float psum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < TPW; ++u) {
+                s[u][r] = m_new == -INFINITY ? 0.0f : exp2f(s[u][r] - m_new);
+                psum += s[u][r];
+            }
+            for (int o = 1; o < Wk; o <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+            sm.l[r] = sm.l[r] * corr + psum;
+            sm.m[r] = m_new;
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                sv[gi][r] *= corr;
+                mv[gi][r] *= corr;
+            }
+#pragma unroll
+            for (int u = 0; u < TPW; ++u) accv[u][r] *= corr;
+        }
+        if (phk == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+#pragma unroll
+                for (int u = 0; u < TPW; ++u) p_s[(size_t) r * block + jk * TPW + u] = s[u][r];
+            }
+        }
+        __syncwarp();
+
+        // values: slots phv, phv + nphv, ...; channels jv*TPW .. jv*TPW+TPW-1
+        const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);    // [block][Wv]
+        const ott_fp16 * vsc = (const ott_fp16 *) (hb + L.layout.v_scale);   // [block][n_gv]
+        const ott_fp16 * vmn = (const ott_fp16 *) (hb + L.layout.v_min);
+        for (int t = phv; t < block; t += nphv) {
+            const uint32_t w = vc[t * Wv + jv];
+            float pv[NGW][NR];
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                const float vs = h2f(vsc[t * n_gv + gv[gi]]), vm = h2f(vmn[t * n_gv + gv[gi]]);
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    const float p = p_s[(size_t) r * block + t];
+                    pv[gi][r] = p * vs;
+                    sv[gi][r] += pv[gi][r];
+                    mv[gi][r] = fmaf(p, vm, mv[gi][r]);
+                }
+            }
+            fma_word<BITS, NR, NGW>(w, pv, accv);
+        }
+        __syncwarp();
+    }
+
+    // this warp's weighted values, summed over its lanes' slot sets, into shared memory
+    __syncthreads();                                   // p_s regions become red
+    float * red = dyn;                                 // [WARPS][NR][HD]
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int u = 0; u < TPW; ++u) {
+            const int gi = group_of_byte<NGW>(u / CPB);
+            float x = (accv[u][r] - sv[gi][r]) * code_weight<BITS>(u) + mv[gi][r];
+            warp_sum_from(x, Wv);
+            if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPW + u] = x;
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            S.m[warp][r] = sm.m[r];
+            S.l[warp][r] = sm.l[r];
+        }
+    }
+    write_partial<HD, NR>(a, S, red, T);
+}
+
+// ---- split over the fp16 stores and the chunk ------------------------------------------------
+
+template <int HD, int NR>
+__device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
+                            float * dyn) {
+    constexpr int CPL = HD / 32;                      // channels per lane: 2*lane + 64*i (+1)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const ott_cuda_kv_layer & L = a.L;
+    const int64_t sh = (int64_t) T.seq * L.n_head_kv + T.head;
+    const int n_pool = L.pool_cap > 0 ? L.n_pool[sh] : 0;
+    const int n_extra = L.extra_cap > 0 ? L.n_extra[sh] : 0;
+    const int e_sink = T.n_sink, e_pool = e_sink + n_pool, e_extra = e_pool + n_extra, e_win = e_extra + T.n_win;
+    const int n_all = e_win + T.n_q;
+
+    softmax_rows<NR> sm;
+    float acc[CPL][NR];
+    int last_q[NR];                                   // chunk token of each row (causal limit)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        sm.m[r] = -INFINITY;
+        sm.l[r] = 0.0f;
+        last_q[r] = r < T.n_rows ? (T.row0 + r) / a.n_rep : -1;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) acc[i][r] = 0.0f;
+    }
+
+    for (int idx = warp; idx < n_all; idx += WARPS) {
+        float k[CPL], v[CPL];
+        int chunk_j = -1;
+        if (idx < e_win) {
+            const ott_fp16 * kr, * vr;
+            if (idx < e_sink) {
+                kr = L.sink_k + ((size_t) sh * L.sink + idx) * HD;
+                vr = L.sink_v + ((size_t) sh * L.sink + idx) * HD;
+            } else if (idx < e_pool) {
+                kr = L.pool_k + ((size_t) sh * L.pool_cap + (idx - e_sink)) * HD;
+                vr = L.pool_v + ((size_t) sh * L.pool_cap + (idx - e_sink)) * HD;
+            } else if (idx < e_extra) {
+                kr = L.extra_k + ((size_t) sh * L.extra_cap + (idx - e_pool)) * HD;
+                vr = L.extra_v + ((size_t) sh * L.extra_cap + (idx - e_pool)) * HD;
+            } else {
+                const int row = (T.win_pos0 + (idx - e_extra) - L.sink) % L.win_cap;
+                kr = L.win_k + ((size_t) sh * L.win_cap + row) * HD;
+                vr = L.win_v + ((size_t) sh * L.win_cap + row) * HD;
+            }
+#pragma unroll
+            for (int i = 0; i < CPL / 2; ++i) {
+                const float2 kf = __half22float2(((const __half2 *) kr)[lane + 32 * i]);
+                const float2 vf = __half22float2(((const __half2 *) vr)[lane + 32 * i]);
+                k[2 * i] = kf.x; k[2 * i + 1] = kf.y;
+                v[2 * i] = vf.x; v[2 * i + 1] = vf.y;
+            }
+        } else {
+            chunk_j = idx - e_win;                    // the chunk's own K/V, rounded to fp16
+            const float * kr = a.k.data + (int64_t) (T.t0 + chunk_j) * a.k.nb2 + (int64_t) T.head * a.k.nb1;
+            const float * vr = a.v.data + (int64_t) (T.t0 + chunk_j) * a.v.nb2 + (int64_t) T.head * a.v.nb1;
+#pragma unroll
+            for (int i = 0; i < CPL / 2; ++i) {
+                const float2 kf = ((const float2 *) kr)[lane + 32 * i];
+                const float2 vf = ((const float2 *) vr)[lane + 32 * i];
+                k[2 * i] = __half2float(__float2half_rn(kf.x)); k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
+                v[2 * i] = __half2float(__float2half_rn(vf.x)); v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CPL / 2; ++i) {
+                const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
+                d = fmaf(qq.x, k[2 * i], d);
+                d = fmaf(qq.y, k[2 * i + 1], d);
+            }
+            warp_sum_from(d, 1);
+            if (chunk_j > last_q[r]) continue;        // causal (and rows past n_rows)
+            const float m_new = fmaxf(sm.m[r], d);
+            const float corr = exp2f(sm.m[r] - m_new);
+            const float p = exp2f(d - m_new);
+            sm.l[r] = sm.l[r] * corr + p;
+            sm.m[r] = m_new;
+#pragma unroll
+            for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[i], acc[i][r] * corr);
+        }
+    }
+
+    float * red = dyn;                                 // [WARPS][NR][HD]
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int i = 0; i < CPL / 2; ++i) {
+            red[((size_t) warp * NR + r) * HD + 2 * (lane + 32 * i)] = acc[2 * i][r];
+            red[((size_t) warp * NR + r) * HD + 2 * (lane + 32 * i) + 1] = acc[2 * i + 1][r];
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            S.m[warp][r] = sm.m[r];
+            S.l[warp][r] = sm.l[r];
+        }
+    }
+    write_partial<HD, NR>(a, S, red, T);
+}
+
+template <int HD, int BITS, int NR, int NGW>
+__global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda_attn_args a) {
+    extern __shared__ __align__(16) float dyn[];
+    __shared__ attn_smem<HD, NR> S;
+    const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
+
+    // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
+    for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
+        const int r = i / HD, c = i % HD;
+        float x = 0.0f;
+        if (r < T.n_rows) {
+            const int rho = T.row0 + r;
+            const int tok = T.t0 + rho / a.n_rep, hq = T.head * a.n_rep + rho % a.n_rep;
+            x = a.q.data[(int64_t) tok * a.q.nb2 + (int64_t) hq * a.q.nb1 + c] * (a.kq_scale * LOG2E);
+        }
+        S.q[r][c] = x;
+    }
+    __syncthreads();
+    if ((int) blockIdx.y < a.n_splits) attend_blocks<HD, BITS, NR, NGW>(a, T, S, dyn);
+    else attend_fp16<HD, NR>(a, T, S, dyn);
+}
+
+// grid: n_tiles; threads over channels
+template <int HD>
+__global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
+    const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
+    const int n_parts = a.n_splits + 1;
+    const float * part = a.partials + (size_t) blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    for (int r = 0; r < T.n_rows; ++r) {
+        float mx = -INFINITY;
+        for (int s = 0; s < n_parts; ++s) mx = fmaxf(mx, part[((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2)]);
+        float l = 0.0f;
+        for (int s = 0; s < n_parts; ++s) {
+            const float * p = part + ((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
+            if (p[1] != 0.0f) l += p[1] * exp2f(p[0] - mx);
+        }
+        const int rho = T.row0 + r;
+        const int tok = T.t0 + rho / a.n_rep, hq = T.head * a.n_rep + rho % a.n_rep;
+        float * o = out + (int64_t) tok * out_nb1 + (int64_t) hq * HD;
+        for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int s = 0; s < n_parts; ++s) {
+                const float * p = part + ((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
+                if (p[1] != 0.0f) acc += p[2 + c] * exp2f(p[0] - mx);
+            }
+            o[c] = acc / l;
+        }
+    }
+}
+
+bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
+
+// dynamic shared memory: per warp max(NR*block, NR*HD) floats
+size_t dyn_smem(const ott_kv_geom & g, int nr) {
+    const int per_warp = nr * (g.block > g.head_dim ? g.block : g.head_dim);
+    return (size_t) WARPS * per_warp * sizeof(float);
+}
+
+template <int HD, int BITS, int NR, int NGW>
+cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
+    const size_t smem = dyn_smem(a.L.geom, NR);
+    if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+        if (e != cudaSuccess) return e;
+    }
+    attn_partial_kernel<HD, BITS, NR, NGW><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+// one group per code word (groups of at least 32 bits of codes), else a group per byte
+template <int HD, int BITS, int NR>
+cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream) {
+    const ott_kv_geom & g = a.L.geom;
+    if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) return launch_partial<HD, BITS, NR, 1>(a, stream);
+    return launch_partial<HD, BITS, NR, 4>(a, stream);
+}
+
+template <int HD, int BITS>
+cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t stream) {
+    switch (nr) {
+        case 1:  return launch_groups<HD, BITS, 1>(a, stream);
+        case 2:  return launch_groups<HD, BITS, 2>(a, stream);
+        default: return launch_groups<HD, BITS, 4>(a, stream);
+    }
+}
+
+template <int HD>
+cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream) {
+    switch (a.L.geom.bits_k) {
+        case 2:  return launch_rows<HD, 2>(a, nr, stream);
+        case 4:  return launch_rows<HD, 4>(a, nr, stream);
+        default: return launch_rows<HD, 8>(a, nr, stream);
+    }
+}
+
+} // namespace
+
+const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
+    if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return "head_dim must be 64, 128 or 256";
+    if (g.bits_k != g.bits_v) return "bits_k and bits_v must be equal";
+    if (g.bits_k != 2 && g.bits_k != 4 && g.bits_k != 8) return "bits must be 2, 4 or 8";
+    if (g.block * g.bits_k % 32 || !pow2_upto_32(g.block * g.bits_k / 32)) return "block*bits/32 must be a power of two up to 32";
+    if (!pow2_upto_32(g.head_dim * g.bits_v / 32)) return "head_dim*bits/32 must be a power of two up to 32";
+    if (g.group_k * g.bits_k % 8 || g.group_v * g.bits_v % 8) return "groups must fill whole bytes";
+    if (dyn_smem(g, OTT_CUDA_ATTN_ROWS) > 96 * 1024) return "block is too large";
+    return nullptr;
+}
+
+cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
+    if (a.n_tiles == 0) return cudaSuccess;
+    int rows = 1;
+    while (rows < OTT_CUDA_ATTN_ROWS && rows < a.rows_per_tile) rows *= 2;
+    switch (a.L.geom.head_dim) {
+        case 64:  return launch_bits<64>(a, rows, stream);
+        case 128: return launch_bits<128>(a, rows, stream);
+        default:  return launch_bits<256>(a, rows, stream);
+    }
+}
+
+cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream) {
+    if (a.n_tiles == 0) return cudaSuccess;
+    switch (a.L.geom.head_dim) {
+        case 64:  attn_merge_kernel<64><<<a.n_tiles, 64, 0, stream>>>(a, out, out_nb1); break;
+        case 128: attn_merge_kernel<128><<<a.n_tiles, 128, 0, stream>>>(a, out, out_nb1); break;
+        default:  attn_merge_kernel<256><<<a.n_tiles, 256, 0, stream>>>(a, out, out_nb1); break;
+    }
+    return cudaGetLastError();
+}

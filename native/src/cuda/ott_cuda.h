@@ -1,0 +1,134 @@
+// ott_cuda.h — CUDA kernels of the quantized KV cache, as seen by host code (kv_ott_cuda.cpp,
+// tests/cuda_ops.cpp). One op per .cu file; each launcher takes the stream and returns the
+// launch status (cudaGetLastError after the launch):
+//
+//   ott_cuda_kv_append    kv_append.cu  new tokens' K/V, rounded to fp16, into sink or window
+//   ott_cuda_kv_event     kv_event.cu   quantization events (kv_quant.h, bit for bit): OTT
+//                                       scores and selection, pool moves, mean substitution,
+//                                       block quantization
+//   ott_cuda_attn_partial attn.cu       fused attention of query tiles over one split of a
+//                                       KV head's stores (quantized blocks, or the fp16 stores
+//                                       and the chunk itself): partial softmax per row
+//   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
+//
+// The stores of one layer live in device memory, indexed by (sequence, KV head) = sh:
+//   sink_k/v   fp16  [n_seq_max][n_head_kv][sink][head_dim]
+//   win_k/v    fp16  [n_seq_max][n_head_kv][win_cap][head_dim]  ring: position p at row
+//                    (p - sink) % win_cap; win_cap is a multiple of block, so a block's rows
+//                    are contiguous
+//   pool_k/v   fp16  [n_seq_max][n_head_kv][pool_cap][head_dim], pool_pos int32 [..][pool_cap]
+//   extra_k/v  fp16  [n_seq_max][n_head_kv][extra_cap][head_dim], extra_pos int32 [..][extra_cap]
+//   n_pool, n_extra, tracing  int32 [n_seq_max][n_head_kv]
+//   blocks     head-blocks (kv_layout.h) [n_seq_max][max_blocks][n_head_kv], block j of a
+//              sequence = positions sink + j*block ..
+#pragma once
+
+#include "kv_layout.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// One layer's stores (device pointers) and the knobs the kernels need.
+struct ott_cuda_kv_layer {
+    ott_kv_geom         geom;
+    ott_kv_block_layout layout;
+    int32_t n_head_kv;
+    int32_t sink;            // sink capacity
+    int32_t win_cap;         // window rows per (sequence, KV head)
+    int32_t pool_cap;        // 0 in layers that do not trace
+    int32_t extra_cap;
+    int32_t max_blocks;      // head-block slots per (sequence, KV head)
+    ott_fp16 * sink_k;  ott_fp16 * sink_v;
+    ott_fp16 * win_k;   ott_fp16 * win_v;
+    ott_fp16 * pool_k;  ott_fp16 * pool_v;  int32_t * pool_pos;
+    ott_fp16 * extra_k; ott_fp16 * extra_v; int32_t * extra_pos;
+    int32_t  * n_pool;  int32_t  * n_extra; int32_t * tracing;
+    uint8_t  * blocks;
+};
+
+// A step's F32 activations: element (c, h, t) of x at x[t*nb2 + h*nb1 + c] (floats).
+struct ott_cuda_f32_3d {
+    const float * data;
+    int64_t nb1;
+    int64_t nb2;
+};
+
+// ---- append --------------------------------------------------------------------------------
+
+// One new token of one sequence: ubatch token `tok` goes to sink row `row` (row < 0: to the
+// window row -row-1), in every KV head.
+struct ott_cuda_append {
+    int32_t tok;
+    int32_t seq;
+    int32_t row;
+};
+
+// k, v: F32 [head_dim, n_head_kv, n_tokens]; items: device array [n_items].
+cudaError_t ott_cuda_kv_append(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
+                               const ott_cuda_append * items, int32_t n_items, cudaStream_t stream);
+
+// ---- quantization events --------------------------------------------------------------------
+
+// One event of one sequence, in every KV head: the block of positions pos0 .. pos0+block-1
+// (window rows starting at row0) becomes head-block `block_idx`.
+struct ott_cuda_event {
+    int32_t seq;
+    int32_t block_idx;
+    int32_t pos0;
+    int32_t row0;
+};
+
+// Dynamic shared memory one event block needs (bytes).
+size_t ott_cuda_kv_event_smem(const ott_cuda_kv_layer & L);
+// events: device array [n_events], at most one per sequence (a sequence's events are ordered).
+cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
+                              cudaStream_t stream);
+
+// ---- attention ------------------------------------------------------------------------------
+
+constexpr int OTT_CUDA_ATTN_ROWS = 4;   // query rows of a tile, at most
+
+// A tile: up to OTT_CUDA_ATTN_ROWS consecutive query rows of one (sequence, KV head). Row
+// rho = i*n_rep + r is the query of chunk token i (ubatch token t0 + i) and query head
+// head*n_rep + r. The sequence's stores as they stood before the step: n_sink sink rows,
+// n_blocks head-blocks, its pools (counts on the device), n_win window rows from position
+// win_pos0; then the chunk itself, n_q tokens, causally.
+struct ott_cuda_attn_tile {
+    int32_t seq;
+    int32_t head;
+    int32_t t0;
+    int32_t n_q;
+    int32_t row0;
+    int32_t n_rows;
+    int32_t n_sink;
+    int32_t n_blocks;
+    int32_t n_win;
+    int32_t win_pos0;
+};
+
+// Floats of one row's partial: max, sum, then head_dim weighted values (log2 domain).
+inline int64_t ott_cuda_partial_row(int32_t head_dim) { return head_dim + 2; }
+
+struct ott_cuda_attn_args {
+    ott_cuda_kv_layer L;
+    ott_cuda_f32_3d q;       // F32 [head_dim, n_head, n_tokens]
+    ott_cuda_f32_3d k;       // F32 [head_dim, n_head_kv, n_tokens] the chunk's own
+    ott_cuda_f32_3d v;
+    int32_t n_rep;           // query heads per KV head
+    float   kq_scale;
+    int32_t traces;          // 1: the layer's head-blocks carry masks
+    const ott_cuda_attn_tile * tiles;  // device [n_tiles]
+    int32_t n_tiles;
+    int32_t rows_per_tile;   // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
+    int32_t n_splits;        // splits over quantized blocks; split n_splits is the fp16 one
+    float * partials;        // device [n_tiles][n_splits+1][OTT_CUDA_ATTN_ROWS][head_dim+2]
+};
+
+// Which kernel configurations exist: bits 2/4/8 with every code word (32 bits) inside one
+// group and one row; head_dim a multiple of 64 up to 256. Returns nullptr when supported,
+// else a reason.
+const char * ott_cuda_attn_unsupported(const ott_kv_geom & g);
+
+cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream);
+// out: F32 [head_dim*n_head, n_tokens] (row stride out_nb1 floats)
+cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream);

@@ -1,0 +1,655 @@
+// cuda_ops.cpp — the CUDA kernels of the quantized KV cache against the CPU reference, from
+// one case table (test-backend-ops style), and their timings.
+//
+//   ott-cuda-ops check         every case; one line each: "<id> OK|FAIL <numbers>"; exit 1 on
+//                              any FAIL. Appends and events must equal kv_quant.c's _ref bit
+//                              for bit (stores, pools, positions, tracing flags, head-blocks);
+//                              attention must be within ATTN_BUDGET of a float64 reference
+//                              (relative L2 error over the output).
+//   ott-cuda-ops perf [ctx..]  copy bandwidth of the card, then the attention kernel (7B
+//                              shape: 32 KV heads of 128, ott2) at each context and batch:
+//                              one JSON object per line.
+// Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
+#include "cuda/ott_cuda.h"
+#include "kv_quant.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double ATTN_BUDGET = 1e-4;
+
+#define CHECK_CUDA(expr)                                                                 \
+    do {                                                                                 \
+        const cudaError_t _e = (expr);                                                   \
+        if (_e != cudaSuccess) {                                                         \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(_e), __FILE__, __LINE__, #expr); \
+            exit(2);                                                                     \
+        }                                                                                \
+    } while (0)
+
+using rng_t = std::mt19937_64;
+
+// fp16 of a normal value with standard deviation sd.
+ott_fp16 rand_f16(rng_t & rng, float sd) {
+    std::normal_distribution<float> n(0.0f, sd);
+    return ott_fp32_to_fp16_ref(n(rng));
+}
+
+// Host copy of one layer's stores (ott_cuda.h layout) and its device twin.
+struct layer_store {
+    ott_cuda_kv_layer L{};       // device pointers
+    int32_t S = 0;               // sequences
+    std::vector<ott_fp16> sink_k, sink_v, win_k, win_v, pool_k, pool_v, extra_k, extra_v;
+    std::vector<int32_t> pool_pos, extra_pos, n_pool, n_extra, tracing;
+    std::vector<uint8_t> blocks;
+    std::vector<void *> dev;
+
+    layer_store(const ott_kv_geom & g, int32_t S_, int32_t H, int32_t sink, int32_t win_cap, int32_t pool, int32_t extra,
+                int32_t max_blocks) : S(S_) {
+        L.geom = g;
+        L.layout = ott_kv_block_layout_of(&g);
+        L.n_head_kv = H;
+        L.sink = sink;
+        L.win_cap = win_cap;
+        L.pool_cap = pool;
+        L.extra_cap = extra;
+        L.max_blocks = max_blocks;
+        const size_t sh = (size_t) S * H, hd = g.head_dim;
+        sink_k.assign(sh * sink * hd, 0);  sink_v = sink_k;
+        win_k.assign(sh * win_cap * hd, 0); win_v = win_k;
+        pool_k.assign(sh * pool * hd, 0);  pool_v = pool_k;  pool_pos.assign(sh * pool, 0);
+        extra_k.assign(sh * extra * hd, 0); extra_v = extra_k; extra_pos.assign(sh * extra, 0);
+        n_pool.assign(sh, 0); n_extra.assign(sh, 0); tracing.assign(sh, 0);
+        blocks.assign((size_t) S * max_blocks * H * L.layout.size, 0);
+    }
+    ~layer_store() {
+        for (void * p : dev) cudaFree(p);
+    }
+
+    template <typename T>
+    T * upload(const std::vector<T> & v) {
+        void * p = nullptr;
+        CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size() * sizeof(T))));
+        if (!v.empty()) CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+        dev.push_back(p);
+        return (T *) p;
+    }
+    template <typename T>
+    static void download(std::vector<T> & v, const T * p) {
+        if (!v.empty()) CHECK_CUDA(cudaMemcpy(v.data(), p, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+
+    void to_device() {
+        L.sink_k = upload(sink_k);   L.sink_v = upload(sink_v);
+        L.win_k = upload(win_k);     L.win_v = upload(win_v);
+        L.pool_k = upload(pool_k);   L.pool_v = upload(pool_v);   L.pool_pos = upload(pool_pos);
+        L.extra_k = upload(extra_k); L.extra_v = upload(extra_v); L.extra_pos = upload(extra_pos);
+        L.n_pool = upload(n_pool);   L.n_extra = upload(n_extra); L.tracing = upload(tracing);
+        L.blocks = upload(blocks);
+    }
+    void from_device() {
+        download(sink_k, L.sink_k);   download(sink_v, L.sink_v);
+        download(win_k, L.win_k);     download(win_v, L.win_v);
+        download(pool_k, L.pool_k);   download(pool_v, L.pool_v);   download(pool_pos, L.pool_pos);
+        download(extra_k, L.extra_k); download(extra_v, L.extra_v); download(extra_pos, L.extra_pos);
+        download(n_pool, L.n_pool);   download(n_extra, L.n_extra); download(tracing, L.tracing);
+        download(blocks, L.blocks);
+    }
+    uint8_t * head_block(int32_t s, int32_t j, int32_t h) {
+        return blocks.data() + (((size_t) s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
+    }
+};
+
+template <typename T>
+bool same(const std::vector<T> & a, const std::vector<T> & b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+void report(const std::string & id, bool ok, const std::string & detail, int & n_fail) {
+    printf("%-48s %s %s\n", id.c_str(), ok ? "OK" : "FAIL", detail.c_str());
+    fflush(stdout);
+    n_fail += ok ? 0 : 1;
+}
+
+// ---- events: ott_kv_event_ref vs ott_cuda_kv_event ---------------------------------------------
+
+struct event_case {
+    const char * name;
+    ott_kv_geom g;
+    int32_t pool, extra;       // capacities (0: a layer that does not trace)
+    int32_t n_pool0, n_extra0; // counts before the event
+    bool ties;                 // duplicated key rows: equal scores
+};
+
+// Sequence 0 fills a block at window rows [block, 2 block) (block index 1), sequence 1 at
+// rows [0, block) (block index 0); two KV heads each.
+void check_event(const event_case & c, uint64_t seed, int & n_fail) {
+    rng_t rng(seed);
+    const ott_kv_geom & g = c.g;
+    const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, win_cap = 2 * block;
+    layer_store st(g, S, H, 0, win_cap, c.pool, c.extra, 2);
+    const int32_t row0[S] = { block, 0 }, bidx[S] = { 1, 0 }, pos0[S] = { 1000, 3 * block };
+
+    for (int32_t s = 0; s < S; ++s) {
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t) s * H + h;
+            for (int32_t t = 0; t < block; ++t) {
+                // some rows small (candidates), one channel constant in a group, a few large values
+                const float sd = (t % 7 == 3) ? 0.05f : 1.0f;
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    const size_t i = ((sh * win_cap) + row0[s] + t) * hd + ch;
+                    st.win_k[i] = ch == 5 ? ott_fp32_to_fp16_ref(0.5f) : rand_f16(rng, ch == 7 ? 40.0f : sd);
+                    st.win_v[i] = rand_f16(rng, sd);
+                }
+                if (c.ties && t % 11 == 4 && t > 0) {   // same key as the slot before: equal L1
+                    std::memcpy(&st.win_k[((sh * win_cap) + row0[s] + t) * hd], &st.win_k[((sh * win_cap) + row0[s] + t - 1) * hd], hd * 2);
+                }
+            }
+            st.n_pool[sh] = c.pool ? c.n_pool0 : 0;
+            st.n_extra[sh] = c.extra ? c.n_extra0 : 0;
+            st.tracing[sh] = c.pool > 0;
+            for (int32_t i = 0; i < st.n_pool[sh]; ++i) {
+                st.pool_pos[sh * c.pool + i] = pos0[s] - 100 + 7 * i;
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    st.pool_k[(sh * c.pool + i) * hd + ch] = rand_f16(rng, i == 0 ? 0.01f : 0.08f);
+                    st.pool_v[(sh * c.pool + i) * hd + ch] = rand_f16(rng, 1.0f);
+                }
+            }
+            for (int32_t i = 0; i < st.n_extra[sh]; ++i) {
+                st.extra_pos[sh * c.extra + i] = i;
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    st.extra_k[(sh * c.extra + i) * hd + ch] = rand_f16(rng, 1.0f);
+                    st.extra_v[(sh * c.extra + i) * hd + ch] = rand_f16(rng, 1.0f);
+                }
+            }
+        }
+    }
+
+    // device
+    layer_store gpu = st;
+    gpu.dev.clear();
+    gpu.to_device();
+    std::vector<ott_cuda_event> evs;
+    for (int32_t s = 0; s < S; ++s) evs.push_back({ s, bidx[s], pos0[s], row0[s] });
+    ott_cuda_event * d_evs = gpu.upload(evs);
+    CHECK_CUDA(ott_cuda_kv_event(gpu.L, d_evs, (int32_t) evs.size(), nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    gpu.from_device();
+
+    // reference, in place on st
+    std::vector<uint8_t> scratch(ott_kv_event_scratch_bytes(&g, c.pool) + 8);
+    for (int32_t s = 0; s < S; ++s) {
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t) s * H + h;
+            ott_kv_rows pool = { st.pool_k.data() + sh * c.pool * hd, st.pool_v.data() + sh * c.pool * hd,
+                                 st.pool_pos.data() + sh * c.pool, st.n_pool[sh], c.pool };
+            ott_kv_rows extra = { st.extra_k.data() + sh * c.extra * hd, st.extra_v.data() + sh * c.extra * hd,
+                                  st.extra_pos.data() + sh * c.extra, st.n_extra[sh], c.extra };
+            int32_t tracing = st.tracing[sh];
+            ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd, st.win_v.data() + (sh * win_cap + row0[s]) * hd,
+                             pos0[s], &pool, &extra, &tracing, st.head_block(s, bidx[s], h), scratch.data());
+            st.n_pool[sh] = c.pool ? pool.n : 0;
+            st.n_extra[sh] = c.extra ? extra.n : 0;
+            st.tracing[sh] = tracing;
+        }
+    }
+
+    std::string bad;
+    auto cmp = [&](const char * what, bool ok) { if (!ok) bad += std::string(bad.empty() ? "" : ",") + what; };
+    cmp("head-blocks", same(st.blocks, gpu.blocks));
+    cmp("window(substituted)", same(st.win_k, gpu.win_k) && same(st.win_v, gpu.win_v));
+    cmp("pool", same(st.pool_k, gpu.pool_k) && same(st.pool_v, gpu.pool_v) && same(st.pool_pos, gpu.pool_pos));
+    cmp("extra", same(st.extra_k, gpu.extra_k) && same(st.extra_v, gpu.extra_v) && same(st.extra_pos, gpu.extra_pos));
+    cmp("counts", same(st.n_pool, gpu.n_pool) && same(st.n_extra, gpu.n_extra) && same(st.tracing, gpu.tracing));
+    char detail[160];
+    snprintf(detail, sizeof(detail), "n_pool %d n_extra %d tracing %d%s%s", st.n_pool[0], st.n_extra[0], st.tracing[0],
+             bad.empty() ? "" : " differ: ", bad.c_str());
+    report(std::string("event/") + c.name, bad.empty(), detail, n_fail);
+}
+
+// ---- appends: ott_fp32_to_fp16_ref vs ott_cuda_kv_append -------------------------------------
+
+void check_append(uint64_t seed, int & n_fail) {
+    rng_t rng(seed);
+    const ott_kv_geom g = { 64, 16, 2, 2, 16, 32 };
+    const int32_t S = 2, H = 3, hd = 64, n_tok = 5, win_cap = 32, sink = 2;
+    layer_store gpu(g, S, H, sink, win_cap, 0, 0, 1);
+    gpu.to_device();
+    // values of every kind: normal, ties at the fp16 rounding boundary, subnormals, overflow
+    std::vector<float> k((size_t) n_tok * H * hd), v(k.size());
+    std::normal_distribution<float> n(0.0f, 3.0f);
+    for (size_t i = 0; i < k.size(); ++i) {
+        switch (i % 5) {
+            case 0: k[i] = 1.0f + 0x1p-11f * (float) (i % 4); break;        // halfway cases
+            case 1: k[i] = 0x1p-20f * n(rng); break;                        // fp16 subnormals
+            case 2: k[i] = 70000.0f * (i % 2 ? 1 : -1); break;             // overflow to inf
+            default: k[i] = n(rng); break;
+        }
+        v[i] = n(rng);
+    }
+    float * dk = gpu.upload(k), * dv = gpu.upload(v);
+    const ott_cuda_f32_3d K = { dk, hd, (int64_t) H * hd }, V = { dv, hd, (int64_t) H * hd };
+    // tokens 0,1 of seq 1 into its sink rows 0,1; tokens 2..4 of seq 0 into window rows 30, 31, 0
+    const std::vector<ott_cuda_append> items = { { 0, 1, 0 }, { 1, 1, 1 }, { 2, 0, -31 }, { 3, 0, -32 }, { 4, 0, -1 } };
+    ott_cuda_append * d_items = gpu.upload(items);
+    CHECK_CUDA(ott_cuda_kv_append(gpu.L, K, V, d_items, (int32_t) items.size(), nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    gpu.from_device();
+
+    bool ok = true;
+    for (const ott_cuda_append & it : items) {
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t) it.seq * H + h;
+            const ott_fp16 * kd = it.row >= 0 ? &gpu.sink_k[(sh * sink + it.row) * hd] : &gpu.win_k[(sh * win_cap - it.row - 1) * hd];
+            const ott_fp16 * vd = it.row >= 0 ? &gpu.sink_v[(sh * sink + it.row) * hd] : &gpu.win_v[(sh * win_cap - it.row - 1) * hd];
+            for (int32_t c = 0; c < hd; ++c) {
+                const size_t i = ((size_t) it.tok * H + h) * hd + c;
+                ok &= kd[c] == ott_fp32_to_fp16_ref(k[i]) && vd[c] == ott_fp32_to_fp16_ref(v[i]);
+            }
+        }
+    }
+    report("append/fp16-rounding-sink-and-ring", ok, "", n_fail);
+}
+
+// ---- attention: ott_cuda_attn_* vs float64 --------------------------------------------------------
+
+struct attn_case {
+    const char * name;
+    ott_kv_geom g;
+    int32_t n_rep;
+    int32_t n_q;               // chunk tokens per sequence (1 = decode)
+    int32_t n_blocks[2];       // quantized blocks of sequences 0 and 1
+    int32_t sink, pool, extra, n_win;
+    int32_t n_splits;
+};
+
+double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
+    const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+    if (key) {
+        const uint8_t byte = hb[L.k_codes + (size_t) c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
+        const int code = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
+        const int32_t gi = t / g.group_k;
+        const ott_fp16 * sc = (const ott_fp16 *) (hb + L.k_scale), * mn = (const ott_fp16 *) (hb + L.k_min);
+        return code * (double) ott_fp16_to_fp32_ref(sc[gi * g.head_dim + c]) + ott_fp16_to_fp32_ref(mn[gi * g.head_dim + c]);
+    }
+    const uint8_t byte = hb[L.v_codes + (size_t) t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
+    const int code = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
+    const int32_t n_gv = g.head_dim / g.group_v, gi = c / g.group_v;
+    const ott_fp16 * sc = (const ott_fp16 *) (hb + L.v_scale), * mn = (const ott_fp16 *) (hb + L.v_min);
+    return code * (double) ott_fp16_to_fp32_ref(sc[t * n_gv + gi]) + ott_fp16_to_fp32_ref(mn[t * n_gv + gi]);
+}
+
+void check_attn(const attn_case & c, uint64_t seed, int & n_fail) {
+    rng_t rng(seed);
+    const ott_kv_geom & g = c.g;
+    const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
+    const int32_t max_blocks = std::max(c.n_blocks[0], c.n_blocks[1]) + 1;
+    const int32_t win_cap = ((c.n_win + block) / block + 1) * block;
+    const bool traces = c.pool > 0;
+    layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, max_blocks);
+
+    // stores: blocks from the reference quantizer (random masks where tracing), fp16 rows
+    std::vector<ott_fp16> bk((size_t) block * hd), bv(bk.size());
+    std::vector<uint8_t> masked(block);
+    for (int32_t s = 0; s < S; ++s) {
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t) s * H + h;
+            for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                for (size_t i = 0; i < bk.size(); ++i) {
+                    bk[i] = rand_f16(rng, 1.0f + (i % hd == 3 ? 4.0f : 0.0f));
+                    bv[i] = rand_f16(rng, 1.0f);
+                }
+                for (int32_t t = 0; t < block; ++t) masked[t] = traces && (rng() % 13 == 0);
+                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), st.head_block(s, j, h));
+            }
+            for (auto * vec : { &st.sink_k, &st.sink_v }) {
+                for (int32_t i = 0; i < c.sink * hd; ++i) (*vec)[sh * c.sink * hd + i] = rand_f16(rng, 1.0f);
+            }
+            st.n_pool[sh] = c.pool ? (int32_t) (rng() % (c.pool + 1)) : 0;
+            st.n_extra[sh] = c.extra ? (int32_t) (rng() % (c.extra + 1)) : 0;
+            for (int32_t i = 0; i < c.pool * hd; ++i) {
+                st.pool_k[sh * c.pool * hd + i] = rand_f16(rng, 0.3f);
+                st.pool_v[sh * c.pool * hd + i] = rand_f16(rng, 1.0f);
+            }
+            for (int32_t i = 0; i < c.extra * hd; ++i) {
+                st.extra_k[sh * c.extra * hd + i] = rand_f16(rng, 1.0f);
+                st.extra_v[sh * c.extra * hd + i] = rand_f16(rng, 1.0f);
+            }
+            for (int32_t i = 0; i < win_cap * hd; ++i) {
+                st.win_k[sh * win_cap * hd + i] = rand_f16(rng, 1.0f);
+                st.win_v[sh * win_cap * hd + i] = rand_f16(rng, 1.0f);
+            }
+        }
+    }
+    // the step: sequence s has tokens t0 = s*n_q .. of the ubatch
+    const int32_t n_tok = S * c.n_q;
+    std::vector<float> q((size_t) n_tok * n_head * hd), k((size_t) n_tok * H * hd), v(k.size());
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float & x : q) x = nd(rng);
+    for (float & x : k) x = nd(rng);
+    for (float & x : v) x = nd(rng);
+    const float kq_scale = 1.0f / std::sqrt((float) hd);
+
+    std::vector<ott_cuda_attn_tile> tiles;
+    int32_t win_pos0[S];
+    const int32_t rows = c.n_q * c.n_rep;
+    for (int32_t s = 0; s < S; ++s) {
+        win_pos0[s] = c.sink + c.n_blocks[s] * block;
+        for (int32_t h = 0; h < H; ++h) {
+            for (int32_t row0 = 0; row0 < rows; row0 += OTT_CUDA_ATTN_ROWS) {
+                tiles.push_back({ s, h, s * c.n_q, c.n_q, row0, std::min(OTT_CUDA_ATTN_ROWS, rows - row0), c.sink,
+                                  c.n_blocks[s], c.n_win, win_pos0[s] });
+            }
+        }
+    }
+
+    layer_store & gpu = st;
+    gpu.to_device();
+    ott_cuda_attn_args a{};
+    a.L = gpu.L;
+    a.q = { gpu.upload(q), hd, (int64_t) n_head * hd };
+    a.k = { gpu.upload(k), hd, (int64_t) H * hd };
+    a.v = { gpu.upload(v), hd, (int64_t) H * hd };
+    a.n_rep = c.n_rep;
+    a.kq_scale = kq_scale;
+    a.traces = traces;
+    a.tiles = gpu.upload(tiles);
+    a.n_tiles = (int32_t) tiles.size();
+    a.rows_per_tile = std::min(rows, OTT_CUDA_ATTN_ROWS);
+    a.n_splits = c.n_splits;
+    std::vector<float> parts(tiles.size() * (c.n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
+    a.partials = gpu.upload(parts);
+    std::vector<float> out((size_t) n_tok * n_head * hd, NAN);
+    float * d_out = gpu.upload(out);
+    CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
+    CHECK_CUDA(ott_cuda_attn_merge(a, d_out, (int64_t) n_head * hd, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    layer_store::download(out, d_out);
+
+    // float64 reference: one softmax over sink, unmasked slots, pool, extra, window, the chunk
+    double err2 = 0, ref2 = 0;
+    bool finite = true;
+    for (int32_t s = 0; s < S; ++s) {
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t) s * H + h;
+            std::vector<std::vector<double>> ks, vs;       // the keys and values every row sees
+            auto f16_rows = [&](const ott_fp16 * kp, const ott_fp16 * vp, int32_t n) {
+                for (int32_t i = 0; i < n; ++i) {
+                    std::vector<double> kr(hd), vr(hd);
+                    for (int32_t ch = 0; ch < hd; ++ch) {
+                        kr[ch] = ott_fp16_to_fp32_ref(kp[(size_t) i * hd + ch]);
+                        vr[ch] = ott_fp16_to_fp32_ref(vp[(size_t) i * hd + ch]);
+                    }
+                    ks.push_back(kr);
+                    vs.push_back(vr);
+                }
+            };
+            f16_rows(&st.sink_k[sh * c.sink * hd], &st.sink_v[sh * c.sink * hd], c.sink);
+            for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                const uint8_t * hb = st.head_block(s, j, h);
+                const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+                for (int32_t t = 0; t < block; ++t) {
+                    if (traces && ((hb[L.mask + t / 8] >> (t % 8)) & 1)) continue;
+                    std::vector<double> kr(hd), vr(hd);
+                    for (int32_t ch = 0; ch < hd; ++ch) {
+                        kr[ch] = dequant(g, hb, true, t, ch);
+                        vr[ch] = dequant(g, hb, false, t, ch);
+                    }
+                    ks.push_back(kr);
+                    vs.push_back(vr);
+                }
+            }
+            f16_rows(&st.pool_k[sh * c.pool * hd], &st.pool_v[sh * c.pool * hd], st.n_pool[sh]);
+            f16_rows(&st.extra_k[sh * c.extra * hd], &st.extra_v[sh * c.extra * hd], st.n_extra[sh]);
+            for (int32_t i = 0; i < c.n_win; ++i) {
+                const int32_t row = (win_pos0[s] + i - c.sink) % win_cap;
+                f16_rows(&st.win_k[(sh * win_cap + row) * hd], &st.win_v[(sh * win_cap + row) * hd], 1);
+            }
+            const size_t n_past = ks.size();
+            for (int32_t j = 0; j < c.n_q; ++j) {
+                std::vector<double> kr(hd), vr(hd);
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    const size_t i = ((size_t) (s * c.n_q + j) * H + h) * hd + ch;
+                    kr[ch] = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(k[i]));
+                    vr[ch] = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(v[i]));
+                }
+                ks.push_back(kr);
+                vs.push_back(vr);
+            }
+            for (int32_t i = 0; i < c.n_q; ++i) {
+                for (int32_t r = 0; r < c.n_rep; ++r) {
+                    const int32_t tok = s * c.n_q + i, hq = h * c.n_rep + r;
+                    const float * qr = &q[((size_t) tok * n_head + hq) * hd];
+                    const size_t n_vis = n_past + i + 1;
+                    std::vector<double> sc(n_vis);
+                    double mx = -INFINITY;
+                    for (size_t t = 0; t < n_vis; ++t) {
+                        double d = 0;
+                        for (int32_t ch = 0; ch < hd; ++ch) d += (double) qr[ch] * ks[t][ch];
+                        sc[t] = d * kq_scale;
+                        mx = std::max(mx, sc[t]);
+                    }
+                    double l = 0;
+                    std::vector<double> o(hd, 0.0);
+                    for (size_t t = 0; t < n_vis; ++t) {
+                        const double p = std::exp(sc[t] - mx);
+                        l += p;
+                        for (int32_t ch = 0; ch < hd; ++ch) o[ch] += p * vs[t][ch];
+                    }
+                    for (int32_t ch = 0; ch < hd; ++ch) {
+                        const double ref = o[ch] / l, got = out[((size_t) tok * n_head + hq) * hd + ch];
+                        finite &= std::isfinite(got);
+                        err2 += (got - ref) * (got - ref);
+                        ref2 += ref * ref;
+                    }
+                }
+            }
+        }
+    }
+    const double rel = std::sqrt(err2 / ref2);
+    char detail[96];
+    snprintf(detail, sizeof(detail), "rel_l2 %.2e (budget %.0e)", rel, ATTN_BUDGET);
+    report(std::string("attn/") + c.name, finite && rel < ATTN_BUDGET, detail, n_fail);
+}
+
+int run_checks() {
+    int n_fail = 0;
+    const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
+    const ott_kv_geom kivi2_64 = { 64, 128, 2, 2, 32, 32 }, ott4_128 = { 128, 128, 4, 4, 128, 64 };
+    const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
+    const event_case events[] = {
+        { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
+        { "ott2-hd128-pool-full",       ott2_128, 3, 32, 3, 10, true },
+        { "ott2-hd64-stop-rule",        ott2_64, 3, 32, 3, 30, false },
+        { "ott2-hd64-extra-edge",       ott2_64, 3, 32, 3, 29, false },
+        { "kivi2-hd64-no-tracing",      kivi2_64, 0, 0, 0, 0, false },
+        { "ott4-hd128-pool-full",       ott4_128, 3, 32, 3, 5, true },
+        { "small2-hd64-g8",             small2, 2, 5, 2, 1, true },
+        { "small8-hd64-g4",             small8, 2, 5, 1, 0, false },
+        { "small4-hd128",               small4, 2, 5, 2, 2, false },
+    };
+    uint64_t seed = 1;
+    for (const event_case & c : events) check_event(c, seed++, n_fail);
+    check_append(seed++, n_fail);
+
+    const attn_case attns[] = {
+        { "ott2-hd128-rep1-decode",     ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 1 },
+        { "ott2-hd128-rep1-split3",     ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3 },
+        { "ott2-hd64-rep3-decode",      ott2_64, 3, 1, { 5, 0 }, 0, 3, 32, 100, 2 },
+        { "ott2-hd64-rep3-chunk5",      ott2_64, 3, 5, { 3, 2 }, 0, 3, 32, 33, 2 },
+        { "kivi2-hd64-rep2-chunk3",     kivi2_64, 2, 3, { 4, 1 }, 0, 0, 0, 128, 2 },
+        { "ott4-hd128-rep1-decode",     ott4_128, 1, 1, { 6, 6 }, 0, 3, 32, 50, 2 },
+        { "small2-hd64-rep7-chunk2",    small2, 7, 2, { 11, 5 }, 2, 2, 5, 7, 3 },
+        { "small8-hd64-rep3-chunk3",    small8, 3, 3, { 7, 0 }, 2, 2, 5, 4, 2 },
+        { "small4-hd128-rep1-decode",   small4, 1, 1, { 10, 3 }, 0, 2, 5, 5, 4 },
+        { "ott2-hd128-empty-cache",     ott2_128, 1, 4, { 0, 0 }, 0, 3, 32, 0, 1 },
+    };
+    for (const attn_case & c : attns) check_attn(c, seed++, n_fail);
+    printf("%d case(s) failed\n", n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+// ---- perf ---------------------------------------------------------------------------------------
+
+// Median of reps timings of fn (ms), after warm-up.
+template <typename F>
+float time_ms(F fn, int reps) {
+    cudaEvent_t a, b;
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+    for (int i = 0; i < 3; ++i) fn();
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+        CHECK_CUDA(cudaEventRecord(a));
+        fn();
+        CHECK_CUDA(cudaEventRecord(b));
+        CHECK_CUDA(cudaEventSynchronize(b));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    CHECK_CUDA(cudaEventDestroy(a));
+    CHECK_CUDA(cudaEventDestroy(b));
+    return t[t.size() / 2];
+}
+
+int run_perf(const std::vector<int> & contexts) {
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    // copy bandwidth: bytes read + written
+    const size_t n_copy = (size_t) 4 << 30;
+    void * src, * dst;
+    CHECK_CUDA(cudaMalloc(&src, n_copy));
+    CHECK_CUDA(cudaMalloc(&dst, n_copy));
+    CHECK_CUDA(cudaMemset(src, 1, n_copy));
+    const float ms_copy = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, n_copy, cudaMemcpyDeviceToDevice)); }, 10);
+    const double copy_gbs = 2.0 * n_copy / (ms_copy * 1e-3) / 1e9;
+    printf("{\"op\": \"copy\", \"device\": \"%s\", \"bytes\": %zu, \"ms\": %.4f, \"GBps\": %.1f}\n", prop.name, 2 * n_copy, ms_copy, copy_gbs);
+    CHECK_CUDA(cudaFree(src));
+    CHECK_CUDA(cudaFree(dst));
+
+    // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1), ott2
+    const ott_kv_geom g = { 128, 128, 2, 2, 128, 64 };
+    const int32_t H = 32, hd = 128, window = 32, pool = 3, extra = 32;
+    const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
+    for (int ctx : contexts) {
+        for (int B : { 1, 4, 8, 16, 32, 64 }) {
+            const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
+            const int32_t win_cap = (n_win + g.block - 1) / g.block * g.block;
+            ott_cuda_kv_layer L{};
+            L.geom = g; L.layout = BL; L.n_head_kv = H; L.sink = 0; L.win_cap = win_cap;
+            L.pool_cap = pool; L.extra_cap = extra; L.max_blocks = n_blocks;
+            std::vector<void *> mem;
+            auto dalloc = [&](size_t bytes, int fill) {
+                void * p;
+                CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+                CHECK_CUDA(cudaMemset(p, fill, bytes));
+                mem.push_back(p);
+                return p;
+            };
+            const size_t sh = (size_t) B * H;
+            L.sink_k = L.sink_v = (ott_fp16 *) dalloc(0, 0);
+            // fp16 0x3c3c = 1.06: finite everywhere
+            L.win_k = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c); L.win_v = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c);
+            L.pool_k = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);   L.pool_v = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);
+            L.pool_pos = (int32_t *) dalloc(sh * pool * 4, 0);
+            L.extra_k = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c); L.extra_v = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c);
+            L.extra_pos = (int32_t *) dalloc(sh * extra * 4, 0);
+            std::vector<int32_t> full(sh, pool), half(sh, extra / 2);
+            L.n_pool = (int32_t *) dalloc(sh * 4, 0);
+            L.n_extra = (int32_t *) dalloc(sh * 4, 0);
+            CHECK_CUDA(cudaMemcpy(L.n_pool, full.data(), sh * 4, cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaMemcpy(L.n_extra, half.data(), sh * 4, cudaMemcpyHostToDevice));
+            L.tracing = (int32_t *) dalloc(sh * 4, 0);
+            // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
+            const size_t n_hb = (size_t) B * n_blocks * H, blk_bytes = n_hb * BL.size;
+            L.blocks = (uint8_t *) dalloc(blk_bytes, 0);
+            {
+                std::vector<uint8_t> noise((size_t) 64 << 20);
+                rng_t rng(7);
+                for (size_t i = 0; i < noise.size(); i += 8) {
+                    const uint64_t x = rng();
+                    std::memcpy(&noise[i], &x, 8);
+                }
+                for (size_t off = 0; off < blk_bytes; off += noise.size()) {
+                    CHECK_CUDA(cudaMemcpy(L.blocks + off, noise.data(), std::min(noise.size(), blk_bytes - off), cudaMemcpyHostToDevice));
+                }
+                if (n_hb) {
+                    CHECK_CUDA(cudaMemset2D(L.blocks + BL.k_scale, BL.size, 0x2c, BL.k_codes - BL.k_scale, n_hb));
+                    CHECK_CUDA(cudaMemset2D(L.blocks + BL.mask, BL.size, 0, BL.size - BL.mask, n_hb));
+                }
+            }
+            std::vector<float> q((size_t) B * H * hd);
+            rng_t rng(11);
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            for (float & x : q) x = nd(rng);
+            float * dq = (float *) dalloc(q.size() * 4, 0);
+            CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+            std::vector<ott_cuda_attn_tile> tiles;
+            for (int32_t s = 0; s < B; ++s) {
+                for (int32_t h = 0; h < H; ++h) tiles.push_back({ s, h, s, 1, 0, 1, 0, n_blocks, n_win, n_blocks * g.block });
+            }
+            ott_cuda_attn_tile * dt = (ott_cuda_attn_tile *) dalloc(tiles.size() * sizeof(ott_cuda_attn_tile), 0);
+            CHECK_CUDA(cudaMemcpy(dt, tiles.data(), tiles.size() * sizeof(ott_cuda_attn_tile), cudaMemcpyHostToDevice));
+            ott_cuda_attn_args a{};
+            a.L = L;
+            a.q = { dq, hd, (int64_t) H * hd };
+            a.k = a.v = a.q;
+            a.n_rep = 1;
+            a.kq_scale = 1.0f / std::sqrt((float) hd);
+            a.traces = 1;
+            a.tiles = dt;
+            a.n_tiles = (int32_t) tiles.size();
+            a.rows_per_tile = 1;
+            const int want = (4 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
+            a.n_splits = std::max(1, std::min(want, n_blocks / 4));
+            a.partials = (float *) dalloc(tiles.size() * (a.n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
+            float * dout = (float *) dalloc(q.size() * 4, 0);
+            const float ms = time_ms([&] {
+                CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
+                CHECK_CUDA(ott_cuda_attn_merge(a, dout, (int64_t) H * hd, nullptr));
+            }, 20);
+            // bytes it must read: head-block data, fp16 rows, queries
+            const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
+                                 + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
+                   "\"splits\": %d, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
+                   ctx, B, H, hd, a.n_splits, bytes, ms, gbs, gbs / copy_gbs);
+            fflush(stdout);
+            for (void * p : mem) CHECK_CUDA(cudaFree(p));
+        }
+    }
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    const std::string mode = argc > 1 ? argv[1] : "check";
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        fprintf(stderr, "ott-cuda-ops: no CUDA device\n");
+        return 3;
+    }
+    if (mode == "check") return run_checks();
+    if (mode == "perf") {
+        std::vector<int> contexts;
+        for (int i = 2; i < argc; ++i) contexts.push_back(atoi(argv[i]));
+        if (contexts.empty()) contexts = { 4096, 8192, 16384 };
+        return run_perf(contexts);
+    }
+    fprintf(stderr, "usage: ott-cuda-ops check | perf [context ...]\n");
+    return 2;
+}

@@ -1,0 +1,153 @@
+"""The CUDA path: kernel sources compile, kernels match the CPU reference, CPU and CUDA decode alike.
+
+- Compile (needs only nvcc, as on CI): every native/src/cuda/*.cu for sm_80/86/89/90.
+- Kernels (needs a GPU and a build with OTT_CUDA): `ott-cuda-ops check` runs the case table of
+  native/tests/cuda_ops.cpp: appends and quantization events bit for bit against kv_quant.c,
+  fused attention within 1e-4 (relative L2) of float64.
+- End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
+  CUDA, f16 and ott2 caches, 64 tokens after a 200-token prompt (so quantization events
+  fire). The two backends round matmuls differently, so a step whose two best logits are
+  closer than those rounding differences may pick different tokens: the test accepts a
+  divergence only at such a step (CPU margin below TIE_MARGIN) and reports it; everything
+  before it must be identical. The same check runs on SmolLM2 when the models are present.
+"""
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ott_gguf.errors import InvalidArgumentError, UnsupportedError
+from ott_gguf.model import Model, cuda_device_count
+
+REPO = Path(__file__).resolve().parent.parent
+CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
+ARCHS = ("80", "86", "89", "90")
+N_GEN = 64
+TIE_MARGIN = 0.05        # logits: a CPU top-2 gap below this may flip on another backend
+
+needs_gpu = pytest.mark.skipif(cuda_device_count() == 0,
+                               reason="no CUDA device, or this build has no CUDA support (OTT_CUDA)")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("source", CUDA_SOURCES, ids=[p.name for p in CUDA_SOURCES])
+def test_cuda_source_compiles(tmp_path, source):
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
+    cmd = ["nvcc", "-c", "-std=c++17", "-O3", *gencode, "-I", str(REPO / "native" / "src"),
+           "-I", str(REPO / "native" / "include"), str(source), "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{source.name} does not compile:\n{proc.stderr[-4000:]}"
+
+
+def test_device_names_are_checked(random_llama):
+    with pytest.raises(InvalidArgumentError, match="not one of cpu, cuda, cuda:N"):
+        Model(random_llama, n_ctx=64, device="gpu")
+    with pytest.raises((InvalidArgumentError, UnsupportedError), match="cuda:99"):
+        Model(random_llama, n_ctx=64, device="cuda:99")
+    assert Model(random_llama, n_ctx=64, n_threads=2, device="cpu").info.device == "cpu"
+    default = Model(random_llama, n_ctx=64, n_threads=2)
+    assert default.info.device == ("cuda:0" if cuda_device_count() else "cpu")
+
+
+def _ops_binary() -> Path:
+    import ott_gguf._native as native
+    return Path(native._mod.__file__).parent / "ott-cuda-ops"
+
+
+@needs_gpu
+def test_kernels_match_cpu_reference():
+    exe = _ops_binary()
+    assert exe.is_file(), f"{exe}: the kernel checker is missing from this CUDA build"
+    proc = subprocess.run([str(exe), "check"], capture_output=True, text=True, timeout=600)
+    print(proc.stdout)
+    assert proc.returncode == 0, f"kernel checks failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "0 case(s) failed" in proc.stdout
+
+
+def greedy(model: Model, prompt: list[int], n_gen: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens and the logits each was picked from."""
+    logits = model.eval(prompt)
+    tokens, seen = [], []
+    for _ in range(n_gen):
+        seen.append(logits)
+        tokens.append(int(np.argmax(logits)))
+        logits = model.eval([tokens[-1]])
+    return tokens, seen
+
+
+def top2_gap(logits: np.ndarray) -> float:
+    a, b = np.sort(logits)[-2:]
+    return float(b - a)
+
+
+def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int):
+    cpu_tokens, cpu_logits = greedy(Model(path, n_ctx=n_ctx, n_threads=2, kv=kv, device="cpu"), prompt, N_GEN)
+    cuda_model = Model(path, n_ctx=n_ctx, kv=kv, device="cuda")
+    assert cuda_model.info.device == "cuda:0"
+    cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
+    diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
+    errs = [float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in zip(cpu_logits, cuda_logits)]
+    where = f"{Path(path).name} kv={kv}"
+    if diverged is None:
+        print(f"{where}: {N_GEN} greedy tokens equal; logits rel L2 CPU vs CUDA max {max(errs):.2e}")
+        return
+    gap = top2_gap(cpu_logits[diverged])
+    print(f"{where}: diverged at token {diverged}: CPU top-2 gap {gap:.4f}, logits rel L2 before it max "
+          f"{max(errs[:diverged + 1]):.2e}")
+    assert gap < TIE_MARGIN, (f"{where}: CPU and CUDA greedy tokens differ at {diverged} although the CPU's "
+                              f"top-2 gap is {gap:.4f} (>= {TIE_MARGIN}); logits rel L2 {errs[diverged]:.2e}")
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory):
+    """A random llama model with head_dim 64 and GQA 2 (shapes both backends support)."""
+    from make_gguf import write_random_model
+    return write_random_model(tmp_path_factory.mktemp("cuda") / "llama-hd64.gguf", arch="llama", dtype="f16",
+                              n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, seed=11,
+                              n_ctx_train=1024)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
+    prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
+    assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_greedy_cpu_equals_cuda_smollm2(smollm2_path, kv):
+    model = Model(smollm2_path, n_ctx=64, n_threads=2, device="cpu")
+    text = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+            "combined movable metal type, oil-based ink and a screw press. ") * 4
+    prompt = model.tokenize(text)
+    assert len(prompt) > 160
+    assert_same_greedy(smollm2_path, kv, prompt, n_ctx=512)
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_copied_sequence_continues_alike(random_llama, kv):
+    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=kv, device="cuda")
+    prompt = np.random.default_rng(6).integers(0, 512, 170).tolist()
+    model.eval(prompt, seq=0)
+    model.copy_sequence(0, 1)
+    assert model.seq_len(1) == len(prompt)
+    a = model.eval([7], seq=0)
+    b = model.eval([7], seq=1)
+    np.testing.assert_array_equal(a, b)
+
+
+@needs_gpu
+def test_cuda_kv_stats_count_quantized_bytes(random_llama):
+    f16 = Model(random_llama, n_ctx=512, kv="f16", device="cuda")
+    ott = Model(random_llama, n_ctx=512, kv="ott2", device="cuda")
+    prompt = np.random.default_rng(7).integers(0, 512, 400).tolist()
+    f16.eval(prompt)
+    ott.eval(prompt)
+    # f16: 2 * head_dim * n_head_kv * 2 bytes; ott2 after 400 tokens: 2 blocks of 128 + 144 fp16
+    assert f16.kv_stats().bytes_per_token_layer == 2 * 64 * 2 * 2
+    st = ott.kv_stats()
+    assert st.n_tokens == 400 and 0 < st.bytes_per_token_layer < 0.6 * 512
