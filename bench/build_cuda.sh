@@ -62,7 +62,7 @@ echo "ggml with CUDA installed in $PREFIX (ggml_DIR=$ggml_DIR)"
 # 3. ott-gguf against it
 # shellcheck disable=SC2086
 python3 -m pip install --no-build-isolation ${PIP_ARGS:-} "$REPO" \
-  -Cbuild-dir="build/cuda-{wheel_tag}" \
+  -Cbuild-dir="$REPO/build/cuda-{wheel_tag}" \
   -Ccmake.define.OTT_CUDA=ON \
   -Ccmake.define.ggml_DIR="$ggml_DIR" \
   -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCHS"

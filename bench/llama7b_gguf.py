@@ -6,7 +6,7 @@ available offline; decode speed does not depend on their values).
 32 layers, n_embd 4096, 32 heads (no GQA), n_ff 11008, n_vocab 32000: 6.74 G parameters,
 13.5 GB. Tensors are streamed one at a time (at most one tensor in memory, ~260 MB): the
 header and tensor index are written first, then each tensor's data. Values are slices of a
-pool of N(0, 1) draws scaled by 1/sqrt(n_in), so activations keep unit scale. The
+pool of N(0, 1) draws scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The
 vocabulary is a byte-level BPE alphabet padded with unused tokens.
 """
 from __future__ import annotations
@@ -52,7 +52,9 @@ def tensor_list(n_layer: int) -> list[tuple[str, tuple[int, ...], int]]:
 
 def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    pool = rng.standard_normal(POOL, dtype=np.float32).astype(np.float16)
+    normal = rng.standard_normal(POOL, dtype=np.float32)
+    pools = {n: (normal / np.sqrt(n)).astype(np.float16) for n in (N_EMBD, N_FF)}   # one per fan-in
+    del normal
 
     tokens = byte_alphabet() + ["Ġt", "<|endoftext|>"]
     types = [TokenType.NORMAL] * (len(tokens) - 1) + [TokenType.CONTROL]
@@ -95,10 +97,10 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
         if n_in == 0:
             data = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
         else:
+            pool = pools[n_in]
             start = int(rng.integers(0, POOL - 1))
             part = pool[start:start + n]
             data = np.concatenate([part, pool[:n - len(part)]]) if len(part) < n else part
-            data = data * np.float16(1.0 / np.sqrt(n_in))
         w.write_tensor_data(data.reshape(shape))
     w.close()
     return path

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts])
     runtime.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
+    runtime.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and "
+                                          "one is present, else cpu)")
 
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("-n", "--n-predict", type=_int_at_least(1), default=256,
@@ -173,7 +175,7 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512):
 
     return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
                  n_threads=getattr(args, "threads", None), kv=_kv_config(args),
-                 prefill_fp16=getattr(args, "prefill_fp16", False))
+                 prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None))
 
 
 def _kv_config(args):

@@ -446,8 +446,9 @@ private:
         if (rows_per_tile < OTT_CUDA_ATTN_ROWS) {
             for (ott_cuda_attn_tile & t : tiles) t.n_rows = std::min(t.n_rows, rows_per_tile);
         }
-        // splits: enough blocks in flight to fill the GPU, at least 4 head-blocks a split
-        const int32_t want = (4 * n_sm + (int32_t) tiles.size() - 1) / std::max<int32_t>(1, (int32_t) tiles.size());
+        // splits: blocks of work for ~32 per multiprocessor (a short last wave), at least 4
+        // head-blocks a split (one per warp)
+        const int32_t want = (32 * n_sm + (int32_t) tiles.size() - 1) / std::max<int32_t>(1, (int32_t) tiles.size());
         n_splits = std::max(1, std::min(want, max_blocks_step / 4));
 
         // pack: tiles | pre rounds | (app, ev) rounds

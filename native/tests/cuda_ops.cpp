@@ -612,22 +612,32 @@ int run_perf(const std::vector<int> & contexts) {
             a.tiles = dt;
             a.n_tiles = (int32_t) tiles.size();
             a.rows_per_tile = 1;
-            const int want = (4 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
-            a.n_splits = std::max(1, std::min(want, n_blocks / 4));
-            a.partials = (float *) dalloc(tiles.size() * (a.n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
+            // the cache's choice of splits (kv_ott_cuda.cpp), then other counts for comparison
+            const int want = (32 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
+            const int chosen = std::max(1, std::min(want, n_blocks / 4));
+            std::vector<int> splits = { chosen };
+            for (int sp : { 1, 2, 4, 8, 16, 32 }) {
+                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) splits.push_back(sp);
+            }
             float * dout = (float *) dalloc(q.size() * 4, 0);
-            const float ms = time_ms([&] {
-                CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
-                CHECK_CUDA(ott_cuda_attn_merge(a, dout, (int64_t) H * hd, nullptr));
-            }, 20);
-            // bytes it must read: head-block data, fp16 rows, queries
-            const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
-                                 + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
-            const double gbs = bytes / (ms * 1e-3) / 1e9;
-            printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-                   "\"splits\": %d, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                   ctx, B, H, hd, a.n_splits, bytes, ms, gbs, gbs / copy_gbs);
-            fflush(stdout);
+            const int most = *std::max_element(splits.begin(), splits.end());
+            float * parts = (float *) dalloc(tiles.size() * (size_t) (most + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
+            for (int sp : splits) {
+                a.n_splits = sp;
+                a.partials = parts;
+                const float ms = time_ms([&] {
+                    CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
+                    CHECK_CUDA(ott_cuda_attn_merge(a, dout, (int64_t) H * hd, nullptr));
+                }, 20);
+                // bytes it must read: head-block data, fp16 rows, queries
+                const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
+                                     + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
+                const double gbs = bytes / (ms * 1e-3) / 1e9;
+                printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
+                       "\"splits\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
+                       ctx, B, H, hd, sp, sp == chosen ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                fflush(stdout);
+            }
             for (void * p : mem) CHECK_CUDA(cudaFree(p));
         }
     }

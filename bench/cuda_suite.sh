@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The CUDA path's checks and measurements in one run, on a machine with an NVIDIA GPU:
+#
+#   bash bench/cuda_suite.sh OUTDIR [STAGE ...]      stages: build check tests perf bench
+#                                                     (default: all, in that order)
+#   build   ggml-cuda into $GGML_PREFIX (unless it already holds one) and ott-gguf against
+#           it (bench/build_cuda.sh)
+#   check   ott-cuda-ops check: kernels vs the CPU reference
+#   tests   pytest tests/test_cuda.py and the quantized-cache tests on the GPU
+#   perf    ott-cuda-ops perf: copy bandwidth and attention kernel bandwidth
+#   bench   bench/cuda_bench.py: decode throughput, f16 vs ott2, on a 7B-shaped model
+#
+# Environment: GGML_PREFIX (default build/ggml-cuda), MODEL (the 7B-shaped GGUF, default
+# /tmp/llama7b-random.gguf, written when missing), CONTEXTS (default 4096,16384),
+# PYTEST_K (a pytest -k expression), and those of bench/build_cuda.sh. Each stage's
+# output goes to OUTDIR/<stage>.txt; a stage's failure is recorded and the next one runs.
+set -uo pipefail
+
+OUTDIR="$(mkdir -p "$1" && cd "$1" && pwd)"
+shift
+STAGES=("${@:-build check tests perf bench}")
+read -r -a STAGES <<< "${STAGES[*]}"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+GGML_PREFIX="${GGML_PREFIX:-$REPO/build/ggml-cuda}"
+MODEL="${MODEL:-/tmp/llama7b-random.gguf}"
+CONTEXTS="${CONTEXTS:-4096,16384}"
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+
+note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUTDIR/suite.txt"; }
+# python without the checkout on sys.path, so that the installed package is the one imported
+py() { (cd "$OUTDIR" && python3 "$@"); }
+ops() { "$(py -c 'import ott_gguf._native as n, os; print(os.path.dirname(n._mod.__file__))')/ott-cuda-ops" "$@"; }
+
+for stage in "${STAGES[@]}"; do
+  note "stage $stage"
+  case "$stage" in
+    build)
+      if [[ -f "$GGML_PREFIX/include/ggml-cuda.h" ]]; then
+        ggml_DIR="$(dirname "$(find "$GGML_PREFIX" -name ggml-config.cmake -print -quit)")"
+        python3 -m pip install --no-build-isolation ${PIP_ARGS:-} "$REPO" -Cbuild-dir="$REPO/build/cuda-{wheel_tag}" \
+          -Ccmake.define.OTT_CUDA=ON -Ccmake.define.ggml_DIR="$ggml_DIR" \
+          -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-80;86;89;90}" > "$OUTDIR/build.txt" 2>&1
+      else
+        bash "$REPO/bench/build_cuda.sh" "$GGML_PREFIX" > "$OUTDIR/build.txt" 2>&1
+      fi ;;
+    check) ops check > "$OUTDIR/check.txt" 2>&1 ;;
+    tests)
+      k_args=()
+      [[ -n "${PYTEST_K:-}" ]] && k_args=(-k "$PYTEST_K")
+      (cd "$REPO" && python3 -P -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_kv_native.py \
+        "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
+    perf) ops perf ${CONTEXTS//,/ } 8192 > "$OUTDIR/perf.txt" 2>&1 ;;
+    bench) py "$REPO/bench/cuda_bench.py" --model "$MODEL" --contexts "$CONTEXTS" --skip-kernels \
+             --json "$OUTDIR/bench.json" > "$OUTDIR/bench.txt" 2>&1 ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+  note "stage $stage: exit $?"
+done
