@@ -60,11 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    common = argparse.ArgumentParser(add_help=False)
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks on errors")
+    common = argparse.ArgumentParser(add_help=False, parents=[verbose])
     common.add_argument("model", nargs="?", metavar="MODEL",
                         help="GGUF path, Hub repo id org/name[:file.gguf], or omitted for SmolLM2-135M-Instruct Q4_1")
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks on errors")
 
     kvopts = argparse.ArgumentParser(add_help=False)
     kvopts.add_argument("--kv", default="f16", choices=list(_KV_PRESETS), help="KV cache mode (default f16)")
@@ -131,8 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the vocabulary does")
     p.set_defaults(func=cmd_tokenize)
 
-    # Parsed by the converter itself; listed here for --help (main() forwards before parsing).
-    sub.add_parser("convert", add_help=False, help="convert a Hugging Face checkpoint to GGUF (convert --help)")
+    from convert.cli import add_arguments as add_convert_arguments
+
+    p = sub.add_parser("convert", parents=[verbose], help="convert a Hugging Face checkpoint to GGUF",
+                       description="Convert a Hugging Face checkpoint to GGUF.")
+    add_convert_arguments(p)
+    p.set_defaults(func=cmd_convert)
     return parser
 
 
@@ -143,9 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         n_global += 1
     verbose = n_global > 0 or "--verbose" in argv
     try:
-        if argv[n_global:n_global + 1] == ["convert"]:
-            from convert import main as convert_main
-            return convert_main(argv[n_global + 1:]) or 0
         args = build_parser().parse_args(argv)
         verbose = args.verbose
         return args.func(args) or 0
@@ -369,6 +371,11 @@ def cmd_info(args) -> int:
     for key, value in rows:
         print(f"{key:<{width}}{value}")
     return 0
+
+
+def cmd_convert(args) -> int:
+    from convert.cli import run
+    return run(args)
 
 
 def cmd_tokenize(args) -> int:

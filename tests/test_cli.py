@@ -197,13 +197,14 @@ def test_bench_prints_a_row_per_test_and_depth(smollm2_path):
     assert all(float(ts) > 0 for _, _, ts in rows)
 
 
-def test_convert_is_forwarded_to_the_converter(tmp_path):
+def test_convert_subcommand(tmp_path):
     proc = cli("convert", "--help")
     assert proc.returncode == 0 and "Convert a Hugging Face checkpoint to GGUF" in proc.stdout
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
     assert_one_line_error(cli("convert", not_a_checkpoint, tmp_path / "out.gguf"), str(not_a_checkpoint), "config.json")
     assert not (tmp_path / "out.gguf").exists()
+    assert_one_line_error(cli("convert", not_a_checkpoint), "OUT.gguf", code=2)  # usage error: one line too
 
 
 # ---- bad input ------------------------------------------------------------------------------
