@@ -270,7 +270,7 @@ class ChatSession:
 
     def reply(self, text: str):
         """Stream the assistant's answer to the user message `text`; remember both."""
-        from .tokenizer import StreamDecoder
+        from .generate import generate_tokens, stream_text
 
         self.messages.append({"role": "user", "content": text})
         try:
@@ -278,16 +278,17 @@ class ChatSession:
         except ContextFullError:
             self.messages.pop()
             raise
-        stream = StreamDecoder(self.model.tokenizer)
+        n_keep = 0  # the cached prefix the new prompt shares
+        while n_keep < min(len(self.cached), len(ids)) and self.cached[n_keep] == ids[n_keep]:
+            n_keep += 1
         generated = []
-        for tok in self._generate(ids):
-            generated.append(tok)
-            piece = stream.feed(tok)
-            if piece:
-                yield piece
-        rest = stream.flush()
-        if rest:
-            yield rest
+
+        def record():
+            for tok in generate_tokens(self.model, ids, self.max_reply, self.sampler, self.seq, n_keep):
+                generated.append(tok)
+                yield tok
+
+        yield from stream_text(self.model.tokenizer, record())
         self.messages.append({"role": "assistant", "content": self.model.detokenize(generated)})
         self.cached = (ids + generated)[:self.model.seq_len(self.seq)]
 
@@ -309,26 +310,6 @@ class ChatSession:
                 raise ContextFullError(f"chat: the message needs {len(ids)} tokens plus {self.max_reply} for the "
                                        f"reply, the context holds {model.n_ctx} (raise -c or lower -n)")
             del messages[first_turn:first_turn + 2]  # the oldest user message and its reply
-
-    def _generate(self, ids: list[int]):
-        """Sample the reply to the prompt `ids`, reusing the cached prefix."""
-        model, seq = self.model, self.seq
-        n_keep = 0
-        while n_keep < min(len(self.cached), len(ids) - 1) and self.cached[n_keep] == ids[n_keep]:
-            n_keep += 1
-        model.truncate(seq, n_keep)
-        self.cached = ids[:n_keep]
-        logits = model.eval(ids[n_keep:], seq)
-        history = list(ids)
-        for _ in range(self.max_reply):
-            tok = self.sampler.sample(logits, history)
-            if model.tokenizer.is_eog(tok):
-                return
-            yield tok
-            history.append(tok)
-            if model.seq_len(seq) + 1 >= model.n_ctx:
-                return
-            logits = model.eval([tok], seq)
 
 
 # ---- info / tokenize ------------------------------------------------------------------------

@@ -5,11 +5,11 @@ together, one batch per step with one token per live sequence.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import ContextFullError, InvalidArgumentError
+from .errors import ContextFullError, InvalidArgumentError, UnsupportedError
 from .model import Model
 from .sampling import Sampler, SamplingParams
 
@@ -20,11 +20,17 @@ def check_fits(model: Model, n_prompt: int, what: str = "prompt") -> None:
                                f"(raise -c/--ctx-size)")
 
 
-def prefill(model: Model, ids: Sequence[int], seq: int = 0) -> np.ndarray:
-    """Evaluate the prompt on an empty sequence; logits of its last token."""
+def prefill(model: Model, ids: Sequence[int], seq: int = 0, n_keep: int = 0) -> np.ndarray:
+    """Evaluate the prompt in sequence `seq`, whose first n_keep tokens are already there
+    (a quantized cache that cannot drop the rest starts over); logits of its last token."""
     check_fits(model, len(ids))
-    model.truncate(seq, 0)
-    return model.eval(ids, seq=seq)
+    n_keep = min(n_keep, len(ids) - 1)
+    try:
+        model.truncate(seq, n_keep)
+    except UnsupportedError:
+        n_keep = 0
+        model.truncate(seq, 0)
+    return model.eval(ids[n_keep:], seq=seq)
 
 
 def decode_one_token(model: Model, token: int, seq: int = 0) -> np.ndarray:
@@ -32,12 +38,13 @@ def decode_one_token(model: Model, token: int, seq: int = 0) -> np.ndarray:
 
 
 def generate_tokens(model: Model, prompt_ids: Sequence[int], max_tokens: int, sampler: Sampler,
-                    seq: int = 0) -> Iterator[int]:
-    """Yield sampled tokens until an end-of-generation token, max_tokens or a full context."""
+                    seq: int = 0, n_keep: int = 0) -> Iterator[int]:
+    """Yield sampled tokens until an end-of-generation token, max_tokens or a full context.
+    n_keep: leading prompt tokens already cached in `seq` (see prefill)."""
     if not prompt_ids:
         raise InvalidArgumentError("generate: empty prompt")
     history = list(prompt_ids)
-    logits = prefill(model, prompt_ids, seq)
+    logits = prefill(model, prompt_ids, seq, n_keep)
     for step in range(max_tokens):
         tok = sampler.sample(logits, history)
         if model.tokenizer.is_eog(tok):
@@ -49,20 +56,25 @@ def generate_tokens(model: Model, prompt_ids: Sequence[int], max_tokens: int, sa
         logits = decode_one_token(model, tok, seq)
 
 
-def generate_text(model: Model, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingParams,
-                  *, seq: int = 0, parse_special: bool = True) -> Iterator[str]:
-    """Stream the continuation of `prompt` as text pieces (complete UTF-8 only)."""
+def stream_text(tokenizer, tokens: Iterable[int]) -> Iterator[str]:
+    """Text pieces of a token stream, complete UTF-8 characters only."""
     from .tokenizer import StreamDecoder
 
-    ids = model.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
-    stream = StreamDecoder(model.tokenizer)
-    for tok in generate_tokens(model, ids, max_tokens, Sampler(sampling), seq=seq):
+    stream = StreamDecoder(tokenizer)
+    for tok in tokens:
         piece = stream.feed(tok)
         if piece:
             yield piece
     rest = stream.flush()
     if rest:
         yield rest
+
+
+def generate_text(model: Model, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingParams,
+                  *, seq: int = 0, parse_special: bool = True) -> Iterator[str]:
+    """Stream the continuation of `prompt` as text pieces (complete UTF-8 only)."""
+    ids = model.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
+    yield from stream_text(model.tokenizer, generate_tokens(model, ids, max_tokens, Sampler(sampling), seq=seq))
 
 
 def generate_batch(model: Model, prompts: Sequence[str], max_tokens: int, sampling: SamplingParams,
