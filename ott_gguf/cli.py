@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=_int_at_least(4), default=512, help="window size in tokens (default 512)")
     p.add_argument("--chunks", type=_int_at_least(1), help="number of windows (default: all)")
     p.add_argument("-b", "--ubatch", type=_int_at_least(1),
-                   help="tokens per decode call (default: the KV block for a quantized cache, else 512; at most CTX)")
+                   help="tokens per decode call (default: decode-faithful chunks for a quantized cache, else 512)")
+    p.add_argument("--kl", action="store_true",
+                   help="also run the f16 cache and report the mean KL divergence to it and top-1 agreement")
     p.set_defaults(func=cmd_perplexity)
 
     p = sub.add_parser("bench", parents=[common, runtime], help="prompt and decode tokens/s at context depths")
@@ -386,17 +388,25 @@ def cmd_perplexity(args) -> int:
     n_ctx = args.ctx_size
     if n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")
-    # A quantized cache is fed in blocks so that each chunk sees the cache states decoding
-    # would see (DESIGN §3); an fp16 cache attends the same in any chunking, up to rounding.
+    # Without -b, a quantized cache is fed in decode-faithful chunks (each ends where the next
+    # quantization event fires, DESIGN §3); an fp16 cache takes the window in ubatches of 512.
     kv_cfg = _kv_config(args)
-    ubatch = min(args.ubatch or (kv_cfg.block if kv_cfg.quantized else 512), n_ctx)
-    model = _load(args, n_ctx, n_ubatch=ubatch)
+    ubatch = args.ubatch or (None if kv_cfg.quantized else min(512, n_ctx))
+    model = _load(args, n_ctx, n_ubatch=min(ubatch or 512, n_ctx))
+    reference = None
+    if args.kl:
+        from .model import Model
+        reference = Model(model.path, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads,
+                          device=args.device)
+    chunking = f"ubatch {ubatch}" if ubatch else "decode-faithful chunks (to each quantization event)"
     print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
-          f"ubatch {ubatch}, kv {model.kv}", flush=True)
+          f"{chunking}, kv {model.kv}{', KL to the f16 cache' if reference else ''}", flush=True)
     result = perplexity(model, text, n_ctx, n_chunks=args.chunks, ubatch=ubatch, progress=True,
-                        on_chunk=lambda i, ppl: tqdm.write(f"[{i}]{ppl:.4f}"))
+                        on_chunk=lambda i, ppl: tqdm.write(f"[{i}]{ppl:.4f}"), reference=reference)
     print(f"Final estimate: PPL = {result.ppl:.4f} ± {result.stderr:.5f} "
           f"({result.chunks} windows, {result.n_tokens_scored} tokens scored)")
+    if reference is not None:
+        print(f"KL to f16 cache = {result.kl:.6f} nats, top-1 agreement = {100 * result.top1:.2f} %")
     return 0
 
 

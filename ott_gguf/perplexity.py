@@ -7,8 +7,13 @@ logits at positions n_ctx/2 .. n_ctx-2 predict the tokens at n_ctx/2+1 .. n_ctx-
 every scored token has at least n_ctx/2 tokens of context. PPL = exp(mean NLL); its
 standard error is llama.cpp's: sqrt(var(NLL) / (count - 1)) * PPL.
 
-With a quantized KV cache the window is fed in ubatches, and each ubatch attends to the
-cache as earlier ubatches left it (DESIGN §3), so the chunking is part of the result.
+With a quantized KV cache each chunk attends to the cache as earlier chunks left it
+(DESIGN §3), so the chunking is part of the result. By default a quantized cache is fed in
+decode-faithful chunks: each chunk ends exactly where the cache's next quantization event
+fires (`Model.tokens_until_event`), so every token sees the cache it would see in
+token-by-token decoding. With a `reference` model (the same weights with an fp16 cache) the
+run also reports the mean KL divergence from the reference's next-token distributions and
+how often both rank the same token first.
 """
 from __future__ import annotations
 
@@ -32,6 +37,16 @@ class PerplexityResult:
     n_tokens_scored: int
     chunks: int              # windows evaluated
     per_chunk: list[float] = field(default_factory=list)  # running PPL after each window, as llama.cpp prints it
+    chunking: str = ""       # how windows were fed: "ubatch N" or "decode-faithful"
+    kl: float | None = None  # mean KL(reference || model) over scored tokens, nats
+    top1: float | None = None  # fraction of scored tokens whose argmax equals the reference's
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """F64 [rows, n_vocab] log-probabilities of F32 logits."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
 
 def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -41,11 +56,19 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """
     out = np.empty(len(targets), dtype=np.float64)
     for r0 in range(0, len(targets), _SCORE_ROWS):
-        x = np.asarray(logits[r0:r0 + _SCORE_ROWS], dtype=np.float64)      # [rows, n_vocab]
-        x_max = x.max(axis=1)                                                # [rows]
-        log_sum = np.log(np.exp(x - x_max[:, None]).sum(axis=1)) + x_max     # [rows]
-        out[r0:r0 + len(x)] = log_sum - x[np.arange(len(x)), targets[r0:r0 + len(x)]]
+        lp = log_softmax(logits[r0:r0 + _SCORE_ROWS])                        # [rows, n_vocab]
+        out[r0:r0 + len(lp)] = -lp[np.arange(len(lp)), targets[r0:r0 + len(lp)]]
     return out
+
+
+def kl_and_top1(ref_logits: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: KL(ref || model) in nats (F64 [n]) and whether both argmaxes agree (bool [n])."""
+    kl = np.empty(len(logits), dtype=np.float64)
+    for r0 in range(0, len(logits), _SCORE_ROWS):
+        lr = log_softmax(ref_logits[r0:r0 + _SCORE_ROWS])
+        lm = log_softmax(logits[r0:r0 + _SCORE_ROWS])
+        kl[r0:r0 + len(lr)] = (np.exp(lr) * (lr - lm)).sum(axis=1)
+    return kl, ref_logits.argmax(axis=1) == logits.argmax(axis=1)
 
 
 def tokenize_for_windows(tokenize: Callable[[str], list[int]], text: str, n_tokens: int | None) -> list[int]:
@@ -75,21 +98,23 @@ def tokenize_for_windows(tokenize: Callable[[str], list[int]], text: str, n_toke
 
 def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch: int | None = None,
                progress: bool = True, on_chunk: Callable[[int, float], None] | None = None,
-               seq: int = 0) -> PerplexityResult:
+               seq: int = 0, reference=None) -> PerplexityResult:
     """Perplexity of `model` on `text` over windows of `n_ctx` tokens (llama.cpp's method).
 
     n_chunks limits the number of windows (None: all that fit); ubatch is the number of
-    tokens per decode call (None: the whole window); on_chunk(i, running_ppl) is called
-    after window i (1-based). Uses sequence `seq` of the model, which it clears.
+    tokens per decode call (None: the whole window, or decode-faithful chunks for a
+    quantized cache); on_chunk(i, running_ppl) is called after window i (1-based).
+    reference: a model with an fp16 cache for KL and top-1 agreement. Uses (and clears)
+    sequence `seq` of each model.
     """
     if n_ctx < 4 or n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: context must be an even number >= 4, got {n_ctx}")
-    if n_ctx > model.n_ctx:
-        raise InvalidArgumentError(f"perplexity: window of {n_ctx} tokens exceeds the model context of {model.n_ctx}")
+    for m in (model, reference):
+        if m is not None and n_ctx > m.n_ctx:
+            raise InvalidArgumentError(f"perplexity: window of {n_ctx} tokens exceeds the model context of {m.n_ctx}")
     if n_chunks is not None and n_chunks < 1:
         raise InvalidArgumentError(f"perplexity: chunks must be >= 1, got {n_chunks}")
-    ubatch = n_ctx if ubatch is None else ubatch
-    if ubatch < 1:
+    if ubatch is not None and ubatch < 1:
         raise InvalidArgumentError(f"perplexity: ubatch must be >= 1, got {ubatch}")
 
     # At least two windows are needed, as in llama.cpp.
@@ -102,38 +127,52 @@ def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch
 
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     first = n_ctx // 2
-    nll_sum = nll2_sum = 0.0
-    count = 0
+    nll_sum = nll2_sum = kl_sum = 0.0
+    count = agree = 0
     running = []
     for i in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress, leave=False):
         window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()  # [n_ctx]
         if bos is not None:
             window[0] = bos
-        nll = _score_window(model, window, first, ubatch, seq)  # [n_ctx - first - 1]
+        logits = window_logits(model, window, first, ubatch, seq)  # [n_ctx - first - 1, n_vocab]
+        nll = token_nll(logits, window[first + 1:])
         nll_sum += float(nll.sum())
         nll2_sum += float((nll * nll).sum())
         count += len(nll)
+        if reference is not None:
+            kl, same = kl_and_top1(window_logits(reference, window, first, ubatch, seq), logits)
+            kl_sum += float(kl.sum())
+            agree += int(same.sum())
         running.append(math.exp(nll_sum / count))
         if on_chunk is not None:
             on_chunk(i + 1, running[-1])
-    model.truncate(seq, 0)
 
     mean = nll_sum / count
     var = nll2_sum / count - mean * mean
     ppl = math.exp(mean)
     stderr = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
-    return PerplexityResult(ppl=ppl, stderr=stderr, n_tokens_scored=count, chunks=n_windows, per_chunk=running)
+    faithful = ubatch is None and model.tokens_until_event(seq) is not None
+    return PerplexityResult(ppl=ppl, stderr=stderr, n_tokens_scored=count, chunks=n_windows, per_chunk=running,
+                            chunking="decode-faithful" if faithful else f"ubatch {ubatch or n_ctx}",
+                            kl=kl_sum / count if reference is not None else None,
+                            top1=agree / count if reference is not None else None)
 
 
-def _score_window(model, window: np.ndarray, first: int, ubatch: int, seq: int) -> np.ndarray:
-    """Evaluate one window from an empty sequence; NLL of tokens first+1 .. n_ctx-1, F64 [n_ctx - first - 1]."""
+def window_logits(model, window: np.ndarray, first: int, ubatch: int | None, seq: int) -> np.ndarray:
+    """Evaluate one window from an empty sequence; logits F32 [n_ctx - first - 1, n_vocab] at
+    positions first .. n_ctx-2 (each predicts the next token). Chunks: `ubatch` tokens, or
+    with ubatch None, up to the cache's next quantization event (the whole window for fp16)."""
     n_ctx = len(window)
     model.truncate(seq, 0)
-    nll = []
-    for b0 in range(0, n_ctx, ubatch):
-        pos = np.arange(b0, min(b0 + ubatch, n_ctx), dtype=np.int32)      # [n_ub]
-        want = (pos >= first) & (pos <= n_ctx - 2)                         # [n_ub] positions whose next token is scored
+    out = []
+    b0 = 0
+    while b0 < n_ctx:
+        n = ubatch or model.tokens_until_event(seq) or n_ctx
+        pos = np.arange(b0, min(b0 + n, n_ctx), dtype=np.int32)           # [n_chunk]
+        want = (pos >= first) & (pos <= n_ctx - 2)                         # [n_chunk] positions whose next token is scored
         logits = model.decode_batch(window[pos], pos, np.full(len(pos), seq, dtype=np.int32), want)  # [n_want, n_vocab]
         if want.any():
-            nll.append(token_nll(logits, window[pos[want] + 1]))
-    return np.concatenate(nll)
+            out.append(logits)
+        b0 += len(pos)
+    model.truncate(seq, 0)
+    return np.concatenate(out)

@@ -37,6 +37,9 @@ class FakeModel:
         ids = [2 + (ord(c) % (self.n_vocab - 2)) for c in text]
         return [self.tokenizer.bos_id] + ids if self.tokenizer.add_bos else ids
 
+    def tokens_until_event(self, seq):
+        return None  # an fp16-like cache: no quantization events
+
     def truncate(self, seq, n_keep=0):
         assert seq == 0
         del self.cache[n_keep:]
