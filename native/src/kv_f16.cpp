@@ -1,5 +1,6 @@
 // kv_f16.cpp — the fp16 KV cache: one row per (sequence, position), attention by ggml's
-// flash-attention op over all sequences of a run at once.
+// flash-attention op over all sequences of a run at once (on a GPU whose ggml backend has no
+// flash attention for the head size: K·Q, masked softmax and V·P as three ops).
 #include "kv_cache.h"
 
 #include "ggml-alloc.h"
@@ -34,6 +35,7 @@ public:
                             sh.n_layer, sh.n_seq_max, sh.n_ctx);
         }
         ggml_backend_buffer_clear(buf, 0);  // masked rows must hold finite values
+        use_fa = sh.cuda_device < 0 || flash_attn_supported();
         return OTT_OK;
     }
 
@@ -91,10 +93,20 @@ public:
                                             row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
             ggml_tensor * vr = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs,
                                             row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
-            ggml_tensor * fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
-            ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
             // [n_embd_head, n_head, n_tokens, n_seqs] -> [n_embd_head*n_head, n_tokens*n_seqs]
-            fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+            ggml_tensor * fa;
+            if (use_fa) {
+                fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
+                ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+                fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+            } else {
+                ggml_tensor * kq = ggml_mul_mat(gctx, kr, qr);                  // [n_kv, n_tokens, n_head, n_seqs]
+                ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+                kq = ggml_soft_max_ext(gctx, kq, p.mask, kq_scale, 0.0f);
+                ggml_tensor * vt = ggml_cont(gctx, ggml_permute(gctx, vr, 1, 0, 2, 3));  // [n_kv, n_embd_head, ..]
+                ggml_tensor * kqv = ggml_mul_mat(gctx, vt, kq);                 // [n_embd_head, n_tokens, n_head, n_seqs]
+                fa = ggml_cont_2d(gctx, ggml_permute(gctx, kqv, 0, 2, 1, 3), hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+            }
             out = out ? ggml_concat(gctx, out, fa, 1) : fa;
         }
         return out;
@@ -177,12 +189,28 @@ private:
 
     int64_t n_embd_gqa() const { return (int64_t) sh.n_embd_head * sh.n_head_kv; }
 
+    // Does the backend's flash attention take this cache's head size?
+    bool flash_attn_supported() const {
+        ggml_init_params ip = { ggml_tensor_overhead() * 8, nullptr, true };
+        ggml_context * c = ggml_init(ip);
+        ggml_tensor * q = ggml_new_tensor_4d(c, GGML_TYPE_F32, sh.n_embd_head, 1, sh.n_head_kv, 1);
+        ggml_tensor * k = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
+        ggml_tensor * v = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
+        ggml_tensor * m = ggml_new_tensor_4d(c, GGML_TYPE_F16, 256, 1, 1, 1);
+        ggml_tensor * fa = ggml_flash_attn_ext(c, q, k, v, m, 1.0f, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+        const bool ok = ggml_backend_dev_supports_op(ggml_backend_buft_get_device(sh.buft), fa);
+        ggml_free(c);
+        return ok;
+    }
+
     ott_kv_shape sh;
     ggml_context * ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
     std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer; row = seq*n_ctx + pos
     std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer
     std::vector<int32_t> len;         // [n_seq_max] tokens held per sequence
+    bool use_fa = true;               // flash attention, else K·Q, softmax, V·P
 
     const ott_ubatch * ub = nullptr;  // the step being built
     std::vector<run_plan> plan;       // one per run of the step
