@@ -1,0 +1,140 @@
+"""Accuracy of the KV cache modes, side by side in one run (issue "OTT 2-bit KV cache").
+
+Perplexity on WikiText-2 in decode-faithful chunks (each chunk ends at the cache's next
+quantization event, DESIGN §3), mean KL divergence to the f16 cache's next-token
+distribution and top-1 agreement (the f16 cache runs in the same process), and the
+footprint (average bits per K/V element at the window size, everything counted). Then,
+optionally, passkey retrieval: filler text with a random 5-digit key at a random depth,
+greedy answer, fraction of trials that return the key.
+
+    python bench/accuracy.py MODEL -f ../shared/data/wikitext-2-raw/wiki.test.raw \
+        --modes f16,kivi2,ott2,kivi4,ott4 --chunks 20 [--ablate] [--passkey 1024,2048 --trials 20]
+
+Prints markdown tables; the numbers in the README come from this script.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ott_gguf.model import Model  # noqa: E402
+from ott_gguf.perplexity import perplexity  # noqa: E402
+from ott_gguf.reference.config import preset  # noqa: E402
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+
+
+def ppl_rows(path, text, modes, n_ctx, chunks, threads, configs=None):
+    """One row per mode (or per named KVConfig in `configs`)."""
+    reference = Model(path, n_ctx=n_ctx, n_threads=threads)
+    rows = []
+    entries = [(m, m) for m in modes] + list((configs or {}).items())
+    for name, kv in entries:
+        model = Model(path, n_ctx=n_ctx, n_threads=threads, kv=kv)
+        t0 = time.perf_counter()
+        r = perplexity(model, text, n_ctx, n_chunks=chunks, progress=False,
+                       reference=None if name == "f16" else reference)
+        bits = model.kv_footprint(n_ctx).bits_per_element
+        rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
+        print(f"  {name}: PPL {r.ppl:.4f} ({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        model.close()
+    reference.close()
+    return rows
+
+
+def print_ppl_table(title, rows, n_ctx):
+    f16 = next((r[1] for r in rows if r[0] == "f16"), None)
+    print(f"\n### {title}\n")
+    print(f"| KV mode | PPL | ± | vs f16 | KL to f16 (nats) | top-1 agreement | bits/element at {n_ctx} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, ppl, err, kl, top1, bits, _ in rows:
+        rel = f"{100 * (ppl / f16 - 1):+.2f} %" if f16 else "–"
+        kl_s = "–" if kl is None else f"{kl:.4f}"
+        top_s = "–" if top1 is None else f"{100 * top1:.2f} %"
+        print(f"| {name} | {ppl:.4f} | {err:.4f} | {rel} | {kl_s} | {top_s} | {bits:.2f} |")
+
+
+def passkey_prompt(model, n_tokens, rng):
+    """A prompt of about n_tokens tokens with the key at a random depth; returns (ids, key)."""
+    key = f"{rng.randrange(10000, 100000)}"
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    question = "What is the pass key? The pass key is"
+    per_filler = len(model.tokenize(FILLER, add_special=False))
+    n_fill = max(1, (n_tokens - 64) // per_filler)
+    at = rng.randrange(n_fill + 1)
+    text = ("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+            + FILLER * at + needle + FILLER * (n_fill - at) + question)
+    return model.tokenize(text), key
+
+
+def passkey(path, modes, lengths, trials, threads, seed=0):
+    rows = []
+    for n in lengths:
+        for mode in modes:
+            model = Model(path, n_ctx=n + 64, n_threads=threads, kv=mode)
+            rng = random.Random(seed)  # the same keys and depths for every mode
+            ok = 0
+            for _ in range(trials):
+                ids, key = passkey_prompt(model, n, rng)
+                model.truncate(0)
+                logits, out = None, []
+                # decode-faithful prefill, then greedy decoding
+                pos = 0
+                while pos < len(ids):
+                    step = min(model.tokens_until_event(0) or len(ids), len(ids) - pos)
+                    logits = model.eval(ids[pos:pos + step])
+                    pos += step
+                for _ in range(8):
+                    tok = int(logits.argmax())
+                    out.append(tok)
+                    logits = model.eval([tok])
+                ok += key in model.detokenize(out)
+            rows.append((n, mode, ok / trials))
+            print(f"  passkey {n} {mode}: {ok}/{trials}", file=sys.stderr)
+            model.close()
+    print("\n### Passkey retrieval (fraction of trials answered with the key)\n")
+    print("| tokens | " + " | ".join(modes) + " |")
+    print("|---:|" + "---:|" * len(modes))
+    for n in lengths:
+        print(f"| {n} | " + " | ".join(f"{acc:.2f}" for (m_n, _, acc) in rows if m_n == n) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("-f", "--file", type=Path, required=True, help="text for perplexity (WikiText-2 raw test)")
+    ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=20)
+    ap.add_argument("--modes", default="f16,kivi2,ott2,kivi4,ott4")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--ablate", action="store_true", help="ott2 with pool 0/1/8 and group_v 16/32 (the default: pool 3, group_v 64)")
+    ap.add_argument("--passkey", default="", help="comma-separated prompt lengths, e.g. 1024,2048,4096,8192")
+    ap.add_argument("--passkey-modes", default="f16,kivi2,ott2")
+    ap.add_argument("--trials", type=int, default=20)
+    args = ap.parse_args()
+
+    text = args.file.read_text(encoding="utf-8")
+    modes = args.modes.split(",")
+    print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
+    print_ppl_table("Perplexity, KL and top-1 by KV mode",
+                    ppl_rows(args.model, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
+    if args.ablate:
+        ott2 = preset("ott2")
+        configs = {f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
+                   for p in (0, 1, 8)}
+        configs.update({f"ott2 group_v {g}": ott2.with_overrides(group_v=g) for g in (16, 32)})
+        print_ppl_table("Ablation: ott2 pool size and value group",
+                        ppl_rows(args.model, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
+                        args.ctx)
+    if args.passkey:
+        passkey(args.model, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")],
+                args.trials, args.threads)
+
+
+if __name__ == "__main__":
+    main()
