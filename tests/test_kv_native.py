@@ -252,6 +252,27 @@ def test_sequences_in_one_batch(tmp_path):
         assert (st.blocks == ref.blocks).all() and (st.window_k == ref.window_k).all()
 
 
+def test_copy_sequence(tmp_path):
+    """A copied sequence has the same stores and continues exactly as its source does."""
+    path = random_model(tmp_path, 64, 3)
+    model = Model(path, n_ctx=256, n_seq_max=2, n_threads=2, kv=SMALL)
+    tokens = np.random.default_rng(7).integers(0, model.n_vocab, 90).tolist()
+    model.eval(tokens[:70], seq=0)
+    model.copy_sequence(0, 1)
+    for il in range(model.info.n_layer):
+        a, b = model.kv_head_state(il, 0, 0), model.kv_head_state(il, 1, 0)
+        assert (a.blocks == b.blocks).all() and (a.pool_pos == b.pool_pos).all() and (a.window_v == b.window_v).all()
+    one = model.eval(tokens[70:], seq=0, all_logits=True)
+    two = model.eval(tokens[70:], seq=1, all_logits=True)
+    assert np.array_equal(one, two)
+    kept = model.kv_head_state(1, 1, 0)
+    model.truncate(0, 0)                               # the copy owns its memory
+    model.eval(tokens[::-1], seq=0)
+    after = model.kv_head_state(1, 1, 0)
+    assert model.seq_len(1) == 90 and np.array_equal(kept.blocks, after.blocks)
+    assert np.array_equal(kept.extra_k, after.extra_k)
+
+
 def test_truncate(tmp_path):
     path = random_model(tmp_path, 64, 1)
     model = Model(path, n_ctx=256, n_threads=2, kv=SMALL)

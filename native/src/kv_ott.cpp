@@ -117,6 +117,33 @@ public:
         return OTT_OK;
     }
 
+    ott_status seq_copy(int32_t src, int32_t dst) override {
+        release(dst);
+        if (!seqs[src].allocated) return OTT_OK;
+        try {
+            for (int il = 0; il < sh.n_layer; ++il) {
+                ott_kv_layer_seq copy = layers[(size_t) il * sh.n_seq_max + src];
+                copy.blocks.clear();                     // dst gets head-blocks of its own
+                layers[(size_t) il * sh.n_seq_max + dst] = std::move(copy);
+            }
+        } catch (const std::bad_alloc &) {
+            release(dst);
+            return ott_fail(OTT_ERR_ALLOC, "cannot allocate the fp16 stores of sequence %d", dst);
+        }
+        seqs[dst] = seqs[src];
+        const ott_status st = reserve_blocks(dst, seqs[src].sched.n_blocks);
+        if (st != OTT_OK) {
+            release(dst);
+            return st;
+        }
+        for (int il = 0; il < sh.n_layer; ++il) {
+            const ott_kv_layer_seq & from = layers[(size_t) il * sh.n_seq_max + src];
+            ott_kv_layer_seq & to = layers[(size_t) il * sh.n_seq_max + dst];
+            for (int32_t b = 0; b < seqs[src].sched.n_blocks; ++b) std::memcpy(to.blocks[b], from.blocks[b], cfg.event_bytes());
+        }
+        return OTT_OK;
+    }
+
     int32_t tokens_until_event(int32_t seq) const override {
         const ott_kv_sched & sc = seqs[seq].sched;
         // a deferred prefill_fp16 window holds R+block or more: its events fire at the next
