@@ -48,7 +48,7 @@ for stage in "${STAGES[@]}"; do
     tests)
       k_args=()
       [[ -n "${PYTEST_K:-}" ]] && k_args=(-k "$PYTEST_K")
-      (cd "$REPO" && python3 -P -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_kv_native.py \
+      (cd "$REPO" && python3 -P -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py tests/test_kv_native.py \
         "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
     perf) ops perf ${CONTEXTS//,/ } 8192 > "$OUTDIR/perf.txt" 2>&1 ;;
     bench) py "$REPO/bench/cuda_bench.py" --model "$MODEL" --contexts "$CONTEXTS" --skip-kernels \

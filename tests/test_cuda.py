@@ -3,7 +3,7 @@
 - Compile (needs only nvcc, as on CI): every native/src/cuda/*.cu for sm_80/86/89/90.
 - Kernels (needs a GPU and a build with OTT_CUDA): `ott-cuda-ops check` runs the case table of
   native/tests/cuda_ops.cpp: appends and quantization events bit for bit against kv_quant.c,
-  fused attention within 1e-4 (relative L2) of float64.
+  fused attention within 3e-4 (relative L2) of float64.
 - End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
   CUDA, f16 and ott2 caches, 64 tokens after a 200-token prompt (so quantization events
   fire). The two backends round matmuls differently, so a step whose two best logits are

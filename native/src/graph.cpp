@@ -99,5 +99,9 @@ ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
 }
 
 size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub) {
-    return 256 + (size_t) model.hparams.n_layer * (48 + 8 * ub.runs.size());
+    size_t per_layer = 48 + 8 * ub.runs.size();
+    for (const ott_run & r : ub.runs) {
+        if (r.n_tokens == 1) per_layer += 10 * (size_t) r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
+    }
+    return 256 + (size_t) model.hparams.n_layer * per_layer;
 }

@@ -12,7 +12,11 @@ namespace {
 
 class kv_f16 final : public ott_kv_cache {
 public:
-    explicit kv_f16(const ott_kv_shape & shape) : sh(shape), len(shape.n_seq_max, 0) {}
+    // On a GPU a sequence's rows are padded to a multiple of 256: ggml-cuda's fastest
+    // flash-attention kernels want n_kv a multiple of 256 (the extra rows are masked out).
+    explicit kv_f16(const ott_kv_shape & shape)
+        : sh(shape), seq_rows(shape.cuda_device >= 0 ? (shape.n_ctx + 255) / 256 * 256 : shape.n_ctx),
+          len(shape.n_seq_max, 0) {}
 
     ~kv_f16() override {
         if (buf) ggml_backend_buffer_free(buf);
@@ -22,7 +26,7 @@ public:
     ott_status init() {
         ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (2 * sh.n_layer), nullptr, true };
         ctx = ggml_init(ip);
-        const int64_t n_rows = (int64_t) sh.n_ctx * sh.n_seq_max;
+        const int64_t n_rows = (int64_t) seq_rows * sh.n_seq_max;
         for (int il = 0; il < sh.n_layer; ++il) {
             k_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
             v_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
@@ -51,9 +55,7 @@ public:
                 }
                 n_kv = std::max(n_kv, len[s] + r.n_tokens);
             }
-            // ggml-cuda's fastest flash-attention kernels want n_kv a multiple of 256 (the
-            // extra rows are masked out)
-            if (sh.cuda_device >= 0) n_kv = std::min(sh.n_ctx, (n_kv + 255) / 256 * 256);
+            if (sh.cuda_device >= 0) n_kv = (n_kv + 255) / 256 * 256;
             plan.push_back({ r, n_kv, nullptr });
         }
         return OTT_OK;
@@ -79,7 +81,7 @@ public:
         ggml_build_forward_expand(gf, ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows));
 
         const size_t row_bytes = k_l[il]->nb[1];
-        const size_t seq_bytes = row_bytes * (size_t) sh.n_ctx;
+        const size_t seq_bytes = row_bytes * (size_t) seq_rows;
         ggml_tensor * out = nullptr;
         for (const run_plan & p : plan) {
             const ott_run & r = p.run;
@@ -95,7 +97,25 @@ public:
                                             row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
             // [n_embd_head, n_head, n_tokens, n_seqs] -> [n_embd_head*n_head, n_tokens*n_seqs]
             ggml_tensor * fa;
-            if (use_fa) {
+            if (use_fa && sh.cuda_device >= 0 && r.n_tokens == 1 && r.n_seqs > 1) {
+                // decode on a GPU: one attention per sequence, which ggml-cuda runs with its
+                // vector kernel (its kernel for several sequences at once is far slower here)
+                fa = nullptr;
+                for (int32_t j = 0; j < r.n_seqs; ++j) {
+                    ggml_tensor * qj = ggml_view_4d(gctx, q, hd, 1, q->ne[1], 1, q->nb[2], q->nb[1], q->nb[2],
+                                                    (size_t) (r.t0 + j) * q->nb[2]);
+                    ggml_tensor * kj = ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
+                                                    ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
+                    ggml_tensor * vj = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
+                                                    ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
+                    ggml_tensor * mj = ggml_view_4d(gctx, p.mask, p.n_kv, 1, 1, 1, p.mask->nb[1], p.mask->nb[2],
+                                                    p.mask->nb[3], (size_t) j * p.mask->nb[3]);
+                    ggml_tensor * aj = ggml_flash_attn_ext(gctx, qj, kj, vj, mj, kq_scale, 0.0f, 0.0f);
+                    ggml_flash_attn_ext_set_prec(aj, GGML_PREC_F32);
+                    aj = ggml_reshape_2d(gctx, aj, hd * q->ne[1], 1);
+                    fa = fa ? ggml_concat(gctx, fa, aj, 1) : aj;
+                }
+            } else if (use_fa) {
                 fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
                 ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
                 fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
@@ -115,7 +135,7 @@ public:
     void set_inputs() override {
         std::vector<int64_t> idx(ub->n_tokens());
         for (int32_t i = 0; i < ub->n_tokens(); ++i) {
-            idx[i] = (int64_t) ub->seq_id[i] * sh.n_ctx + ub->pos[i];
+            idx[i] = (int64_t) ub->seq_id[i] * seq_rows + ub->pos[i];
         }
         ggml_backend_tensor_set(rows, idx.data(), 0, idx.size() * sizeof(int64_t));
 
@@ -150,7 +170,7 @@ public:
 
     // The rows of src's tokens, every layer, onto dst's rows (on the device that holds them).
     ott_status seq_copy(int32_t src, int32_t dst) override {
-        const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t) sh.n_ctx;
+        const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t) seq_rows;
         const int64_t n_elem = (int64_t) len[src] * n_embd_gqa();
         ggml_init_params ip = { ggml_tensor_overhead() * 2, nullptr, true };
         ggml_context * vc = ggml_init(ip);
@@ -207,8 +227,9 @@ private:
     ott_kv_shape sh;
     ggml_context * ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
-    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer; row = seq*n_ctx + pos
-    std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, n_ctx*n_seq_max] per layer
+    int32_t seq_rows;                 // cache rows per sequence (n_ctx, padded on a GPU)
+    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer; row = seq*seq_rows + pos
+    std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer
     std::vector<int32_t> len;         // [n_seq_max] tokens held per sequence
     bool use_fa = true;               // flash attention, else K·Q, softmax, V·P
 

@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr double ATTN_BUDGET = 1e-4;
+constexpr double ATTN_BUDGET = 3e-4;   // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
 
 #define CHECK_CUDA(expr)                                                                 \
     do {                                                                                 \

@@ -23,6 +23,8 @@
 
 #include <cuda_fp16.h>
 
+#include <climits>
+
 namespace {
 
 constexpr int WARPS = 4;
@@ -111,26 +113,42 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
 
 // ---- split over quantized blocks ------------------------------------------------------------
 
+// Code words a lane loads before using any (loads in flight per warp: PF * 128 bytes).
+constexpr int PF = 32;
+
+// Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
+// head-block's scales and mins (its bytes before k_codes), staged with coalesced loads.
+__host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr) {
+    return (size_t) nr * g.block * sizeof(float) + L.k_codes;
+}
+
 template <int HD, int BITS, int NR, int NGW>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
-                              float * dyn) {
+                              uint8_t * dyn) {
     constexpr int TPW = 32 / BITS, CPB = 8 / BITS;   // codes per 32-bit word, per byte
+    constexpr int WV = HD * BITS / 32, NPHV = 32 / WV;  // words per value row, lanes per word
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
     const ott_kv_geom & g = L.geom;
     const int block = g.block, n_gv = HD / g.group_v;
-    const int Wk = block * BITS / 32, Wv = HD * BITS / 32;   // words per key row / value row
-    const int jk = lane % Wk, phk = lane / Wk, nphk = 32 / Wk;
-    const int jv = lane % Wv, phv = lane / Wv, nphv = 32 / Wv;
-    // groups of this lane's key slots and value channels, per byte group of its word
-    int gk[NGW], gv[NGW];
+    const int Wk = block * BITS / 32, nphk = 32 / Wk;   // words per key row, lanes per word
+    const int jk = lane % Wk, phk = lane / Wk, cplk = HD / nphk;       // a lane's key word, its channels
+    const int jv = lane % WV, phv = lane / WV, tplv = block / NPHV;    // a lane's value word, its slots
+    const int c_first = phk * cplk, t_first = phv * tplv;
+    int gk[NGW], gv[NGW];                            // groups of the lane's key slots / value channels
 #pragma unroll
     for (int gi = 0; gi < NGW; ++gi) {
         const int first = gi * (TPW / NGW);
         gk[gi] = (jk * TPW + first) / g.group_k;
         gv[gi] = (jv * TPW + first) / g.group_v;
     }
-    float * p_s = dyn + (size_t) warp * NR * block;  // [NR][block] this warp's probabilities
+    uint8_t * wsm = dyn + (size_t) warp * warp_smem_bytes(g, L.layout, NR);
+    float * p_s = (float *) wsm;                     // [NR][block] this warp's probabilities
+    uint8_t * sc_s = wsm + (size_t) NR * block * sizeof(float);
+    const ott_fp16 * ksc = (const ott_fp16 *) (sc_s + L.layout.k_scale);   // [block/group_k][HD]
+    const ott_fp16 * kmn = (const ott_fp16 *) (sc_s + L.layout.k_min);
+    const ott_fp16 * vsc = (const ott_fp16 *) (sc_s + L.layout.v_scale);   // [block][n_gv]
+    const ott_fp16 * vmn = (const ott_fp16 *) (sc_s + L.layout.v_min);
 
     const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
     const int b0 = min(T.n_blocks, (int) blockIdx.y * per), b1 = min(T.n_blocks, b0 + per);
@@ -150,10 +168,9 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
     for (int b = b0 + warp; b < b1; b += WARPS) {
         const uint8_t * hb = L.blocks + (((size_t) T.seq * L.max_blocks + b) * L.n_head_kv + T.head) * L.layout.size;
         const uint32_t * kc = (const uint32_t *) (hb + L.layout.k_codes);   // [HD][Wk]
-        const ott_fp16 * ksc = (const ott_fp16 *) (hb + L.layout.k_scale);  // [block/group_k][HD]
-        const ott_fp16 * kmn = (const ott_fp16 *) (hb + L.layout.k_min);
+        const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);   // [block][WV]
 
-        // keys: scores of slots jk*TPW .. jk*TPW+TPW-1, in s (masked slots: -inf)
+        // keys: scores of slots jk*TPW .. jk*TPW+TPW-1 over the lane's channels, in s
         float s[TPW][NR], off[NGW][NR], base[NGW][NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -162,20 +179,32 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 #pragma unroll
             for (int u = 0; u < TPW; ++u) s[u][r] = 0.0f;
         }
-        for (int c = phk; c < HD; c += nphk) {
-            const uint32_t w = kc[c * Wk + jk];
-            float qs[NGW][NR];
+        for (int c0 = 0; c0 < cplk; c0 += PF) {
+            uint32_t w[PF];
 #pragma unroll
-            for (int gi = 0; gi < NGW; ++gi) {
-                const float ks = h2f(ksc[gk[gi] * HD + c]), km = h2f(kmn[gk[gi] * HD + c]);
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    qs[gi][r] = S.q[r][c] * ks;
-                    off[gi][r] += qs[gi][r];
-                    base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
-                }
+            for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
+            if (c0 == 0) {                           // scales and mins of the head-block
+                __syncwarp();
+                for (int i = lane; i < (int) (L.layout.k_codes / 16); i += 32) ((uint4 *) sc_s)[i] = ((const uint4 *) hb)[i];
+                __syncwarp();
             }
-            fma_word<BITS, NR, NGW>(w, qs, s);
+#pragma unroll
+            for (int i = 0; i < PF; ++i) {
+                if (c0 + i >= cplk) break;
+                const int c = c_first + c0 + i;
+                float qs[NGW][NR];
+#pragma unroll
+                for (int gi = 0; gi < NGW; ++gi) {
+                    const float ks = h2f(ksc[gk[gi] * HD + c]), km = h2f(kmn[gk[gi] * HD + c]);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        qs[gi][r] = S.q[r][c] * ks;
+                        off[gi][r] += qs[gi][r];
+                        base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
+                    }
+                }
+                fma_word<BITS, NR, NGW>(w[i], qs, s);
+            }
         }
         const uint8_t * mask = hb + L.layout.mask;
 #pragma unroll
@@ -230,39 +259,43 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         }
         __syncwarp();
 
-        // values: slots phv, phv + nphv, ...; channels jv*TPW .. jv*TPW+TPW-1
-        const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);    // [block][Wv]
-        const ott_fp16 * vsc = (const ott_fp16 *) (hb + L.layout.v_scale);   // [block][n_gv]
-        const ott_fp16 * vmn = (const ott_fp16 *) (hb + L.layout.v_min);
-        for (int t = phv; t < block; t += nphv) {
-            const uint32_t w = vc[t * Wv + jv];
-            float pv[NGW][NR];
+        // values: the lane's slots t_first .., channels jv*TPW .. jv*TPW+TPW-1
+        for (int t0 = 0; t0 < tplv; t0 += PF) {
+            uint32_t w[PF];
 #pragma unroll
-            for (int gi = 0; gi < NGW; ++gi) {
-                const float vs = h2f(vsc[t * n_gv + gv[gi]]), vm = h2f(vmn[t * n_gv + gv[gi]]);
+            for (int i = 0; i < PF; ++i) w[i] = t0 + i < tplv ? vc[(t_first + t0 + i) * WV + jv] : 0u;
 #pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    const float p = p_s[(size_t) r * block + t];
-                    pv[gi][r] = p * vs;
-                    sv[gi][r] += pv[gi][r];
-                    mv[gi][r] = fmaf(p, vm, mv[gi][r]);
+            for (int i = 0; i < PF; ++i) {
+                if (t0 + i >= tplv) break;
+                const int t = t_first + t0 + i;
+                float pv[NGW][NR];
+#pragma unroll
+                for (int gi = 0; gi < NGW; ++gi) {
+                    const float vs = h2f(vsc[t * n_gv + gv[gi]]), vm = h2f(vmn[t * n_gv + gv[gi]]);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        const float p = p_s[(size_t) r * block + t];
+                        pv[gi][r] = p * vs;
+                        sv[gi][r] += pv[gi][r];
+                        mv[gi][r] = fmaf(p, vm, mv[gi][r]);
+                    }
                 }
+                fma_word<BITS, NR, NGW>(w[i], pv, accv);
             }
-            fma_word<BITS, NR, NGW>(w, pv, accv);
         }
         __syncwarp();
     }
 
     // this warp's weighted values, summed over its lanes' slot sets, into shared memory
-    __syncthreads();                                   // p_s regions become red
-    float * red = dyn;                                 // [WARPS][NR][HD]
+    __syncthreads();                                   // the per-warp regions become red
+    float * red = (float *) dyn;                       // [WARPS][NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
         for (int u = 0; u < TPW; ++u) {
             const int gi = group_of_byte<NGW>(u / CPB);
             float x = (accv[u][r] - sv[gi][r]) * code_weight<BITS>(u) + mv[gi][r];
-            warp_sum_from(x, Wv);
+            warp_sum_from(x, WV);
             if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPW + u] = x;
         }
     }
@@ -280,7 +313,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 
 template <int HD, int NR>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
-                            float * dyn) {
+                            uint8_t * dyn) {
     constexpr int CPL = HD / 32;                      // channels per lane: 2*lane + 64*i (+1)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
@@ -302,9 +335,8 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
         for (int i = 0; i < CPL; ++i) acc[i][r] = 0.0f;
     }
 
-    for (int idx = warp; idx < n_all; idx += WARPS) {
-        float k[CPL], v[CPL];
-        int chunk_j = -1;
+    // token idx's K and V row, this lane's channels, as floats; -1 or its chunk index
+    auto load = [&](int idx, float (&k)[CPL], float (&v)[CPL]) {
         if (idx < e_win) {
             const ott_fp16 * kr, * vr;
             if (idx < e_sink) {
@@ -328,40 +360,57 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
                 k[2 * i] = kf.x; k[2 * i + 1] = kf.y;
                 v[2 * i] = vf.x; v[2 * i + 1] = vf.y;
             }
-        } else {
-            chunk_j = idx - e_win;                    // the chunk's own K/V, rounded to fp16
-            const float * kr = a.k.data + (int64_t) (T.t0 + chunk_j) * a.k.nb2 + (int64_t) T.head * a.k.nb1;
-            const float * vr = a.v.data + (int64_t) (T.t0 + chunk_j) * a.v.nb2 + (int64_t) T.head * a.v.nb1;
+            return -1;
+        }
+        const int j = idx - e_win;                    // the chunk's own K/V, rounded to fp16
+        const float * kr = a.k.data + (int64_t) (T.t0 + j) * a.k.nb2 + (int64_t) T.head * a.k.nb1;
+        const float * vr = a.v.data + (int64_t) (T.t0 + j) * a.v.nb2 + (int64_t) T.head * a.v.nb1;
 #pragma unroll
-            for (int i = 0; i < CPL / 2; ++i) {
-                const float2 kf = ((const float2 *) kr)[lane + 32 * i];
-                const float2 vf = ((const float2 *) vr)[lane + 32 * i];
-                k[2 * i] = __half2float(__float2half_rn(kf.x)); k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
-                v[2 * i] = __half2float(__float2half_rn(vf.x)); v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
-            }
+        for (int i = 0; i < CPL / 2; ++i) {
+            const float2 kf = ((const float2 *) kr)[lane + 32 * i];
+            const float2 vf = ((const float2 *) vr)[lane + 32 * i];
+            k[2 * i] = __half2float(__float2half_rn(kf.x)); k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
+            v[2 * i] = __half2float(__float2half_rn(vf.x)); v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
+        }
+        return j;
+    };
+
+    // tokens warp, warp + WARPS, ...; G of them loaded before any is used
+    constexpr int G = 4;
+    for (int idx0 = warp; idx0 < n_all; idx0 += G * WARPS) {
+        float k[G][CPL], v[G][CPL];
+        int chunk_j[G];
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+            const int idx = idx0 + gi * WARPS;
+            chunk_j[gi] = idx < n_all ? load(idx, k[gi], v[gi]) : INT_MAX;
         }
 #pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            float d = 0.0f;
+        for (int gi = 0; gi < G; ++gi) {
+            if (chunk_j[gi] == INT_MAX) break;
 #pragma unroll
-            for (int i = 0; i < CPL / 2; ++i) {
-                const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
-                d = fmaf(qq.x, k[2 * i], d);
-                d = fmaf(qq.y, k[2 * i + 1], d);
+            for (int r = 0; r < NR; ++r) {
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < CPL / 2; ++i) {
+                    const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
+                    d = fmaf(qq.x, k[gi][2 * i], d);
+                    d = fmaf(qq.y, k[gi][2 * i + 1], d);
+                }
+                warp_sum_from(d, 1);
+                if (chunk_j[gi] > last_q[r]) continue;   // causal (and rows past n_rows)
+                const float m_new = fmaxf(sm.m[r], d);
+                const float corr = exp2f(sm.m[r] - m_new);
+                const float p = exp2f(d - m_new);
+                sm.l[r] = sm.l[r] * corr + p;
+                sm.m[r] = m_new;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[gi][i], acc[i][r] * corr);
             }
-            warp_sum_from(d, 1);
-            if (chunk_j > last_q[r]) continue;        // causal (and rows past n_rows)
-            const float m_new = fmaxf(sm.m[r], d);
-            const float corr = exp2f(sm.m[r] - m_new);
-            const float p = exp2f(d - m_new);
-            sm.l[r] = sm.l[r] * corr + p;
-            sm.m[r] = m_new;
-#pragma unroll
-            for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[i], acc[i][r] * corr);
         }
     }
 
-    float * red = dyn;                                 // [WARPS][NR][HD]
+    float * red = (float *) dyn;                       // [WARPS][NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
@@ -382,7 +431,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 
 template <int HD, int BITS, int NR, int NGW>
 __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda_attn_args a) {
-    extern __shared__ __align__(16) float dyn[];
+    extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
 
@@ -432,22 +481,27 @@ __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64
 
 bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
-// dynamic shared memory: per warp max(NR*block, NR*HD) floats
+// dynamic shared memory: per warp its block-phase region, or its share of the final values
 size_t dyn_smem(const ott_kv_geom & g, int nr) {
-    const int per_warp = nr * (g.block > g.head_dim ? g.block : g.head_dim);
-    return (size_t) WARPS * per_warp * sizeof(float);
+    const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+    const size_t per_warp = warp_smem_bytes(g, L, nr), red = (size_t) nr * g.head_dim * sizeof(float);
+    return (size_t) WARPS * (per_warp > red ? per_warp : red);
 }
 
 template <int HD, int BITS, int NR, int NGW>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
-    const size_t smem = dyn_smem(a.L.geom, NR);
-    if (smem > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
-        if (e != cudaSuccess) return e;
+    if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
+        return cudaErrorInvalidValue;
+    } else {
+        const size_t smem = dyn_smem(a.L.geom, NR);
+        if (smem > 48 * 1024) {
+            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+            if (e != cudaSuccess) return e;
+        }
+        attn_partial_kernel<HD, BITS, NR, NGW><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+        return cudaGetLastError();
     }
-    attn_partial_kernel<HD, BITS, NR, NGW><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
-    return cudaGetLastError();
 }
 
 // one group per code word (groups of at least 32 bits of codes), else a group per byte
