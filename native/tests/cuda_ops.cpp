@@ -6,9 +6,9 @@
 //                              for bit (stores, pools, positions, tracing flags, head-blocks);
 //                              attention must be within ATTN_BUDGET of a float64 reference
 //                              (relative L2 error over the output).
-//   ott-cuda-ops perf [ctx..]  copy bandwidth of the card, then the attention kernel (7B
-//                              shape: 32 KV heads of 128, ott2) at each context and batch:
-//                              one JSON object per line.
+//   ott-cuda-ops perf [ctx[:batch] ..]  copy bandwidth of the card, then the attention
+//                              kernel (7B shape: 32 KV heads of 128, ott2) at each context
+//                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cuda/ott_cuda.h"
 #include "kv_quant.h"
@@ -524,7 +524,8 @@ float time_ms(F fn, int reps) {
     return t[t.size() / 2];
 }
 
-int run_perf(const std::vector<int> & contexts) {
+// contexts: (context, batch); batch 0 = every batch of the table
+int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     // copy bandwidth: bytes read + written
@@ -543,8 +544,9 @@ int run_perf(const std::vector<int> & contexts) {
     const ott_kv_geom g = { 128, 128, 2, 2, 128, 64 };
     const int32_t H = 32, hd = 128, window = 32, pool = 3, extra = 32;
     const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
-    for (int ctx : contexts) {
+    for (const auto & [ctx, only] : contexts) {
         for (int B : { 1, 4, 8, 16, 32, 64 }) {
+            if (only && B != only) continue;
             const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
             const int32_t win_cap = (n_win + g.block - 1) / g.block * g.block;
             ott_cuda_kv_layer L{};
@@ -655,11 +657,14 @@ int main(int argc, char ** argv) {
     }
     if (mode == "check") return run_checks();
     if (mode == "perf") {
-        std::vector<int> contexts;
-        for (int i = 2; i < argc; ++i) contexts.push_back(atoi(argv[i]));
-        if (contexts.empty()) contexts = { 4096, 8192, 16384 };
+        std::vector<std::pair<int, int>> contexts;     // "CTX" or "CTX:BATCH"
+        for (int i = 2; i < argc; ++i) {
+            const char * colon = strchr(argv[i], ':');
+            contexts.push_back({ atoi(argv[i]), colon ? atoi(colon + 1) : 0 });
+        }
+        if (contexts.empty()) contexts = { { 4096, 0 }, { 8192, 0 }, { 16384, 0 } };
         return run_perf(contexts);
     }
-    fprintf(stderr, "usage: ott-cuda-ops check | perf [context ...]\n");
+    fprintf(stderr, "usage: ott-cuda-ops check | perf [context[:batch] ...]\n");
     return 2;
 }
