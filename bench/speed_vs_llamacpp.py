@@ -4,10 +4,12 @@
                                       [--llama-bench PATH]
 
 Both sides use an fp16 KV cache on the same GGUF with the same thread count and report
-the median tokens/s over the repetitions; llama.cpp runs twice, without and with flash
-attention (`-fa off` / `-fa on`). The table gives ours / llama.cpp for each. Targets
-(issue "Runtime foundation"): decode >= 0.9x and prompt >= 0.8x llama.cpp's fp16 cache.
-Run it on an otherwise idle machine: the sides run one after the other.
+tokens/s; llama.cpp runs without and with flash attention (`-fa off` / `-fa on`). The
+sides are interleaved: each of `--rounds` rounds runs ours, llama.cpp fa off and llama.cpp
+fa on once (each with `-r` repetitions, median taken), and the table reports the median
+over rounds, so a change in machine load hits every side alike. The table gives
+ours / llama.cpp for each. Targets (issue "Runtime foundation"): decode >= 0.9x and
+prompt >= 0.8x llama.cpp's fp16 cache.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("-r", "--reps", type=int, default=5, help="repetitions per side and round (median)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median over rounds)")
     ap.add_argument("-d", "--depths", default="0", help="comma-separated context depths")
     ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     args = ap.parse_args()
@@ -63,20 +66,27 @@ def main() -> int:
 
     path = resolve_model(args.model)
     print(f"model {path}, {args.threads} threads, pp{args.n_prompt} / tg{args.n_gen}, depths {depths}, "
-          f"median of {args.reps}, fp16 KV cache", flush=True)
+          f"median of {args.reps} per round, {args.rounds} rounds, fp16 KV cache", flush=True)
 
     model = Model(path, n_ctx=max(depths) + max(args.n_prompt, args.n_gen), n_threads=args.threads, kv="f16")
-    ours = {(r.test, r.depth): r.tokens_per_s
-            for r in bench(model, args.n_prompt, args.n_gen, depths, args.reps)}
+    rounds = {"ours": [], False: [], True: []}  # per round: {(test, depth): tokens/s}
+    for _ in range(args.rounds):
+        rounds["ours"].append({(r.test, r.depth): r.tokens_per_s
+                               for r in bench(model, args.n_prompt, args.n_gen, depths, args.reps, progress=False)})
+        for fa in (False, True):
+            cmd, medians = llama_bench(args.llama_bench, path, args.threads, args.n_prompt, args.n_gen, args.reps,
+                                       depths, fa)
+            rounds[fa].append(medians)
     model.close()
     print(f"ours: python -m ott_gguf bench {path} -t {args.threads} -p {args.n_prompt} -n {args.n_gen} "
           f"-d {args.depths} -r {args.reps}")
+    print(f"llama.cpp: {cmd} (and -fa off); {args.rounds} interleaved rounds")
 
-    theirs = {}
-    for fa in (False, True):
-        cmd, theirs[fa] = llama_bench(args.llama_bench, path, args.threads, args.n_prompt, args.n_gen, args.reps,
-                                      depths, fa)
-        print(f"llama.cpp: {cmd}")
+    def median_over_rounds(side):
+        return {key: statistics.median(r[key] for r in rounds[side]) for key in rounds[side][0]}
+
+    ours = median_over_rounds("ours")
+    theirs = {fa: median_over_rounds(fa) for fa in (False, True)}
 
     print()
     print("| test | depth | ours t/s | llama.cpp fa off | ours/llama.cpp | llama.cpp fa on | ours/llama.cpp |")

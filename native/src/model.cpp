@@ -206,6 +206,14 @@ struct weight_loader {
         return m->cuda_device < 0 || matmul_supported(ggml_backend_dev_buffer_type(dev), w);
     }
 
+    // Is there a repacked layout (faster kernels) that multiplies this tensor?
+    bool repackable(const ggml_tensor * w) {
+        for (auto b : extra_bufts) {
+            if (matmul_supported(b, w)) return true;
+        }
+        return false;
+    }
+
     // Find `name`, check its type and shape, and create our header for it.
     ott_status get(const std::string & name, std::vector<int64_t> ne, bool matmul, bool required, ggml_tensor ** out) {
         *out = nullptr;
@@ -346,7 +354,15 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
             return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tied output needs token_embd type %s to be multipliable on %s", path,
                             ggml_type_name(m->tok_embd->type), ggml_backend_dev_name(m->dev));
         }
-        m->output = m->tok_embd;
+        // as llama.cpp does, the output matrix gets its own copy when a repacked layout
+        // multiplies it faster (the embedding lookup needs the plain layout)
+        const ggml_tensor * emb_src = ggml_get_tensor(meta, "token_embd.weight");
+        if (wl.repackable(emb_src)) {
+            OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, true, true, &m->output));
+        } else {
+            m->output = m->tok_embd;
+        }
+        m->tied_output = true;
     }
 
     m->layers.resize(hp.n_layer);
@@ -385,8 +401,10 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
             return ott_fail(OTT_ERR_IO, "%s: read error in tensor '%s'", path, ggml_get_name(t));
         }
         ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
-        m->n_params     += ggml_nelements(t);
-        m->weight_bytes += (int64_t) nbytes;
+        if (!(m->tied_output && t == m->output && t != m->tok_embd)) {  // a repacked copy adds no parameters
+            m->n_params     += ggml_nelements(t);
+            m->weight_bytes += (int64_t) nbytes;
+        }
     }
 
     return OTT_OK;
@@ -447,7 +465,7 @@ extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * o
     out->rope_freq_base  = hp.rope_freq_base;
     out->rope_freq_scale = hp.rope_freq_scale;
     out->norm_rms_eps    = hp.norm_rms_eps;
-    out->tied_output     = m->output == m->tok_embd;
+    out->tied_output     = m->tied_output;
     out->n_params        = m->n_params;
     out->weight_bytes    = m->weight_bytes;
     if (m->cuda_device >= 0) snprintf(out->device, sizeof(out->device), "cuda:%d", m->cuda_device);

@@ -66,7 +66,8 @@ struct ott_model {
 
     ggml_tensor * tok_embd    = nullptr;  // [n_embd, n_vocab]
     ggml_tensor * output_norm = nullptr;  // F32 [n_embd]
-    ggml_tensor * output      = nullptr;  // [n_embd, n_vocab]; == tok_embd when tied
+    ggml_tensor * output      = nullptr;  // [n_embd, n_vocab]; tok_embd (or a repacked copy) when tied
+    bool          tied_output = false;    // the file has no output.weight
     ggml_tensor * rope_freqs  = nullptr;  // F32 [n_rot/2] llama3 frequency factors, optional
     std::vector<ott_layer> layers;
 
