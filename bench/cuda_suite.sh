@@ -12,7 +12,7 @@
 #
 # Environment: GGML_PREFIX (default build/ggml-cuda), MODEL (the 7B-shaped GGUF, default
 # /tmp/llama7b-random.gguf, written when missing), CONTEXTS (default 4096,16384),
-# PYTEST_K (a pytest -k expression), and those of bench/build_cuda.sh. Each stage's
+# PYTEST_K (a pytest -k expression), PYTEST_FILES (more test files or node ids), and those of bench/build_cuda.sh. Each stage's
 # output goes to OUTDIR/<stage>.txt; a stage's failure is recorded and the next one runs.
 set -uo pipefail
 
@@ -48,8 +48,9 @@ for stage in "${STAGES[@]}"; do
     tests)
       k_args=()
       [[ -n "${PYTEST_K:-}" ]] && k_args=(-k "$PYTEST_K")
+      # shellcheck disable=SC2086
       (cd "$REPO" && python3 -P -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py tests/test_kv_native.py \
-        "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
+        ${PYTEST_FILES:-} "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
     perf) ops perf ${CONTEXTS//,/ } 8192 > "$OUTDIR/perf.txt" 2>&1 ;;
     bench) py "$REPO/bench/cuda_bench.py" --model "$MODEL" --contexts "$CONTEXTS" --skip-kernels \
              --json "$OUTDIR/bench.json" > "$OUTDIR/bench.txt" 2>&1 ;;

@@ -6,10 +6,13 @@
   fused attention within 3e-4 (relative L2) of float64.
 - End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
   CUDA, f16 and ott2 caches, 64 tokens after a 200-token prompt (so quantization events
-  fire). The two backends round matmuls differently, so a step whose two best logits are
-  closer than those rounding differences may pick different tokens: the test accepts a
-  divergence only at such a step (CPU margin below TIE_MARGIN) and reports it; everything
-  before it must be identical. The same check runs on SmolLM2 when the models are present.
+  fire). The two backends round matmuls differently (ggml-cuda: fp16 activations in fp16
+  GEMMs, TF32 in fp32 ones), and with a 2-bit cache a K/V value that lands on the other side
+  of a rounding boundary changes a whole quantization step; so the logits agree within
+  LOGITS_BUDGET (relative L2, per step), and the tokens are equal until a step whose CPU
+  top-2 gap is at most twice the largest logit difference there (a near-tie the rounding
+  explains; the test prints the numbers). The same check runs on SmolLM2 when the models
+  are present.
 """
 import shutil
 import subprocess
@@ -25,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
 ARCHS = ("80", "86", "89", "90")
 N_GEN = 64
-TIE_MARGIN = 0.05        # logits: a CPU top-2 gap below this may flip on another backend
+LOGITS_BUDGET = {"f16": 1e-2, "ott2": 0.15}   # relative L2 of a step's logits, CPU vs CUDA
 
 needs_gpu = pytest.mark.skipif(cuda_device_count() == 0,
                                reason="no CUDA device, or this build has no CUDA support (OTT_CUDA)")
@@ -88,16 +91,20 @@ def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int):
     assert cuda_model.info.device == "cuda:0"
     cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
     diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
-    errs = [float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in zip(cpu_logits, cuda_logits)]
+    same_prefix = N_GEN if diverged is None else diverged + 1    # steps whose inputs are equal
+    errs = [float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in zip(cpu_logits, cuda_logits)][:same_prefix]
     where = f"{Path(path).name} kv={kv}"
     if diverged is None:
         print(f"{where}: {N_GEN} greedy tokens equal; logits rel L2 CPU vs CUDA max {max(errs):.2e}")
-        return
-    gap = top2_gap(cpu_logits[diverged])
-    print(f"{where}: diverged at token {diverged}: CPU top-2 gap {gap:.4f}, logits rel L2 before it max "
-          f"{max(errs[:diverged + 1]):.2e}")
-    assert gap < TIE_MARGIN, (f"{where}: CPU and CUDA greedy tokens differ at {diverged} although the CPU's "
-                              f"top-2 gap is {gap:.4f} (>= {TIE_MARGIN}); logits rel L2 {errs[diverged]:.2e}")
+    else:
+        gap = top2_gap(cpu_logits[diverged])
+        noise = float(np.abs(cpu_logits[diverged] - cuda_logits[diverged]).max())
+        print(f"{where}: tokens equal up to {diverged}, then CPU top-2 gap {gap:.4f} vs largest logit "
+              f"difference {noise:.4f}; logits rel L2 up to there max {max(errs):.2e}")
+        assert gap <= 2 * noise, (f"{where}: greedy tokens differ at {diverged} although the CPU's top-2 gap "
+                                  f"{gap:.4f} exceeds twice the largest logit difference {noise:.4f}")
+    assert max(errs) < LOGITS_BUDGET[kv], f"{where}: logits rel L2 CPU vs CUDA {max(errs):.2e} >= {LOGITS_BUDGET[kv]}"
+
 
 
 @pytest.fixture(scope="module")

@@ -614,18 +614,21 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             a.tiles = dt;
             a.n_tiles = (int32_t) tiles.size();
             a.rows_per_tile = 1;
-            // the cache's choice of splits (kv_ott_cuda.cpp), then other counts for comparison
+            // the cache's choice (kv_ott_cuda.cpp: its split count, the default prefetch depth),
+            // then other prefetch depths and split counts for comparison
             const int want = (32 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
             const int chosen = std::max(1, std::min(want, n_blocks / 4));
-            std::vector<int> splits = { chosen };
+            std::vector<std::pair<int, int>> variants = { { chosen, 0 }, { chosen, 8 }, { chosen, 32 } };  // (splits, prefetch)
             for (int sp : { 1, 2, 4, 8, 16, 32 }) {
-                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) splits.push_back(sp);
+                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0 });
             }
+            int most = 0;
+            for (const auto & v : variants) most = std::max(most, v.first);
             float * dout = (float *) dalloc(q.size() * 4, 0);
-            const int most = *std::max_element(splits.begin(), splits.end());
             float * parts = (float *) dalloc(tiles.size() * (size_t) (most + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
-            for (int sp : splits) {
+            for (const auto & [sp, pf] : variants) {
                 a.n_splits = sp;
+                a.prefetch = pf;
                 a.partials = parts;
                 const float ms = time_ms([&] {
                     CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
@@ -636,8 +639,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                                      + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
                 printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-                       "\"splits\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                       ctx, B, H, hd, sp, sp == chosen ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                       "\"splits\": %d, \"prefetch\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
+                       ctx, B, H, hd, sp, pf ? pf : 16, sp == chosen && pf == 0 ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
                 fflush(stdout);
             }
             for (void * p : mem) CHECK_CUDA(cudaFree(p));

@@ -113,8 +113,9 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
 
 // ---- split over quantized blocks ------------------------------------------------------------
 
-// Code words a lane loads before using any (loads in flight per warp: PF * 128 bytes).
-constexpr int PF = 32;
+// PF: code words a lane loads before using any (in flight per warp: PF * 128 bytes). Larger
+// PF hides more memory latency but unrolls more code (instruction-cache misses, registers);
+// the decode kernel's choice is a launch argument (ott_cuda_attn_args::prefetch).
 
 // Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
 // head-block's scales and mins (its bytes before k_codes), staged with coalesced loads.
@@ -122,7 +123,7 @@ __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const o
     return (size_t) nr * g.block * sizeof(float) + L.k_codes;
 }
 
-template <int HD, int BITS, int NR, int NGW>
+template <int HD, int BITS, int NR, int NGW, int PF>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                               uint8_t * dyn) {
     constexpr int TPW = 32 / BITS, CPB = 8 / BITS;   // codes per 32-bit word, per byte
@@ -179,6 +180,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 #pragma unroll
             for (int u = 0; u < TPW; ++u) s[u][r] = 0.0f;
         }
+#pragma unroll 1
         for (int c0 = 0; c0 < cplk; c0 += PF) {
             uint32_t w[PF];
 #pragma unroll
@@ -260,6 +262,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         __syncwarp();
 
         // values: the lane's slots t_first .., channels jv*TPW .. jv*TPW+TPW-1
+#pragma unroll 1
         for (int t0 = 0; t0 < tplv; t0 += PF) {
             uint32_t w[PF];
 #pragma unroll
@@ -429,7 +432,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     write_partial<HD, NR>(a, S, red, T);
 }
 
-template <int HD, int BITS, int NR, int NGW>
+template <int HD, int BITS, int NR, int NGW, int PF>
 __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda
         S.q[r][c] = x;
     }
     __syncthreads();
-    if ((int) blockIdx.y < a.n_splits) attend_blocks<HD, BITS, NR, NGW>(a, T, S, dyn);
+    if ((int) blockIdx.y < a.n_splits) attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
     else attend_fp16<HD, NR>(a, T, S, dyn);
 }
 
@@ -488,18 +491,18 @@ size_t dyn_smem(const ott_kv_geom & g, int nr) {
     return (size_t) WARPS * (per_warp > red ? per_warp : red);
 }
 
-template <int HD, int BITS, int NR, int NGW>
+template <int HD, int BITS, int NR, int NGW, int PF>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
         const size_t smem = dyn_smem(a.L.geom, NR);
         if (smem > 48 * 1024) {
-            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW>,
+            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW, PF>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
             if (e != cudaSuccess) return e;
         }
-        attn_partial_kernel<HD, BITS, NR, NGW><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+        attn_partial_kernel<HD, BITS, NR, NGW, PF><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
         return cudaGetLastError();
     }
 }
@@ -508,8 +511,17 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
 template <int HD, int BITS, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream) {
     const ott_kv_geom & g = a.L.geom;
-    if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) return launch_partial<HD, BITS, NR, 1>(a, stream);
-    return launch_partial<HD, BITS, NR, 4>(a, stream);
+    if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) {
+        if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
+            switch (a.prefetch) {
+                case 8:  return launch_partial<HD, BITS, 1, 1, 8>(a, stream);
+                case 32: return launch_partial<HD, BITS, 1, 1, 32>(a, stream);
+                default: break;
+            }
+        }
+        return launch_partial<HD, BITS, NR, 1, 16>(a, stream);
+    }
+    return launch_partial<HD, BITS, NR, 4, 16>(a, stream);
 }
 
 template <int HD, int BITS>
