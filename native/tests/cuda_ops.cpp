@@ -618,7 +618,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             // then other prefetch depths and split counts for comparison
             const int want = (32 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
             const int chosen = std::max(1, std::min(want, n_blocks / 4));
-            std::vector<std::pair<int, int>> variants = { { chosen, 0 }, { chosen, 8 }, { chosen, 32 } };  // (splits, prefetch)
+            std::vector<std::pair<int, int>> variants = { { chosen, 0 }, { chosen, 16 }, { chosen, 32 } };  // (splits, prefetch)
             for (int sp : { 1, 2, 4, 8, 16, 32 }) {
                 if (sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0 });
             }
@@ -640,7 +640,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
                 printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
                        "\"splits\": %d, \"prefetch\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                       ctx, B, H, hd, sp, pf ? pf : 16, sp == chosen && pf == 0 ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                       ctx, B, H, hd, sp, pf ? pf : 8, sp == chosen && pf == 0 ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
                 fflush(stdout);
             }
             for (void * p : mem) CHECK_CUDA(cudaFree(p));

@@ -514,9 +514,9 @@ cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) {
         if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
             switch (a.prefetch) {
-                case 8:  return launch_partial<HD, BITS, 1, 1, 8>(a, stream);
+                case 16: return launch_partial<HD, BITS, 1, 1, 16>(a, stream);
                 case 32: return launch_partial<HD, BITS, 1, 1, 32>(a, stream);
-                default: break;
+                default: return launch_partial<HD, BITS, 1, 1, 8>(a, stream);
             }
         }
         return launch_partial<HD, BITS, NR, 1, 16>(a, stream);

@@ -120,7 +120,7 @@ struct ott_cuda_attn_args {
     const ott_cuda_attn_tile * tiles;  // device [n_tiles]
     int32_t n_tiles;
     int32_t rows_per_tile;   // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
-    int32_t prefetch;        // code words a lane loads ahead in one-row tiles: 8, 16 (0: 16) or 32
+    int32_t prefetch;        // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
     int32_t n_splits;        // splits over quantized blocks; split n_splits is the fp16 one
     float * partials;        // device [n_tiles][n_splits+1][OTT_CUDA_ATTN_ROWS][head_dim+2]
 };
