@@ -105,16 +105,7 @@ public:
             release(seq);
             return OTT_OK;
         }
-        const int32_t frozen = sc.n_blocks > 0 ? sc.n_sink + sc.n_blocks * cfg.geom.block : 0;
-        if (n_keep < frozen) {
-            return ott_fail(OTT_ERR_UNSUPPORTED, "sequence %d: cannot keep %d of its %d tokens, the first %d are quantized "
-                            "(a quantized cache keeps at least those, or clears with n_keep = 0)",
-                            seq, n_keep, sc.n_tokens, frozen);
-        }
-        sc.n_tokens = n_keep;
-        sc.n_sink = std::min(n_keep, cfg.sink);
-        sc.n_win = n_keep - sc.n_sink - sc.n_blocks * cfg.geom.block;
-        return OTT_OK;
+        return sc.truncate(seq, n_keep, cfg.sink, cfg.geom.block);
     }
 
     ott_status seq_copy(int32_t src, int32_t dst) override {

@@ -45,6 +45,21 @@ struct ott_kv_sched {
     int32_t n_sink   = 0;   // tokens in the sink
     int32_t n_blocks = 0;   // quantized blocks
     int32_t n_win    = 0;   // tokens in the fp16 window
+
+    // Keep the first n_keep (0 < n_keep < n_tokens) tokens of sequence `seq`; quantized
+    // tokens cannot be dropped (the stores of the CPU and CUDA caches follow the schedule).
+    ott_status truncate(int32_t seq, int32_t n_keep, int32_t sink, int32_t block) {
+        const int32_t frozen = n_blocks > 0 ? n_sink + n_blocks * block : 0;
+        if (n_keep < frozen) {
+            return ott_fail(OTT_ERR_UNSUPPORTED, "sequence %d: cannot keep %d of its %d tokens, the first %d are quantized "
+                            "(a quantized cache keeps at least those, or clears with n_keep = 0)",
+                            seq, n_keep, n_tokens, frozen);
+        }
+        n_tokens = n_keep;
+        n_sink   = n_keep < sink ? n_keep : sink;
+        n_win    = n_keep - n_sink - n_blocks * block;
+        return OTT_OK;
+    }
 };
 
 // The stores of one layer of one sequence, all KV heads (head-major).
