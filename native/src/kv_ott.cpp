@@ -359,7 +359,7 @@ private:
 
 } // namespace
 
-ott_status ott_kv_ott_create(const ott_kv_params & p, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
     const int32_t hd = shape.n_embd_head;
     auto bad = [](const char * what, int32_t value, const char * rule) {
         return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=%d %s", what, value, rule);
@@ -382,7 +382,7 @@ ott_status ott_kv_ott_create(const ott_kv_params & p, const ott_kv_shape & shape
     if (p.type == OTT_KV_OTT && !p.pool) return bad("pool", p.pool, "must be > 0 in OTT mode");
     if (p.prefill_fp16 != 0 && p.prefill_fp16 != 1) return bad("prefill_fp16", p.prefill_fp16, "must be 0 or 1");
 
-    ott_kv_config cfg{};
+    cfg = ott_kv_config{};
     cfg.geom = { hd, p.block, p.bits_k, p.bits_v, p.group_k, group_v };
     cfg.layout = ott_kv_block_layout_of(&cfg.geom);
     cfg.window = p.window;
@@ -393,6 +393,12 @@ ott_status ott_kv_ott_create(const ott_kv_params & p, const ott_kv_shape & shape
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.n_layer = shape.n_layer;
     cfg.n_head_kv = shape.n_head_kv;
+    return OTT_OK;
+}
+
+ott_status ott_kv_ott_create(const ott_kv_params & p, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+    ott_kv_config cfg;
+    OTT_TRY(ott_kv_config_resolve(p, shape, cfg));
     out = std::make_unique<kv_ott>(cfg, shape);
     return OTT_OK;
 }

@@ -573,21 +573,8 @@ private:
 } // namespace
 
 ott_status ott_kv_ott_cuda_create(const ott_kv_params & p, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
-    {
-        std::unique_ptr<ott_kv_cache> check;          // the CPU cache validates every knob
-        OTT_TRY(ott_kv_ott_create(p, shape, check));
-    }
-    ott_kv_config cfg{};
-    cfg.geom = { shape.n_embd_head, p.block, p.bits_k, p.bits_v, p.group_k, std::min(p.group_v, shape.n_embd_head) };
-    cfg.layout = ott_kv_block_layout_of(&cfg.geom);
-    cfg.window = p.window;
-    cfg.pool = p.pool;
-    cfg.extra_pool = p.extra_pool;
-    cfg.skip_layers = p.skip_layers;
-    cfg.sink = p.sink;
-    cfg.prefill_fp16 = p.prefill_fp16;
-    cfg.n_layer = shape.n_layer;
-    cfg.n_head_kv = shape.n_head_kv;
+    ott_kv_config cfg;
+    OTT_TRY(ott_kv_config_resolve(p, shape, cfg));
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)", why,
                         cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k, cfg.geom.group_v);

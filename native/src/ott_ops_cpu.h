@@ -39,6 +39,9 @@ struct ott_kv_config {
     size_t  event_bytes() const { return (size_t) layout.size * (size_t) n_head_kv; }  // one event, all heads
 };
 
+// Validate every knob (one line naming the bad one) and resolve them for the model.
+ott_status ott_kv_config_resolve(const ott_kv_params & params, const ott_kv_shape & shape, ott_kv_config & out);
+
 // The schedule of one sequence: identical in every layer and KV head.
 struct ott_kv_sched {
     int32_t n_tokens = 0;   // tokens appended = position of the next one
