@@ -31,11 +31,18 @@ from ott_gguf.resolve import resolve_model  # noqa: E402
 DEFAULT_LLAMA_BENCH = REPO.parent / "peers" / "llamacpp" / "build" / "bin" / "llama-bench"
 
 
+def require_llama_bench(exe: Path) -> None:
+    """Exit with one line when llama-bench is not at exe."""
+    if not exe.is_file():
+        sys.exit(f"error: llama-bench not found at {exe} (build it with "
+                 f"shared/peers/build_llamacpp.sh, or pass --llama-bench)")
+
+
 def llama_bench(exe: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
-                depths: list[int], flash_attn: bool) -> tuple[str, dict[tuple[str, int], float]]:
+                depths: list[int], flash_attn: bool, cache_type: str = "f16") -> tuple[str, dict[tuple[str, int], float]]:
     """Run llama-bench once; (its command line, {(test, depth): median tokens/s})."""
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-           "-r", str(reps), "-d", ",".join(map(str, depths)), "-ctk", "f16", "-ctv", "f16",
+           "-r", str(reps), "-d", ",".join(map(str, depths)), "-ctk", cache_type, "-ctv", cache_type,
            "-fa", "on" if flash_attn else "off", "-o", "json"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -60,9 +67,7 @@ def main() -> int:
     ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
-    if not args.llama_bench.is_file():
-        sys.exit(f"error: llama-bench not found at {args.llama_bench} (build it with "
-                 f"shared/peers/build_llamacpp.sh, or pass --llama-bench)")
+    require_llama_bench(args.llama_bench)
 
     path = resolve_model(args.model)
     print(f"model {path}, {args.threads} threads, pp{args.n_prompt} / tg{args.n_gen}, depths {depths}, "

@@ -56,6 +56,15 @@ class KVStats:
     bits_per_element: float       # average over K and V elements
 
 
+@dataclass
+class Profile:
+    """Compute time by kind of graph node since profiling was turned on (ott.h: ott_profile)."""
+    attn_ms: float                # attention over the cache
+    append_ms: float              # new tokens into the cache, quantization events
+    other_ms: float               # projections, FFN, norms, output head
+    n_ubatches: int
+
+
 def _struct_to(cls, c_struct):
     values = {}
     for f in fields(cls):
@@ -216,6 +225,16 @@ class Model:
         st = ffi.new("ott_kv_stats *")
         check(lib.ott_get_kv_stats(self._ctx, st))
         return KVStats(st.bytes_allocated, st.bytes_used, st.n_tokens, st.bytes_per_token_layer, st.bits_per_element)
+
+    def set_profile(self, on: bool) -> None:
+        """Start (resetting the counters) or stop timing graph nodes by kind; CPU only. While
+        on, steps run as several smaller graphs and get slower."""
+        check(lib.ott_set_profile(self._ctx, 1 if on else 0))
+
+    def profile(self) -> Profile:
+        p = ffi.new("ott_profile *")
+        check(lib.ott_get_profile(self._ctx, p))
+        return Profile(p.attn_ms, p.append_ms, p.other_ms, p.n_ubatches)
 
     def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
         """The cache's footprint for one sequence of n_ctx tokens (default: the context size),

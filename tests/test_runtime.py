@@ -162,6 +162,25 @@ def test_kv_stats_count_fp16_bytes(smol):
     assert st.bits_per_element == 16
 
 
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_profile_splits_step_time_and_keeps_results(smollm2_path, kv):
+    """Profiling times attention, appends and the rest of each step without changing the
+    result; it is off by default and counts only the steps run while on."""
+    plain = Model(smollm2_path, n_ctx=256, n_threads=2, kv=kv, device="cpu")
+    timed = Model(smollm2_path, n_ctx=256, n_threads=2, kv=kv, device="cpu")
+    plain.eval(PROMPT)
+    timed.eval(PROMPT)
+    assert timed.profile().n_ubatches == 0
+    timed.set_profile(True)
+    for tok in PROMPT[:5]:
+        np.testing.assert_array_equal(timed.eval([tok]), plain.eval([tok]))
+    timed.set_profile(False)
+    timed.eval([PROMPT[0]])
+    p = timed.profile()
+    assert p.n_ubatches == 5
+    assert p.attn_ms > 0 and p.append_ms > 0 and p.other_ms > p.attn_ms
+
+
 # f32 weights: only fp16 K/V rounding separates us from the reference. 8-bit weights: ggml
 # rounds activations to 8 bits before each matmul, which turns the fp16 accumulation noise of
 # flash attention into occasional one-code flips (~1 % of a row's range).

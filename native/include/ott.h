@@ -171,6 +171,23 @@ typedef struct {
 
 ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
 
+/* Where a context's compute time goes, by kind of graph node, summed over the ubatches
+ * computed since ott_set_profile(ctx, 1) (which resets it). While on, each step runs as
+ * several smaller graphs (one per run of nodes of one kind), so whole steps get slower:
+ * time steps with profiling off. CPU backend only. */
+typedef struct {
+    double  attn_ms;      /* attention over the cache: nodes named kq* (ggml's flash attention,
+                             or its matrix products and softmax; our fused attention and merge) */
+    double  append_ms;    /* new tokens into the cache, quantization events: kv_append*     */
+    double  other_ms;     /* everything else: projections, FFN, norms, output head          */
+    int64_t n_ubatches;
+} ott_profile;
+
+/* on = 1: reset the counters and profile from now on; 0: stop (the counters stay).
+ * OTT_ERR_UNSUPPORTED on a GPU context. */
+ott_status ott_set_profile(ott_context * ctx, int32_t on);
+ott_status ott_get_profile(const ott_context * ctx, ott_profile * out);
+
 /* Tokens sequence seq_id can take until the next quantization event fires (the event
  * fires after the last of them); 0 when the cache never quantizes. Feeding a sequence in
  * chunks of exactly this size (each chunk one ott_decode call, n_ubatch >= the chunk)

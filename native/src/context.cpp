@@ -7,6 +7,7 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
@@ -23,6 +24,10 @@ struct ott_context {
 
     std::vector<float> logits;                 // [n_outputs, n_vocab]
     int32_t n_outputs = 0;
+
+    bool profile = false;                      // ott_set_profile
+    ott_profile prof{};
+    std::vector<uint8_t> prof_meta;            // memory for the segment graph's header
 
     ~ott_context() {
         kv.reset();
@@ -111,6 +116,40 @@ void next_ubatch(const ott_batch * b, const std::vector<std::vector<int32_t>> & 
     }
 }
 
+// The profile counter a node's time goes to (ott_profile): by the node's name.
+double & profile_slot(ott_profile & p, const ggml_tensor * node) {
+    const char * name = ggml_get_name(node);
+    if (strncmp(name, "kv_append", 9) == 0) return p.append_ms;
+    if (strncmp(name, "kq", 2) == 0) return p.attn_ms;
+    return p.other_ms;
+}
+
+// Compute gf as consecutive runs of nodes of one profile kind, each timed on its own.
+ott_status compute_profiled(ott_context * c, ggml_cgraph * gf) {
+    const int n = ggml_graph_n_nodes(gf);
+    c->prof_meta.resize(ggml_graph_overhead_custom(n, false));
+    ggml_init_params ip = { c->prof_meta.size(), c->prof_meta.data(), true };
+    ggml_context * pctx = ggml_init(ip);
+    std::unique_ptr<ggml_context, decltype(&ggml_free)> guard(pctx, ggml_free);
+    ggml_cgraph * seg = ggml_new_graph_custom(pctx, n, false);
+    for (int i0 = 0; i0 < n;) {
+        double & slot = profile_slot(c->prof, ggml_graph_node(gf, i0));
+        ggml_graph_clear(seg);
+        int i1 = i0;
+        for (; i1 < n && &profile_slot(c->prof, ggml_graph_node(gf, i1)) == &slot; ++i1) {
+            ggml_graph_add_node(seg, ggml_graph_node(gf, i1));
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        if (ggml_backend_graph_compute(c->backend, seg) != GGML_STATUS_SUCCESS) {
+            return ott_fail(OTT_ERR_BACKEND, "graph compute failed (nodes %d..%d, profiling)", i0, i1 - 1);
+        }
+        slot += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        i0 = i1;
+    }
+    c->prof.n_ubatches++;
+    return OTT_OK;
+}
+
 ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vector<int32_t> & ub_src,
                           const std::vector<int32_t> & out_row) {
     OTT_TRY(c->kv->begin(ub));
@@ -141,7 +180,7 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
         return ott_fail(OTT_ERR_ALLOC, "cannot allocate the compute buffer for %d tokens", ub.n_tokens());
     }
     b.set_inputs();
-    OTT_TRY(c->kv->compute(c->backend, gf));
+    OTT_TRY(c->profile ? compute_profiled(c, gf) : c->kv->compute(c->backend, gf));
     c->kv->commit();
 
     // logits rows go to their batch rows; consecutive rows are fetched in one copy
@@ -290,5 +329,22 @@ extern "C" ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t
 extern "C" ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out) {
     if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_kv_stats: null argument");
     *out = ctx->kv->stats();
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_set_profile(ott_context * ctx, int32_t on) {
+    if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_set_profile: null context");
+    if (on && ctx->model->cuda_device >= 0) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "profiling runs on the CPU backend only (this context runs on %s)",
+                        ggml_backend_name(ctx->backend));
+    }
+    if (on) ctx->prof = ott_profile{};
+    ctx->profile = on != 0;
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_get_profile(const ott_context * ctx, ott_profile * out) {
+    if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_profile: null argument");
+    *out = ctx->prof;
     return OTT_OK;
 }

@@ -77,8 +77,12 @@ public:
                              ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
         const int64_t n_tokens = q->ne[2];
         const int64_t hd = sh.n_embd_head;
-        ggml_build_forward_expand(gf, ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows));
-        ggml_build_forward_expand(gf, ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows));
+        ggml_tensor * app_k = ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows);
+        ggml_tensor * app_v = ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows);
+        ggml_format_name(app_k, "kv_append_k-%d", il);
+        ggml_format_name(app_v, "kv_append_v-%d", il);
+        ggml_build_forward_expand(gf, app_k);
+        ggml_build_forward_expand(gf, app_v);
 
         const size_t row_bytes = k_l[il]->nb[1];
         const size_t seq_bytes = row_bytes * (size_t) seq_rows;
@@ -112,20 +116,27 @@ public:
                                                     p.mask->nb[3], (size_t) j * p.mask->nb[3]);
                     ggml_tensor * aj = ggml_flash_attn_ext(gctx, qj, kj, vj, mj, kq_scale, 0.0f, 0.0f);
                     ggml_flash_attn_ext_set_prec(aj, GGML_PREC_F32);
+                    ggml_format_name(aj, "kqv_fa-%d", il);
                     aj = ggml_reshape_2d(gctx, aj, hd * q->ne[1], 1);
                     fa = fa ? ggml_concat(gctx, fa, aj, 1) : aj;
                 }
             } else if (use_fa) {
                 fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
                 ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+                ggml_format_name(fa, "kqv_fa-%d", il);
                 fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
             } else {
                 ggml_tensor * kq = ggml_mul_mat(gctx, kr, qr);                  // [n_kv, n_tokens, n_head, n_seqs]
                 ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+                ggml_format_name(kq, "kq-%d", il);
                 kq = ggml_soft_max_ext(gctx, kq, p.mask, kq_scale, 0.0f);
+                ggml_format_name(kq, "kq_soft_max-%d", il);
                 ggml_tensor * vt = ggml_cont(gctx, ggml_permute(gctx, vr, 1, 0, 2, 3));  // [n_kv, n_embd_head, ..]
+                ggml_format_name(vt, "kq_vt-%d", il);
                 ggml_tensor * kqv = ggml_mul_mat(gctx, vt, kq);                 // [n_embd_head, n_tokens, n_head, n_seqs]
+                ggml_format_name(kqv, "kqv-%d", il);
                 fa = ggml_cont_2d(gctx, ggml_permute(gctx, kqv, 0, 2, 1, 3), hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+                ggml_format_name(fa, "kqv_cont-%d", il);
             }
             out = out ? ggml_concat(gctx, out, fa, 1) : fa;
         }

@@ -1,0 +1,135 @@
+"""Decode speed by context depth: our f16 and ott2 caches against llama.cpp, in one run.
+
+    python bench/kv_speed.py [MODEL] [-t 2] [-d 0,1024,4096,8192] [-n 32] [--rounds 3]
+                             [--modes f16,ott2] [--llama-bench PATH]
+
+For each depth d, decode tokens/s after d tokens of context, for
+- ours: each mode's cache holds d random tokens in a sequence of its own (filled once); a
+  round copies it to a scratch sequence and decodes n tokens there one at a time (whole
+  steps, timed), then copies it again and decodes n more with profiling on (ott.h: ott_set_profile), which gives the
+  attention op's time per token (our fused attention for ott2, ggml's flash attention for f16);
+- llama.cpp's llama-bench (`-p 0 -n N -d ...`) with an f16 cache without and with flash
+  attention, and with a q4_0 cache (flash attention on, which a quantized V cache needs).
+Each round runs every side once; the table gives medians over rounds, so a change in machine
+load hits every side alike. Targets (issue "OTT 2-bit KV cache on CPU"): ott2's attention
+faster than our f16 attention from 4K on, and ott2's whole step at 8K faster than llama.cpp's
+best setting.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from speed_vs_llamacpp import DEFAULT_LLAMA_BENCH, llama_bench, require_llama_bench  # noqa: E402
+
+from ott_gguf.model import Model  # noqa: E402
+from ott_gguf.resolve import resolve_model  # noqa: E402
+
+LLAMA_SETTINGS = {  # name: (flash attention, cache type)
+    "llama.cpp f16": (False, "f16"),
+    "llama.cpp f16 fa": (True, "f16"),
+    "llama.cpp q4_0 fa": (True, "q4_0"),
+}
+
+
+def fill(model: Model, seq: int, n: int, rng: np.random.Generator) -> None:
+    """Sequence seq := n random tokens, fed in the model's ubatches (not timed)."""
+    ids = rng.integers(0, model.n_vocab, n).tolist()
+    for i in range(0, n, 512):
+        model.eval(ids[i:i + 512], seq)
+
+
+def decode_from(model: Model, src: int, n_gen: int, rng: np.random.Generator, profile: bool) -> float:
+    """Copy sequence src to the scratch sequence (the last one) and decode n_gen tokens
+    there, one per step; seconds (profile: the attention op's ms per token)."""
+    scratch = model.n_seq_max - 1
+    model.copy_sequence(src, scratch)
+    model.set_profile(profile)
+    ids = rng.integers(0, model.n_vocab, n_gen).tolist()
+    t0 = time.perf_counter()
+    for tok in ids:
+        model.eval([tok], scratch)
+    seconds = time.perf_counter() - t0
+    model.set_profile(False)
+    model.truncate(scratch, 0)
+    return model.profile().attn_ms / n_gen if profile else seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", help="GGUF path or Hub repo id (default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-d", "--depths", default="0,1024,4096,8192")
+    ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens per side, depth and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="f16,ott2", help="our cache modes")
+    ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
+    args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    modes = args.modes.split(",")
+    require_llama_bench(args.llama_bench)
+    path = resolve_model(args.model)
+    print(f"model {path}, {args.threads} threads, tg{args.n_gen} at depths {depths}, "
+          f"{args.rounds} interleaved rounds", flush=True)
+
+    rng = np.random.default_rng(0)
+    n_ctx = max(depths) + 2 * args.n_gen + 256
+    # sequence i holds depths[i] tokens, the last one is the scratch sequence
+    models = {m: Model(path, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m) for m in modes}
+    for model in models.values():
+        for i, d in enumerate(depths):
+            fill(model, i, d, rng)
+    tps = {(side, d): [] for d in depths for side in modes + list(LLAMA_SETTINGS)}
+    attn = {(m, d): [] for d in depths for m in modes}
+    cmds = {}
+    for rnd in range(args.rounds):
+        for i, d in enumerate(depths):
+            for m, model in models.items():
+                tps[(m, d)].append(args.n_gen / decode_from(model, i, args.n_gen, rng, profile=False))
+                attn[(m, d)].append(decode_from(model, i, args.n_gen, rng, profile=True))
+        for name, (fa, ctype) in LLAMA_SETTINGS.items():
+            cmds[name], medians = llama_bench(args.llama_bench, path, args.threads, 0, args.n_gen, 1, depths, fa,
+                                              cache_type=ctype)
+            for d in depths:
+                tps[(name, d)].append(medians[(f"tg{args.n_gen}", d)])
+        print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    for model in models.values():
+        model.close()
+
+    med = {k: statistics.median(v) for k, v in tps.items()}
+    amed = {k: statistics.median(v) for k, v in attn.items()}
+    print(f"ours: {', '.join(modes)} caches, Model(n_threads={args.threads}), "
+          f"{args.n_gen} decode steps per depth and round")
+    for name, cmd in cmds.items():
+        print(f"{name}: {cmd}")
+    print()
+    head = ["depth"] + [f"ours {m} t/s" for m in modes] + [f"{n} t/s" for n in LLAMA_SETTINGS]
+    head += [f"{m} attention ms/token" for m in modes]
+    if "ott2" in modes:
+        head += ["ott2 / llama.cpp best (whole step)"]
+    if {"f16", "ott2"} <= set(modes):
+        head += ["ott2 / f16 attention time"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for d in depths:
+        row = [str(d)] + [f"{med[(m, d)]:.2f}" for m in modes] + [f"{med[(n, d)]:.2f}" for n in LLAMA_SETTINGS]
+        row += [f"{amed[(m, d)]:.2f}" for m in modes]
+        if "ott2" in modes:
+            row.append(f"{med[('ott2', d)] / max(med[(n, d)] for n in LLAMA_SETTINGS):.2f}")
+        if {"f16", "ott2"} <= set(modes):
+            row.append(f"{amed[('ott2', d)] / amed[('f16', d)]:.2f}")
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
