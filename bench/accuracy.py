@@ -110,25 +110,31 @@ def main():
     ap.add_argument("-f", "--file", type=Path, required=True, help="text for perplexity (WikiText-2 raw test)")
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=20)
-    ap.add_argument("--modes", default="f16,kivi2,ott2,kivi4,ott4")
+    ap.add_argument("--modes", default="f16,kivi2,ott2,kivi4,ott4", help="'' skips the perplexity table")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--ablate", action="store_true", help="ott2 with pool 0/1/8 and group_v 16/32 (the default: pool 3, group_v 64)")
+    ap.add_argument("--ablate", action="store_true",
+                    help="ott2 with pool 0/1/8, group_v 16/32, group_k 32/64, window 128 "
+                         "(the defaults: pool 3, group_v 64, group_k 128, window 32)")
     ap.add_argument("--passkey", default="", help="comma-separated prompt lengths, e.g. 1024,2048,4096,8192")
     ap.add_argument("--passkey-modes", default="f16,kivi2,ott2")
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args()
 
     text = args.file.read_text(encoding="utf-8")
-    modes = args.modes.split(",")
-    print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
-    print_ppl_table("Perplexity, KL and top-1 by KV mode",
-                    ppl_rows(args.model, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
+    modes = [m for m in args.modes.split(",") if m]
+    if modes:
+        print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
+        print_ppl_table("Perplexity, KL and top-1 by KV mode",
+                        ppl_rows(args.model, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
     if args.ablate:
         ott2 = preset("ott2")
         configs = {f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
                    for p in (0, 1, 8)}
         configs.update({f"ott2 group_v {g}": ott2.with_overrides(group_v=g) for g in (16, 32)})
-        print_ppl_table("Ablation: ott2 pool size and value group",
+        configs.update({f"ott2 group_k {g}": ott2.with_overrides(group_k=g) for g in (32, 64)})
+        configs["ott2 window 128"] = ott2.with_overrides(window=128)
+        configs["ott2 group_k 32, window 128"] = ott2.with_overrides(group_k=32, window=128)
+        print_ppl_table("Ablation: ott2 pool size, value group, key group and window",
                         ppl_rows(args.model, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
                         args.ctx)
     if args.passkey:
