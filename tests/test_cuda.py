@@ -128,7 +128,7 @@ def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
 def test_greedy_cpu_equals_cuda_smollm2(smollm2_path, kv):
     model = Model(smollm2_path, n_ctx=64, n_threads=2, device="cpu")
     text = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-            "combined movable metal type, oil-based ink and a screw press. ") * 4
+            "combined movable metal type, oil-based ink and a screw press. ") * 6
     prompt = model.tokenize(text)
     assert len(prompt) > 160
     assert_same_greedy(smollm2_path, kv, prompt, n_ctx=512)

@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 from ott_gguf.errors import UnsupportedError
-from ott_gguf.model import Model
+from ott_gguf.model import Model, cuda_device_count
 from ott_gguf.reference import KVConfig, LayerCache, attend, preset
 from reference_forward import ReferenceModel, rms_norm, silu
 
-LOGIT_BUDGET = 2e-4
+# float32 matrix products on the CPU; ggml-cuda's round through TF32/fp16 (misses of about
+# 2e-3 at the CPU budget were seen on an H200), so a GPU build gets a wider budget
+LOGIT_BUDGET = 2e-4 if cuda_device_count() == 0 else 5e-3
 
 # small blocks so that a few hundred tokens cross every boundary many times; groups of 16
 # take the native attention's fused path (decode rows read codes directly), groups of 8 or
@@ -285,7 +287,10 @@ def test_truncate(tmp_path):
     with pytest.raises(UnsupportedError, match="quantized"):
         model.truncate(0, frozen - 1)
     model.truncate(0, 0)
-    assert model.seq_len() == 0 and model.kv_stats().bytes_allocated == 0
+    stats = model.kv_stats()
+    assert model.seq_len() == 0 and stats.bytes_used == 0
+    if model.info.device == "cpu":   # the CPU cache frees its blocks; the CUDA one allocates once
+        assert stats.bytes_allocated == 0
     again = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
     assert np.array_equal(model.eval(tokens[:20], all_logits=True), again.eval(tokens[:20], all_logits=True))
 

@@ -63,6 +63,9 @@ public:
         OTT_CUDA_TRY(cudaSetDevice(sh.cuda_device));
         OTT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, sh.cuda_device));
+        int cc_major = 0;
+        OTT_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, sh.cuda_device));
+        tensor_cores = cc_major >= 8 ? 1 : 0;     // integer mma.sync m16n8k32: sm_80+
 
         // one buffer: per layer, the arrays of ott_cuda_kv_layer
         const size_t S = sh.n_seq_max, H = sh.n_head_kv, hd = cfg.geom.head_dim;
@@ -437,10 +440,7 @@ private:
         if (rows_per_tile < OTT_CUDA_ATTN_ROWS) {
             for (ott_cuda_attn_tile & t : tiles) t.n_rows = std::min(t.n_rows, rows_per_tile);
         }
-        // splits: blocks of work for ~32 per multiprocessor (a short last wave), at least 4
-        // head-blocks a split (one per warp)
-        const int32_t want = (32 * n_sm + (int32_t) tiles.size() - 1) / std::max<int32_t>(1, (int32_t) tiles.size());
-        n_splits = std::max(1, std::min(want, max_blocks_step / 4));
+        n_splits = ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t) tiles.size(), n_sm, max_blocks_step);
 
         // pack: tiles | pre rounds | (app, ev) rounds
         plan.clear();
@@ -525,6 +525,7 @@ private:
         a.n_tiles = tiles_span.n;
         a.rows_per_tile = rows_per_tile;
         a.n_splits = n_splits;
+        a.tensor_cores = tensor_cores;
         a.partials = d_partials;
         OTT_CUDA_TRY(ott_cuda_attn_partial(a, stream));
         OTT_CUDA_TRY(ott_cuda_attn_merge(a, (float *) x.out->data, (int64_t) (x.out->nb[1] / sizeof(float)), stream));
@@ -546,6 +547,7 @@ private:
 
     cudaStream_t stream = nullptr;
     int n_sm = 1;
+    int32_t tensor_cores = 0;                // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
     ggml_backend_event_t ev_ggml = nullptr;  // recorded on ggml's stream, waited on by ours
     ggml_backend_event_t ev_ours = nullptr;  // recorded on ours, waited on by ggml's
     bool events_ok = false;                  // else segments and kernels are ordered by host syncs

@@ -27,6 +27,7 @@
 namespace {
 
 constexpr double ATTN_BUDGET = 3e-4;   // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
+constexpr double ATTN_BUDGET_TC = 1e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
 
 #define CHECK_CUDA(expr)                                                                 \
     do {                                                                                 \
@@ -289,7 +290,8 @@ double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, i
     return code * (double) ott_fp16_to_fp32_ref(sc[t * n_gv + gi]) + ott_fp16_to_fp32_ref(mn[t * n_gv + gi]);
 }
 
-void check_attn(const attn_case & c, uint64_t seed, int & n_fail) {
+// tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h)
+void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fail) {
     rng_t rng(seed);
     const ott_kv_geom & g = c.g;
     const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
@@ -367,6 +369,7 @@ void check_attn(const attn_case & c, uint64_t seed, int & n_fail) {
     a.n_tiles = (int32_t) tiles.size();
     a.rows_per_tile = std::min(rows, OTT_CUDA_ATTN_ROWS);
     a.n_splits = c.n_splits;
+    a.tensor_cores = tensor_cores;
     std::vector<float> parts(tiles.size() * (c.n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
     a.partials = gpu.upload(parts);
     std::vector<float> out((size_t) n_tok * n_head * hd, NAN);
@@ -456,16 +459,17 @@ void check_attn(const attn_case & c, uint64_t seed, int & n_fail) {
             }
         }
     }
-    const double rel = std::sqrt(err2 / ref2);
+    const double rel = std::sqrt(err2 / ref2), budget = tensor_cores ? ATTN_BUDGET_TC : ATTN_BUDGET;
     char detail[96];
-    snprintf(detail, sizeof(detail), "rel_l2 %.2e (budget %.0e)", rel, ATTN_BUDGET);
-    report(std::string("attn/") + c.name, finite && rel < ATTN_BUDGET, detail, n_fail);
+    snprintf(detail, sizeof(detail), "rel_l2 %.2e (budget %.0e)", rel, budget);
+    report(std::string(tensor_cores ? "attn-tc/" : "attn/") + c.name, finite && rel < budget, detail, n_fail);
 }
 
 int run_checks() {
     int n_fail = 0;
     const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
     const ott_kv_geom kivi2_64 = { 64, 128, 2, 2, 32, 32 }, ott4_128 = { 128, 128, 4, 4, 128, 64 };
+    const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
     const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
     const event_case events[] = {
         { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
@@ -493,8 +497,18 @@ int run_checks() {
         { "small8-hd64-rep3-chunk3",    small8, 3, 3, { 7, 0 }, 2, 2, 5, 4, 2 },
         { "small4-hd128-rep1-decode",   small4, 1, 1, { 10, 3 }, 0, 2, 5, 5, 4 },
         { "ott2-hd128-empty-cache",     ott2_128, 1, 4, { 0, 0 }, 0, 3, 32, 0, 1 },
+        { "ott2-hd128-rep2-decode",     ott2_128, 2, 1, { 7, 3 }, 0, 3, 32, 20, 2 },
+        { "ott2-hd128-rep1-chunk4",     ott2_128, 1, 4, { 5, 2 }, 0, 3, 32, 10, 2 },
+        { "kivi2-hd128-rep1-decode",    kivi2_128, 1, 1, { 6, 2 }, 0, 0, 0, 100, 2 },
+        { "kivi2-hd128-rep2-decode",    kivi2_128, 2, 1, { 4, 5 }, 0, 0, 0, 60, 3 },
+        { "g16-hd128-rep1-decode",      g16_128, 1, 1, { 5, 1 }, 0, 3, 8, 30, 2 },
     };
-    for (const attn_case & c : attns) check_attn(c, seed++, n_fail);
+    for (const attn_case & c : attns) {
+        check_attn(c, seed, 0, n_fail);
+        // the tensor-core block phase serves head_dim 128, block 128, 2-bit codes
+        if (c.g.head_dim == 128 && c.g.block == 128 && c.g.bits_k == 2) check_attn(c, seed, 1, n_fail);
+        ++seed;
+    }
     printf("%d case(s) failed\n", n_fail);
     return n_fail == 0 ? 0 : 1;
 }
@@ -614,21 +628,24 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             a.tiles = dt;
             a.n_tiles = (int32_t) tiles.size();
             a.rows_per_tile = 1;
-            // the cache's choice (kv_ott_cuda.cpp: its split count, the default prefetch depth),
-            // then other prefetch depths and split counts for comparison
-            const int want = (32 * prop.multiProcessorCount + a.n_tiles - 1) / a.n_tiles;
-            const int chosen = std::max(1, std::min(want, n_blocks / 4));
-            std::vector<std::pair<int, int>> variants = { { chosen, 0 }, { chosen, 16 }, { chosen, 32 } };  // (splits, prefetch)
+            // the cache's choice (kv_ott_cuda.cpp: its split count, tensor cores), then FFMA
+            // decoding at two prefetch depths and other split counts for comparison
+            const int n_sm = prop.multiProcessorCount;
+            const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);
+            const int ffma = ott_cuda_attn_splits(g, 1, 0, a.n_tiles, n_sm, n_blocks);
+            struct variant { int splits, prefetch, tc; };
+            std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 }, { ffma, 16, 0 } };
             for (int sp : { 1, 2, 4, 8, 16, 32 }) {
-                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0 });
+                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0, 1 });
             }
             int most = 0;
-            for (const auto & v : variants) most = std::max(most, v.first);
+            for (const auto & v : variants) most = std::max(most, v.splits);
             float * dout = (float *) dalloc(q.size() * 4, 0);
             float * parts = (float *) dalloc(tiles.size() * (size_t) (most + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
-            for (const auto & [sp, pf] : variants) {
+            for (const auto & [sp, pf, tc] : variants) {
                 a.n_splits = sp;
                 a.prefetch = pf;
+                a.tensor_cores = tc;
                 a.partials = parts;
                 const float ms = time_ms([&] {
                     CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
@@ -639,8 +656,10 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                                      + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
                 printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-                       "\"splits\": %d, \"prefetch\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                       ctx, B, H, hd, sp, pf ? pf : 8, sp == chosen && pf == 0 ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                       "\"splits\": %d, \"prefetch\": %d, \"tensor_cores\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, "
+                       "\"GBps\": %.1f, \"of_copy\": %.3f}\n",
+                       ctx, B, H, hd, sp, pf ? pf : 8, tc, sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs,
+                       gbs / copy_gbs);
                 fflush(stdout);
             }
             for (void * p : mem) CHECK_CUDA(cudaFree(p));

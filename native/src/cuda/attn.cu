@@ -23,6 +23,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 
 namespace {
@@ -82,11 +83,18 @@ struct __align__(16) attn_smem {
     float l[WARPS][NR];
 };
 
-// Combine the warps' partial results (each warp wrote its values to red[w][r][c] and its
-// m, l to S) into the block's partial for split `split`.
+// Combine the warps' partial results (each warp wrote its values to red[w][r][c]; sm is
+// its softmax state) into the block's partial for split blockIdx.y.
 template <int HD, int NR>
-__device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
-                             const ott_cuda_attn_tile & T) {
+__device__ void write_partial(const ott_cuda_attn_args & a, attn_smem<HD, NR> & S, const float * red,
+                             const ott_cuda_attn_tile & T, const softmax_rows<NR> & sm) {
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            S.m[threadIdx.x / 32][r] = sm.m[r];
+            S.l[threadIdx.x / 32][r] = sm.l[r];
+        }
+    }
     __syncthreads();
     float * out = a.partials + ((size_t) blockIdx.x * (a.n_splits + 1) + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
@@ -302,14 +310,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPW + u] = x;
         }
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            S.m[warp][r] = sm.m[r];
-            S.l[warp][r] = sm.l[r];
-        }
-    }
-    write_partial<HD, NR>(a, S, red, T);
+    write_partial<HD, NR>(a, S, red, T, sm);
 }
 
 // ---- split over the fp16 stores and the chunk ------------------------------------------------
@@ -422,17 +423,17 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
             red[((size_t) warp * NR + r) * HD + 2 * (lane + 32 * i) + 1] = acc[2 * i + 1][r];
         }
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            S.m[warp][r] = sm.m[r];
-            S.l[warp][r] = sm.l[r];
-        }
-    }
-    write_partial<HD, NR>(a, S, red, T);
+    write_partial<HD, NR>(a, S, red, T, sm);
 }
 
-template <int HD, int BITS, int NR, int NGW, int PF>
+} // namespace
+
+#include "attn_imma.cuh"
+
+namespace {
+
+// IMMA: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
+template <int HD, int BITS, int NR, int NGW, int PF, bool IMMA = false>
 __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
@@ -450,8 +451,12 @@ __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda
         S.q[r][c] = x;
     }
     __syncthreads();
-    if ((int) blockIdx.y < a.n_splits) attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
-    else attend_fp16<HD, NR>(a, T, S, dyn);
+    if ((int) blockIdx.y < a.n_splits) {
+        if constexpr (IMMA) attend_blocks_imma<NR>(a, T, S, dyn);
+        else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
+    } else {
+        attend_fp16<HD, NR>(a, T, S, dyn);
+    }
 }
 
 // grid: n_tiles; threads over channels
@@ -491,26 +496,49 @@ size_t dyn_smem(const ott_kv_geom & g, int nr) {
     return (size_t) WARPS * (per_warp > red ? per_warp : red);
 }
 
-template <int HD, int BITS, int NR, int NGW, int PF>
+// Dynamic shared memory of the tensor-core kernel: per warp its buffers, or its final values.
+size_t dyn_smem_imma(const ott_kv_geom & g, int nr) {
+    const size_t per_warp = imma::warp_smem_bytes(ott_kv_block_layout_of(&g), nr);
+    const size_t red = (size_t) nr * g.head_dim * sizeof(float);
+    return (size_t) WARPS * (per_warp > red ? per_warp : red);
+}
+
+template <int HD, int BITS, int NR, int NGW, int PF, bool IMMA = false>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const size_t smem = dyn_smem(a.L.geom, NR);
+        const size_t smem = IMMA ? dyn_smem_imma(a.L.geom, NR) : dyn_smem(a.L.geom, NR);
         if (smem > 48 * 1024) {
-            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW, PF>,
+            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW, PF, IMMA>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
             if (e != cudaSuccess) return e;
         }
-        attn_partial_kernel<HD, BITS, NR, NGW, PF><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+        attn_partial_kernel<HD, BITS, NR, NGW, PF, IMMA><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
         return cudaGetLastError();
     }
+}
+
+// Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
+bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
+    return tensor_cores && g.head_dim == imma::HD && g.block == imma::BLOCK && g.bits_k == 2 && g.bits_v == 2 &&
+           nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
+}
+
+// The kernel's rows per tile for tiles of at most rows_per_tile rows: 1, 2 or 4.
+int kernel_rows(int32_t rows_per_tile) {
+    int rows = 1;
+    while (rows < OTT_CUDA_ATTN_ROWS && rows < rows_per_tile) rows *= 2;
+    return rows;
 }
 
 // one group per code word (groups of at least 32 bits of codes), else a group per byte
 template <int HD, int BITS, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream) {
     const ott_kv_geom & g = a.L.geom;
+    if constexpr (HD == imma::HD && BITS == 2) {
+        if (imma_applies(g, a.tensor_cores, NR)) return launch_partial<HD, BITS, NR, 1, 8, true>(a, stream);
+    }
     if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) {
         if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
             switch (a.prefetch) {
@@ -555,10 +583,18 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
     return nullptr;
 }
 
+int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores, int32_t n_tiles,
+                             int32_t n_sm, int32_t max_blocks) {
+    // FFMA: ~32 blocks per multiprocessor (a short last wave); tensor cores: one block per
+    // multiprocessor (two fit, with the fp16 split's), as the H200's timings preferred
+    const int32_t per_sm = imma_applies(g, tensor_cores, kernel_rows(rows_per_tile)) ? 1 : 32;
+    const int32_t want = (per_sm * n_sm + n_tiles - 1) / std::max<int32_t>(1, n_tiles);
+    return std::max<int32_t>(1, std::min(want, max_blocks / 4));
+}
+
 cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if (a.n_tiles == 0) return cudaSuccess;
-    int rows = 1;
-    while (rows < OTT_CUDA_ATTN_ROWS && rows < a.rows_per_tile) rows *= 2;
+    const int rows = kernel_rows(a.rows_per_tile);
     switch (a.L.geom.head_dim) {
         case 64:  return launch_bits<64>(a, rows, stream);
         case 128: return launch_bits<128>(a, rows, stream);

@@ -9,6 +9,8 @@
 //   ott_cuda_attn_partial attn.cu       fused attention of query tiles over one split of a
 //                                       KV head's stores (quantized blocks, or the fp16 stores
 //                                       and the chunk itself): partial softmax per row
+//                                       (its quantized-block phase on integer tensor cores
+//                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
 //
 // The stores of one layer live in device memory, indexed by (sequence, KV head) = sh:
@@ -121,6 +123,8 @@ struct ott_cuda_attn_args {
     int32_t n_tiles;
     int32_t rows_per_tile;   // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
     int32_t prefetch;        // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
+    int32_t tensor_cores;    // 1: head-blocks of head_dim 128, block 128, 2 bits run on integer
+                             // tensor cores (attn_imma.cuh; needs sm_80+), 0: FFMA everywhere
     int32_t n_splits;        // splits over quantized blocks; split n_splits is the fp16 one
     float * partials;        // device [n_tiles][n_splits+1][OTT_CUDA_ATTN_ROWS][head_dim+2]
 };
@@ -129,6 +133,12 @@ struct ott_cuda_attn_args {
 // group and one row; head_dim a multiple of 64 up to 256. Returns nullptr when supported,
 // else a reason.
 const char * ott_cuda_attn_unsupported(const ott_kv_geom & g);
+
+// Splits over quantized blocks for n_tiles tiles of sequences of up to max_blocks head-blocks
+// on n_sm multiprocessors (at least 4 head-blocks a split, one per warp), for the kernel the
+// arguments select.
+int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores, int32_t n_tiles,
+                             int32_t n_sm, int32_t max_blocks);
 
 cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream);
 // out: F32 [head_dim*n_head, n_tokens] (row stride out_nb1 floats)
