@@ -238,8 +238,9 @@ extern "C" ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threa
     return set_threads(ctx, n_threads);
 }
 
-extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
-    if (!c) return ott_fail(OTT_ERR_INVALID_ARG, "ott_decode: null context");
+// One batch: validated, split into ubatches, each computed; on failure every sequence is
+// left as it was.
+static ott_status decode_batch(ott_context * c, const ott_batch * b) {
     c->n_outputs = 0;
     std::vector<std::vector<int32_t>> per_seq;
     OTT_TRY(validate_batch(c, b, per_seq));
@@ -270,6 +271,17 @@ extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
     c->n_outputs = n_out;
     return OTT_OK;
 }
+
+// The batch, then the CPU thread pool put to sleep: its workers would otherwise spin for a
+// while waiting for the next graph, taking cores from other contexts of the process (and
+// from the caller between steps); the next graph wakes them.
+extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
+    if (!c) return ott_fail(OTT_ERR_INVALID_ARG, "ott_decode: null context");
+    const ott_status st = decode_batch(c, b);
+    if (c->threadpool) ggml_threadpool_pause(c->threadpool);
+    return st;
+}
+
 
 extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs) {
     if (!ctx || !out || !n_outputs) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_logits: null argument");
