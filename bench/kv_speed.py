@@ -6,8 +6,9 @@
 For each depth d, decode tokens/s after d tokens of context, for
 - ours: each mode's cache holds d random tokens in a sequence of its own (filled once); a
   round copies it to a scratch sequence and decodes n tokens there one at a time (whole
-  steps, timed), then copies it again and decodes n more with profiling on (ott.h: ott_set_profile), which gives the
-  attention op's time per token (our fused attention for ott2, ggml's flash attention for f16);
+  steps, timed), then copies it again and decodes n more with profiling on (ott.h:
+  ott_set_profile), which gives the attention op's time per token (our fused attention for
+  ott2, ggml's flash attention for f16);
 - llama.cpp's llama-bench (`-p 0 -n N -d ...`) with an f16 cache without and with flash
   attention, and with a q4_0 cache (flash attention on, which a quantized V cache needs).
 Each round runs every side once; the table gives medians over rounds, so a change in machine
