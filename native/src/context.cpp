@@ -282,7 +282,6 @@ extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
     return st;
 }
 
-
 extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs) {
     if (!ctx || !out || !n_outputs) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_logits: null argument");
     *out = ctx->logits.data();
