@@ -19,6 +19,9 @@
 //    makes the float 1 + code·2^(i·BITS-8) (i: the code's index in its byte), and the
 //    constant 1 is taken off the sums afterwards (its sum is accumulated alongside). The
 //    sums lose at most 8 bits to that offset, leaving a relative error near 2^-16.
+// That is the FFMA path. Head-blocks of head size 128, block 128 and 2-bit codes run their
+// quantized-block phase on integer tensor cores instead (attn_imma.cuh), where the GPU has
+// them (ott_cuda_attn_args::tensor_cores).
 #include "ott_cuda.h"
 
 #include <cuda_fp16.h>
