@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("info", parents=[common, kvopts], help="describe a model: architecture, sizes, tensor types, KV bytes")
+    p.add_argument("-c", "--ctx-size", type=_int_at_least(1),
+                   help="context of the KV bytes and footprint lines (default: the trained context)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("perplexity", parents=[common, runtime],
@@ -323,7 +325,8 @@ def cmd_info(args) -> int:
     model = _load(args, _NO_EVAL_CTX)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size
-    kv_per_token = model.kv_bytes_per_token(info.n_ctx_train)
+    n_ctx = args.ctx_size or info.n_ctx_train
+    kv_per_token = model.kv_bytes_per_token(n_ctx)
     rows = [
         ("file", f"{model.path} ({file_bytes / 2**20:.1f} MiB)"),
         ("name", meta.get("general.name", "-")),
@@ -345,8 +348,8 @@ def cmd_info(args) -> int:
                        f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}"),
         ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
         (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
-                                 f"{kv_per_token * info.n_ctx_train / 2**20:.1f} MiB for {info.n_ctx_train} tokens)"),
-        ("KV footprint", _kv_description(model, info.n_ctx_train)),
+                                 f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"),
+        ("KV footprint", _kv_description(model, n_ctx)),
         ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
                                    sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
     ]
