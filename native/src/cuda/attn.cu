@@ -493,15 +493,10 @@ __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64
 bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
 // dynamic shared memory: per warp its block-phase region, or its share of the final values
-size_t dyn_smem(const ott_kv_geom & g, int nr) {
+// (tensor_cores: the tensor-core kernel's per-warp buffers, attn_imma.cuh)
+size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
-    const size_t per_warp = warp_smem_bytes(g, L, nr), red = (size_t) nr * g.head_dim * sizeof(float);
-    return (size_t) WARPS * (per_warp > red ? per_warp : red);
-}
-
-// Dynamic shared memory of the tensor-core kernel: per warp its buffers, or its final values.
-size_t dyn_smem_imma(const ott_kv_geom & g, int nr) {
-    const size_t per_warp = imma::warp_smem_bytes(ott_kv_block_layout_of(&g), nr);
+    const size_t per_warp = tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
     const size_t red = (size_t) nr * g.head_dim * sizeof(float);
     return (size_t) WARPS * (per_warp > red ? per_warp : red);
 }
@@ -511,7 +506,7 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const size_t smem = IMMA ? dyn_smem_imma(a.L.geom, NR) : dyn_smem(a.L.geom, NR);
+        const size_t smem = dyn_smem(a.L.geom, NR, IMMA);
         if (smem > 48 * 1024) {
             const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW, PF, IMMA>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);

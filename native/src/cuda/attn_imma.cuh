@@ -1,7 +1,7 @@
 // attn_imma.cuh — attn.cu's quantized-block phase on integer tensor cores (sm_80+), for
 // head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
 // sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by attn.cu
-// after the pieces it shares (attn_smem, softmax_rows, write_partial, WARPS, h2f).
+// after the pieces it shares (attn_smem, softmax_rows, write_partial, warp_sum_from, WARPS, h2f).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
 //  - Each warp copies whole head-blocks into shared memory with cp.async, one ahead of the
@@ -139,11 +139,6 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 1; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
 // Copy one head-block (bytes, a multiple of 16) to shared memory asynchronously, as one
 // cp.async group of this lane (an empty group when src is null).
 __device__ __forceinline__ void copy_async(uint8_t * dst, const uint8_t * src, int bytes, int lane) {
@@ -242,7 +237,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
                 mx = fmaxf(mx, fabsf(x[i]));
             }
             const int e = fixed_exp(warp_max(mx));
-            base = warp_sum(base);
+            warp_sum_from(base, 1);
             store_a_row(x, e, cmb, lane, a_hi, a_lo);
             if (cmb == g) {
                 kbase = base;
@@ -297,7 +292,8 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
                 p[i] = m_new == -INFINITY ? 0.0f : exp2f(p[i] - m_new);
                 psum += p[i];
             }
-            sm.l[r] = sm.l[r] * corr[r] + warp_sum(psum);
+            warp_sum_from(psum, 1);
+            sm.l[r] = sm.l[r] * corr[r] + psum;
             sm.m[r] = m_new;
             for (int gi = 0; gi < n_gv; ++gi) {
                 const int cmb = r * n_gv + gi;
@@ -310,7 +306,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
                     mxv = fmaxf(mxv, x[i]);
                 }
                 const int e = fixed_exp(warp_max(mxv));
-                pm = warp_sum(pm);
+                warp_sum_from(pm, 1);
                 store_a_row(x, e, cmb, lane, a_hi, a_lo);
                 if (cmb == g) {
                     vmin = vmin * corr[r] + pm;
