@@ -3,6 +3,13 @@
 OTT_MODELS_DIR holds the GGUF files fetched by ../shared/peers/fetch_models.sh;
 OTT_SHARED_DIR is the shared/ folder beside the checkout (data and llama.cpp fixtures).
 A missing file fails the test: CI fetches everything before it runs.
+
+Models run on the default device (a GPU when the build has CUDA and one is present), except
+where a test's oracle is the CPU's arithmetic (the numpy reference with ggml's CPU rounding,
+llama.cpp's CPU outputs, chunked or batched runs bit for bit equal to single ones, the CPU
+cache's allocations): those pass device="cpu". On a GPU, ggml-cuda's quantized matmuls
+round differently with each batch size (README, "CUDA"); the CUDA path has its own tests
+in test_cuda.py and test_kv_native.py.
 """
 import os
 from pathlib import Path

@@ -132,3 +132,35 @@ def write_random_model(path, arch: str = "qwen2", n_embd: int = 64, n_layer: int
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False) -> Path:
+    """Copy the GGUF file `src` to `dst`, keeping its first n_layer blocks (all when None) and
+    with dequantize, storing every quantized matrix as F32 (the same values, unrounded)."""
+    from gguf import GGUFReader, GGUFValueType
+    from gguf.quants import dequantize as dequantized
+
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = field.contents()
+        if field.name == f"{arch}.block_count" and n_layer is not None:
+            value = n_layer
+        vtype = field.types[0]
+        writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        if n_layer is not None and t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layer:
+            continue
+        if dequantize and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            shape = tuple(reversed(t.shape.tolist()))
+            writer.add_tensor(t.name, dequantized(t.data, t.tensor_type).reshape(shape).astype(np.float32))
+        else:
+            writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)

@@ -87,8 +87,8 @@ def test_smollm2_round_trip_runtime_logits(smollm2_path, smol_f32):
     from ott_gguf.model import Model
     from reference_forward import ReferenceModel
 
-    converted = Model(smol_f32, n_ctx=256, n_threads=2)
-    original = Model(smollm2_path, n_ctx=256, n_threads=2)
+    converted = Model(smol_f32, n_ctx=256, n_threads=2, device="cpu")
+    original = Model(smollm2_path, n_ctx=256, n_threads=2, device="cpu")
     text = "The capital of France is Paris. 12345 apples cost $3.50, don't they?\n<|im_start|>user"
     assert converted.tokenize(text, parse_special=True) == original.tokenize(text, parse_special=True)
 

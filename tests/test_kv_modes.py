@@ -15,7 +15,7 @@ PROMPT = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5498, 314]
 
 @pytest.fixture(scope="module")
 def smol_ott2(smollm2_path):
-    return Model(smollm2_path, n_ctx=2304, n_threads=2, kv="ott2")
+    return Model(smollm2_path, n_ctx=2304, n_threads=2, kv="ott2", device="cpu")  # the CPU cache grows by blocks
 
 
 def test_f16_is_the_default_cache(smollm2_path):
@@ -32,11 +32,11 @@ def test_f16_is_the_default_cache(smollm2_path):
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if n != "f16"])
 def test_modes_by_name(smollm2_path, name):
-    model = Model(smollm2_path, n_ctx=256, n_threads=2, kv=name)
+    model = Model(smollm2_path, n_ctx=256, n_threads=2, kv=name, device="cpu")
     assert model.kv == name and model.kv_config == preset(name).for_head_dim(64)
     cfg = model.kv_config
     assert model.tokens_until_event() == cfg.sink + cfg.window + cfg.block
-    f16 = Model(smollm2_path, n_ctx=64, n_threads=2).eval(PROMPT)
+    f16 = Model(smollm2_path, n_ctx=64, n_threads=2, device="cpu").eval(PROMPT)
     logits = model.eval(PROMPT)                    # every token still in the fp16 window
     assert int(np.argmax(logits)) == int(np.argmax(f16))
     assert np.abs(logits - f16).max() < 0.05 * np.abs(f16).max()
@@ -115,8 +115,7 @@ def test_ott2_2k_tokens_memory_accounting(smol_ott2, wikitext_path):
             assert len(st.pool_k) == (cfg.pool if traces else 0)
             n_extra += len(st.extra_k)
     stats = model.kv_stats()
-    if model.info.device == "cpu":   # the CPU cache grows by blocks; the CUDA one allocates once
-        assert stats.bytes_allocated == alloc
+    assert stats.bytes_allocated == alloc
     assert stats.bytes_used == used
     assert stats.n_tokens == n_tokens
     assert stats.bits_per_element == pytest.approx(8 * used / (n_tokens * info.n_layer * n_kv * 2 * hd))

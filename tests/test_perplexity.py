@@ -187,7 +187,7 @@ def test_decode_faithful_chunks_follow_token_by_token_decoding(smollm2_path, wik
     from ott_gguf.model import Model
     from ott_gguf.perplexity import kl_and_top1, window_logits
 
-    model = Model(smollm2_path, n_ctx=320, kv="ott2", n_threads=2)  # events after 160 and 288 tokens
+    model = Model(smollm2_path, n_ctx=320, kv="ott2", n_threads=2, device="cpu")  # events after 160 and 288 tokens
     window = np.asarray(model.tokenize(wikitext_path.read_text(encoding="utf-8")[:4000])[:320], dtype=np.int32)
     model.truncate(0)
     stepwise = np.stack([model.eval([int(t)]) for t in window[:-1]])  # one token per call, as decoding does

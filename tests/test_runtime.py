@@ -32,7 +32,7 @@ def kl_div(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    return Model(smollm2_path, n_ctx=512, n_seq_max=3, n_threads=2)
+    return Model(smollm2_path, n_ctx=512, n_seq_max=3, n_threads=2, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,8 @@ def test_smollm2_greedy_32_tokens_match_reference(smol, smol_ref):
 
 
 def test_chunked_prompt_equals_single_pass(smollm2_path):
-    whole = Model(smollm2_path, n_ctx=128, n_threads=2)
-    chunked = Model(smollm2_path, n_ctx=128, n_ubatch=5, n_threads=2)
+    whole = Model(smollm2_path, n_ctx=128, n_threads=2, device="cpu")
+    chunked = Model(smollm2_path, n_ctx=128, n_ubatch=5, n_threads=2, device="cpu")
     a = whole.eval(PROMPT, all_logits=True)
     b = chunked.eval(PROMPT, all_logits=True)
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-3)
@@ -191,7 +191,7 @@ def test_random_model_matches_reference(tmp_path, arch, dtype, budget):
 
     path = write_random_model(tmp_path / f"{arch}-{dtype}.gguf", arch=arch, dtype=dtype, n_embd=128,
                               n_layer=3, n_head=8, n_head_kv=2, n_ff=256, seed=7)
-    model = Model(path, n_ctx=128, n_threads=2)
+    model = Model(path, n_ctx=128, n_threads=2, device="cpu")
     ref = ReferenceModel(path, ggml_numerics=True)
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model.n_vocab, 10).tolist()

@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <climits>
 
 namespace {
@@ -435,9 +436,11 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 
 namespace {
 
-// IMMA: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
-template <int HD, int BITS, int NR, int NGW, int PF, bool IMMA = false>
-__global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda_attn_args a) {
+// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
+// for up to GKM key and GVM value A rows. One-row tiles there keep to 168 registers, so that
+// three blocks share a multiprocessor.
+template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+__global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 3 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
@@ -455,7 +458,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_partial_kernel(const ott_cuda
     }
     __syncthreads();
     if ((int) blockIdx.y < a.n_splits) {
-        if constexpr (IMMA) attend_blocks_imma<NR>(a, T, S, dyn);
+        if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
         else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
     } else {
         attend_fp16<HD, NR>(a, T, S, dyn);
@@ -501,18 +504,20 @@ size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     return (size_t) WARPS * (per_warp > red ? per_warp : red);
 }
 
-template <int HD, int BITS, int NR, int NGW, int PF, bool IMMA = false>
-cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
+// Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
+template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
     if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const size_t smem = dyn_smem(a.L.geom, NR, IMMA);
+        const auto kernel = attn_partial_kernel<HD, BITS, NR, NGW, PF, GKM, GVM>;
+        const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
         if (smem > 48 * 1024) {
-            const cudaError_t e = cudaFuncSetAttribute(attn_partial_kernel<HD, BITS, NR, NGW, PF, IMMA>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
             if (e != cudaSuccess) return e;
         }
-        attn_partial_kernel<HD, BITS, NR, NGW, PF, IMMA><<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+        if (occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, WARPS * 32, smem);
+        kernel<<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
         return cudaGetLastError();
     }
 }
@@ -532,39 +537,55 @@ int kernel_rows(int32_t rows_per_tile) {
 
 // one group per code word (groups of at least 32 bits of codes), else a group per byte
 template <int HD, int BITS, int NR>
-cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream) {
+cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
     if constexpr (HD == imma::HD && BITS == 2) {
-        if (imma_applies(g, a.tensor_cores, NR)) return launch_partial<HD, BITS, NR, 1, 8, true>(a, stream);
+        if (imma_applies(g, a.tensor_cores, NR)) {
+            // one key row and up to four value rows (decode with DESIGN's groups), else up to 8 each
+            if constexpr (NR == 1) {
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4) return launch_partial<HD, BITS, 1, 1, 8, 1, 4>(a, stream, occ);
+            }
+            return launch_partial<HD, BITS, NR, 1, 8, 8, 8>(a, stream, occ);
+        }
     }
     if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) {
         if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
             switch (a.prefetch) {
-                case 16: return launch_partial<HD, BITS, 1, 1, 16>(a, stream);
-                case 32: return launch_partial<HD, BITS, 1, 1, 32>(a, stream);
-                default: return launch_partial<HD, BITS, 1, 1, 8>(a, stream);
+                case 16: return launch_partial<HD, BITS, 1, 1, 16>(a, stream, occ);
+                case 32: return launch_partial<HD, BITS, 1, 1, 32>(a, stream, occ);
+                default: return launch_partial<HD, BITS, 1, 1, 8>(a, stream, occ);
             }
         }
-        return launch_partial<HD, BITS, NR, 1, 16>(a, stream);
+        return launch_partial<HD, BITS, NR, 1, 16>(a, stream, occ);
     }
-    return launch_partial<HD, BITS, NR, 4, 16>(a, stream);
+    return launch_partial<HD, BITS, NR, 4, 16>(a, stream, occ);
 }
 
 template <int HD, int BITS>
-cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t stream) {
+cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
     switch (nr) {
-        case 1:  return launch_groups<HD, BITS, 1>(a, stream);
-        case 2:  return launch_groups<HD, BITS, 2>(a, stream);
-        default: return launch_groups<HD, BITS, 4>(a, stream);
+        case 1:  return launch_groups<HD, BITS, 1>(a, stream, occ);
+        case 2:  return launch_groups<HD, BITS, 2>(a, stream, occ);
+        default: return launch_groups<HD, BITS, 4>(a, stream, occ);
     }
 }
 
 template <int HD>
-cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream) {
+cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
     switch (a.L.geom.bits_k) {
-        case 2:  return launch_rows<HD, 2>(a, nr, stream);
-        case 4:  return launch_rows<HD, 4>(a, nr, stream);
-        default: return launch_rows<HD, 8>(a, nr, stream);
+        case 2:  return launch_rows<HD, 2>(a, nr, stream, occ);
+        case 4:  return launch_rows<HD, 4>(a, nr, stream, occ);
+        default: return launch_rows<HD, 8>(a, nr, stream, occ);
+    }
+}
+
+// The partial kernel for a's geometry and rows: launched, or with occ, its blocks per multiprocessor.
+cudaError_t dispatch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
+    const int rows = kernel_rows(a.rows_per_tile);
+    switch (a.L.geom.head_dim) {
+        case 64:  return launch_bits<64>(a, rows, stream, occ);
+        case 128: return launch_bits<128>(a, rows, stream, occ);
+        default:  return launch_bits<256>(a, rows, stream, occ);
     }
 }
 
@@ -583,21 +604,37 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
 
 int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores, int32_t n_tiles,
                              int32_t n_sm, int32_t max_blocks) {
-    // FFMA: ~32 blocks per multiprocessor (a short last wave); tensor cores: one block per
-    // multiprocessor (two fit, with the fp16 split's), as the H200's timings preferred
-    const int32_t per_sm = imma_applies(g, tensor_cores, kernel_rows(rows_per_tile)) ? 1 : 32;
-    const int32_t want = (per_sm * n_sm + n_tiles - 1) / std::max<int32_t>(1, n_tiles);
-    return std::max<int32_t>(1, std::min(want, max_blocks / 4));
+    const int32_t most = std::max<int32_t>(1, max_blocks / 4);
+    if (!imma_applies(g, tensor_cores, kernel_rows(rows_per_tile))) {
+        // FFMA: ~32 blocks per multiprocessor (a short last wave), as the H200's timings preferred
+        const int32_t want = (32 * n_sm + n_tiles - 1) / std::max<int32_t>(1, n_tiles);
+        return std::max<int32_t>(1, std::min(want, most));
+    }
+    // tensor cores: the fewest splits whose blocks fill the resident slots' waves best
+    // (ties to fewer splits: each split adds a partial to merge)
+    ott_cuda_attn_args a{};
+    a.L.geom = g;
+    a.rows_per_tile = rows_per_tile;
+    a.tensor_cores = tensor_cores;
+    int per_sm = 1;
+    if (dispatch_partial(a, nullptr, &per_sm) != cudaSuccess || per_sm < 1) per_sm = 1;
+    const double slots = (double) per_sm * n_sm;
+    int32_t best = 1;
+    double best_fill = 0.0;
+    for (int32_t s = 1; s <= std::min<int32_t>(most, 8); ++s) {
+        const double blocks = (double) n_tiles * s;
+        const double fill = blocks / (std::ceil(blocks / slots) * slots);
+        if (fill > best_fill + 0.05) {
+            best = s;
+            best_fill = fill;
+        }
+    }
+    return best;
 }
 
 cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream) {
     if (a.n_tiles == 0) return cudaSuccess;
-    const int rows = kernel_rows(a.rows_per_tile);
-    switch (a.L.geom.head_dim) {
-        case 64:  return launch_bits<64>(a, rows, stream);
-        case 128: return launch_bits<128>(a, rows, stream);
-        default:  return launch_bits<256>(a, rows, stream);
-    }
+    return dispatch_partial(a, stream, nullptr);
 }
 
 cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream) {

@@ -4,9 +4,9 @@
 // after the pieces it shares (attn_smem, softmax_rows, write_partial, warp_sum_from, WARPS, h2f).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
-//  - Each warp copies whole head-blocks into shared memory with cp.async, one ahead of the
-//    one it computes (double buffering), so a head-block's bytes are in flight while the
-//    previous one is decoded.
+//  - Each warp copies its head-blocks into shared memory with cp.async in two parts: the
+//    values' part lands while the keys are decoded and the next head-block's keys while the
+//    values are, so one buffer per warp keeps bytes in flight (and three blocks fit an SM).
 //  - B holds codes straight from the packed words, no offset and no conversion: a lane reads
 //    one word of each of 8 code rows, a byte transpose (PRMT) gathers the 4 rows' bytes b
 //    into one register, and an AND keeps the code at bit 2s of every byte — the value
@@ -63,12 +63,49 @@ __device__ __forceinline__ void transpose4(const uint32_t * w, uint32_t (&y)[4])
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
 
-// The exponent e with mx·2^e < 2^14 (so |Q| <= 2^14 after rounding), 0 for mx = 0.
-__device__ __forceinline__ int fixed_exp(float mx) {
-    if (!(mx > 0.0f)) return 0;
-    int x;
-    frexpf(mx, &x);                                  // mx < 2^x
-    return max(-100, min(100, 14 - x));
+// The biased float exponent of |x| (0 for zero and subnormals).
+__device__ __forceinline__ uint32_t exp_bits(float x) { return __float_as_uint(x) << 1 >> 24; }
+
+// Fixed-point exponents of the A rows c < rows (<= 8): E[c] is the largest exponent byte of
+// row c's values in this lane; e[c] makes the warp's largest |x|·2^e[c] < 2^14. The bytes of
+// four rows share one word, so a row set costs one 5-shuffle byte-wise max.
+__device__ __forceinline__ void row_exponents(const uint32_t (&E)[8], int rows, int (&e)[8]) {
+    uint32_t p[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) p[h] = E[4 * h] | E[4 * h + 1] << 8 | E[4 * h + 2] << 16 | E[4 * h + 3] << 24;
+    for (int o = 1; o < 32; o <<= 1) p[0] = __vmaxu4(p[0], __shfl_xor_sync(0xffffffffu, p[0], o));
+    if (rows > 4) {
+        for (int o = 1; o < 32; o <<= 1) p[1] = __vmaxu4(p[1], __shfl_xor_sync(0xffffffffu, p[1], o));
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const int E_max = (int) (p[c >> 2] >> (8 * (c & 3)) & 255u);   // max|x| < 2^(E_max - 126)
+        e[c] = max(-100, min(100, 140 - E_max));
+    }
+}
+
+// v[c] summed over the warp, for c = the lane's row g = lane / 4 (a reduce-scatter: each
+// step keeps the half of the rows that the lane's row lies in and adds the partner's).
+__device__ __forceinline__ float sum_of_row(const float (&v)[8], int lane) {
+    const bool h4 = lane & 16, h3 = lane & 8, h2 = lane & 4;   // the row's bits 2, 1, 0
+    float a4[4], a2[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a4[i] = (h4 ? v[4 + i] : v[i]) + __shfl_xor_sync(0xffffffffu, h4 ? v[i] : v[4 + i], 16);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a2[i] = (h3 ? a4[2 + i] : a4[i]) + __shfl_xor_sync(0xffffffffu, h3 ? a4[i] : a4[2 + i], 8);
+    float x = (h2 ? a2[1] : a2[0]) + __shfl_xor_sync(0xffffffffu, h2 ? a2[0] : a2[1], 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x + __shfl_xor_sync(0xffffffffu, x, 1);
+}
+
+// v[i] for i < N (a runtime index into a register array, without local memory).
+template <int N, typename T, int M>
+__device__ __forceinline__ T pick(const T (&v)[M], int i) {
+    static_assert(N <= M, "pick: N exceeds the array");
+    T x = v[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) x = j == i ? v[j] : x;
+    return x;
 }
 
 // D = A·B over a head-block: all 16 n-tiles (b, s) of 4 k-steps of 32 rows; D starts at the
@@ -139,16 +176,30 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-// Copy one head-block (bytes, a multiple of 16) to shared memory asynchronously, as one
-// cp.async group of this lane (an empty group when src is null).
-__device__ __forceinline__ void copy_async(uint8_t * dst, const uint8_t * src, int bytes, int lane) {
+// Copy bytes [lo, hi) (multiples of 16) of the head-block at src to the same offsets at dst
+// with cp.async (part of this lane's open cp.async group).
+__device__ __forceinline__ void copy_range(uint8_t * dst, const uint8_t * src, uint32_t lo, uint32_t hi, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (src) {
-        for (int i = lane * 16; i < bytes; i += 32 * 16) {
-            const unsigned d = (unsigned) __cvta_generic_to_shared(dst + i);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + i));
-        }
+    for (uint32_t i = lo + lane * 16; i < hi; i += 32 * 16) {
+        const unsigned d = (unsigned) __cvta_generic_to_shared(dst + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + i));
     }
+#endif
+}
+
+// The key part (scales, mins, codes, mask) or the value part (scales, mins, codes) of the
+// head-block at src (none when null) to dst, as one cp.async group of this lane.
+__device__ __forceinline__ void copy_part(uint8_t * dst, const uint8_t * src, const ott_kv_block_layout & L, bool keys,
+                                          int lane) {
+    if (src && keys) {
+        copy_range(dst, src, L.k_scale, L.v_scale, lane);
+        copy_range(dst, src, L.k_codes, L.v_codes, lane);
+        copy_range(dst, src, L.mask, L.size, lane);
+    } else if (src) {
+        copy_range(dst, src, L.v_scale, L.k_codes, lane);
+        copy_range(dst, src, L.v_codes, L.mask, lane);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
 #endif
 }
@@ -160,48 +211,58 @@ __device__ __forceinline__ void wait_all_but_newest() {
 #endif
 }
 
-// Per-warp shared memory: two head-block buffers, scores/probabilities [NR][BLOCK] floats,
-// A rows (high and low bytes) [2][8][A_STRIDE].
+// Per-warp shared memory: one head-block, scores [NR][BLOCK] floats, A rows (high and low
+// bytes) [2][8][A_STRIDE].
 __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_block_layout & L, int nr) {
-    return 2 * (size_t) L.size + (size_t) nr * BLOCK * sizeof(float) + 2 * 8 * A_STRIDE;
+    return (size_t) L.size + (size_t) nr * BLOCK * sizeof(float) + 2 * 8 * A_STRIDE;
 }
 
 } // namespace imma
 
 // The quantized-block phase of split blockIdx.y with integer tensor cores (see above); the
-// same partial results as attend_blocks. Needs NR·(block/group_k) <= 8 and
-// NR·(head_dim/group_v) <= 8 (a row m per query row and group).
-template <int NR>
+// same partial results as attend_blocks. Needs G_K = NR·(block/group_k) <= GKM and
+// G_V = NR·(head_dim/group_v) <= GVM (a row m per query row and group; GKM, GVM <= 8 bound
+// the unrolled row loops, so the common shapes get short code).
+template <int NR, int GKM, int GVM>
 __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T,
                                    attn_smem<imma::HD, NR> & S, uint8_t * dyn) {
     using namespace imma;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
     const ott_cuda_kv_layer & L = a.L;
-    const int group_k = L.geom.group_k, group_v = L.geom.group_v;
-    const int n_gk = BLOCK / group_k, n_gv = HD / group_v;
-    const int G_K = NR * n_gk, G_V = NR * n_gv;      // A rows in use: (query row, group)
+    const int lg_k = 31 - __clz(L.geom.group_k), lg_v = 31 - __clz(L.geom.group_v);   // groups are powers of two
+    const int lg_nk = 7 - lg_k, lg_nv = 7 - lg_v;    // log2 of the groups per head-block: BLOCK = HD = 2^7
+    const int n_gk = 1 << lg_nk, n_gv = 1 << lg_nv;
+    const int G_K = NR << lg_nk, G_V = NR << lg_nv;  // A rows in use: (query row, group)
     const bool k_row = g < G_K, v_row = g < G_V;     // the lane's A row means something
-    const int rk = g / n_gk, gk = g % n_gk;          // query row and key group of row g
-    const int rv = g / n_gv, gv = g % n_gv;          // query row and value group of row g
-    const int t_lo = gk * group_k, t_hi = t_lo + group_k;   // the slots of key group gk
-    const int c_lo = gv * group_v, c_hi = c_lo + group_v;   // the channels of value group gv
+    const int rk = g >> lg_nk, gk = g & (n_gk - 1);  // query row and key group of row g
+    const int rv = g >> lg_nv, gv = g & (n_gv - 1);  // query row and value group of row g
+    // the lane's D columns 16(2q+j) + 4b + s lie in group (32q + 16j) / group of their slots / channels
+    bool k_own[2], v_own[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        k_own[j] = k_row && (32 * q + 16 * j) >> lg_k == gk;
+        v_own[j] = v_row && (32 * q + 16 * j) >> lg_v == gv;
+    }
     const int hb_bytes = (int) L.layout.size;
     uint8_t * wsm = dyn + (size_t) warp * warp_smem_bytes(L.layout, NR);
-    float * p_s = (float *) (wsm + 2 * (size_t) hb_bytes);   // [NR][BLOCK] scores, then probabilities
+    float * p_s = (float *) (wsm + (size_t) hb_bytes);        // [NR][BLOCK] scores
     int8_t * a_hi = (int8_t *) (p_s + NR * BLOCK);           // [8][A_STRIDE]
     int8_t * a_lo = a_hi + 8 * A_STRIDE;
 
     const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
     const int b0 = min(T.n_blocks, (int) blockIdx.y * per), b1 = min(T.n_blocks, b0 + per);
 
-    softmax_rows<NR> sm;
+    // Per lane, summed over the warp at the end: the softmax sums of the lane's slots (row r)
+    // and sum p·min of the lane's slots (A row c); every lane holds the same maxima m[r].
+    float m[NR], l[NR], vmin[8];                     // vmin[c >= GVM] stay 0
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
-        sm.m[r] = -INFINITY;
-        sm.l[r] = 0.0f;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
     }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) vmin[c] = 0.0f;
     float acc[4][4][2];                              // values of row rv, channel 16(2q+j) + 4b + s
-    float vmin = 0.0f;                               // sum p·min of row rv, value group gv
 #pragma unroll
     for (int b = 0; b < 4; ++b)
 #pragma unroll
@@ -210,116 +271,128 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     auto head_block = [&](int blk) {
         return L.blocks + (((size_t) T.seq * L.max_blocks + blk) * L.n_head_kv + T.head) * L.layout.size;
     };
-    if (b0 + warp < b1) copy_async(wsm, head_block(b0 + warp), hb_bytes, lane);
-    int cur = 0;                                     // the buffer of the head-block computed now
-    for (int blk = b0 + warp; blk < b1; blk += WARPS, cur ^= 1) {
-        copy_async(wsm + (size_t) (cur ^ 1) * hb_bytes, blk + WARPS < b1 ? head_block(blk + WARPS) : nullptr,
-                   hb_bytes, lane);
-        wait_all_but_newest();
+    // The warp's buffer holds one head-block, its key part and value part loaded in turns: the
+    // values' part while the keys are decoded, the next head-block's keys while the values are.
+    const uint8_t * hb = wsm;
+    copy_part(wsm, b0 + warp < b1 ? head_block(b0 + warp) : nullptr, L.layout, true, lane);
+    for (int blk = b0 + warp; blk < b1; blk += WARPS) {
+        copy_part(wsm, head_block(blk), L.layout, false, lane);
+        wait_all_but_newest();                       // the keys' part
         __syncwarp();
-        const uint8_t * hb = wsm + (size_t) cur * hb_bytes;      // this head-block, in shared memory
         const ott_fp16 * ksc = (const ott_fp16 *) (hb + L.layout.k_scale);   // [n_gk][HD]
         const ott_fp16 * kmn = (const ott_fp16 *) (hb + L.layout.k_min);
         const ott_fp16 * vsc = (const ott_fp16 *) (hb + L.layout.v_scale);   // [BLOCK][n_gv]
         const ott_fp16 * vmn = (const ott_fp16 *) (hb + L.layout.v_min);
 
-        // keys: A row (r, group) = q_r·scale over channels lane + 32i; the sum q_r·min
-        float kbase = 0.0f, kscale = 1.0f;           // of the lane's row g: sum q·min, 2^-e
-        for (int cmb = 0; cmb < G_K; ++cmb) {
-            const int r = cmb / n_gk, gi = cmb % n_gk;
-            float x[4], mx = 0.0f, base = 0.0f;
+        // keys: A row c = (r, group) is q_r·scale over channels lane + 32i; kbase[c] its sum q_r·min
+        float x[8][4], kbase[8];
+        uint32_t E[8];
+        int e[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            kbase[c] = 0.0f;
+            E[c] = 0u;
+            if (c >= GKM || c >= G_K) continue;
+            const int r = min(c >> lg_nk, NR - 1), gi = c & (n_gk - 1);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int c = lane + 32 * i;
-                const float qc = S.q[r][c];
-                x[i] = qc * h2f(ksc[gi * HD + c]);
-                base = fmaf(qc, h2f(kmn[gi * HD + c]), base);
-                mx = fmaxf(mx, fabsf(x[i]));
-            }
-            const int e = fixed_exp(warp_max(mx));
-            warp_sum_from(base, 1);
-            store_a_row(x, e, cmb, lane, a_hi, a_lo);
-            if (cmb == g) {
-                kbase = base;
-                kscale = pow2(-e);
+                const int ch = lane + 32 * i;
+                const float qc = S.q[r][ch];
+                x[c][i] = qc * h2f(ksc[gi * HD + ch]);
+                kbase[c] = fmaf(qc, h2f(kmn[gi * HD + ch]), kbase[c]);
+                E[c] = max(E[c], exp_bits(x[c][i]));
             }
         }
+        row_exponents(E, G_K, e);
+#pragma unroll
+        for (int c = 0; c < GKM; ++c) {
+            if (c < G_K) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
+        }
+        const float kb = sum_of_row(kbase, lane);    // of the lane's row g
+        const float kscale = pow2(-pick<GKM>(e, g));
         __syncwarp();
         uint32_t af[4][4];
         load_a(a_hi, a_lo, k_row, g, q, af);
         int d[4][4][4];
         block_mma((const uint32_t *) (hb + L.layout.k_codes), af, d, g, q);
 
-        // scores of the slots of the lane's row: slot 16(2q+j) + 4b + s
-        // bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q
+        // scores of the lane's slots 16(2q+j) + 4b + s, where its row's group holds them
+        // (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
         const uint32_t mask_q = a.traces ? ((const uint32_t *) (hb + L.layout.mask))[q] : 0u;
         __syncwarp();                                // a_hi/a_lo are rewritten below
-        if (k_row) {
 #pragma unroll
-            for (int b = 0; b < 4; ++b)
+        for (int j = 0; j < 2; ++j) {
+            if (!k_own[j]) continue;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                float4 sc;
+                float * scf = &sc.x;
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    const float sc = kscale * (1.0f / (float) (1 << (2 * s)));
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const int t = 16 * (2 * q + j) + 4 * b + s;
-                        if (t < t_lo || t >= t_hi) continue;
-                        const bool masked = (mask_q >> (16 * j + 4 * b + s)) & 1;
-                        p_s[rk * BLOCK + t] = masked ? -INFINITY : fmaf(dot_of(d[b][s], j), sc, kbase);
-                    }
+                    const bool masked = (mask_q >> (16 * j + 4 * b + s)) & 1;
+                    scf[s] = masked ? -INFINITY : fmaf(dot_of(d[b][s], j), kscale * (1.0f / (float) (1 << (2 * s))), kb);
                 }
+                *(float4 *) &p_s[rk * BLOCK + 16 * (2 * q + j) + 4 * b] = sc;
+            }
         }
         __syncwarp();
 
-        // online softmax over the block's slots, lane-parallel; then the values' A rows
-        // (r, group) = p_r·scale over slots lane + 32i, and the sums p·min
-        float corr[NR];
-        float vscale = 1.0f;                         // of the lane's row g: 2^-e
+        // online softmax over the block's slots lane + 32i; then the values' A rows c =
+        // (r, group) = p_r·scale over those slots, and their sums p·min
+        float corr[NR], p[NR][4];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-            float p[4], mx = -INFINITY;
+            float mx = -INFINITY;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                p[i] = p_s[r * BLOCK + lane + 32 * i];
-                mx = fmaxf(mx, p[i]);
+                p[r][i] = p_s[r * BLOCK + lane + 32 * i];
+                mx = fmaxf(mx, p[r][i]);
             }
             mx = warp_max(mx);
-            const float m_new = fmaxf(sm.m[r], mx);
-            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
+            const float m_new = fmaxf(m[r], mx);
+            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
             float psum = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                p[i] = m_new == -INFINITY ? 0.0f : exp2f(p[i] - m_new);
-                psum += p[i];
+                p[r][i] = m_new == -INFINITY ? 0.0f : exp2f(p[r][i] - m_new);
+                psum += p[r][i];
             }
-            warp_sum_from(psum, 1);
-            sm.l[r] = sm.l[r] * corr[r] + psum;
-            sm.m[r] = m_new;
-            for (int gi = 0; gi < n_gv; ++gi) {
-                const int cmb = r * n_gv + gi;
-                float x[4], mxv = 0.0f, pm = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int t = lane + 32 * i;
-                    x[i] = p[i] * h2f(vsc[t * n_gv + gi]);
-                    pm = fmaf(p[i], h2f(vmn[t * n_gv + gi]), pm);
-                    mxv = fmaxf(mxv, x[i]);
-                }
-                const int e = fixed_exp(warp_max(mxv));
-                warp_sum_from(pm, 1);
-                store_a_row(x, e, cmb, lane, a_hi, a_lo);
-                if (cmb == g) {
-                    vmin = vmin * corr[r] + pm;
-                    vscale = pow2(-e);
-                }
-            }
+            l[r] = l[r] * corr[r] + psum;
+            m[r] = m_new;
         }
+        copy_part(wsm, blk + WARPS < b1 ? head_block(blk + WARPS) : nullptr, L.layout, true, lane);
+        wait_all_but_newest();                       // the values' part
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            E[c] = 0u;
+            if (c >= GVM || c >= G_V) continue;
+            const int r = min(c >> lg_nv, NR - 1), gi = c & (n_gv - 1);
+            float pr[4] = { p[0][0], p[0][1], p[0][2], p[0][3] };   // p[r], without indexing registers
+#pragma unroll
+            for (int rr = 1; rr < NR; ++rr)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) pr[i] = rr == r ? p[rr][i] : pr[i];
+            float pm = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = lane + 32 * i;
+                x[c][i] = pr[i] * h2f(vsc[t * n_gv + gi]);
+                pm = fmaf(pr[i], h2f(vmn[t * n_gv + gi]), pm);
+                E[c] = max(E[c], exp_bits(x[c][i]));
+            }
+            vmin[c] = fmaf(vmin[c], pick<NR>(corr, r), pm);
+        }
+        row_exponents(E, G_V, e);
+#pragma unroll
+        for (int c = 0; c < GVM; ++c) {
+            if (c < G_V) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
+        }
+        const float vscale = pow2(-pick<GVM>(e, g));
         __syncwarp();
         load_a(a_hi, a_lo, v_row, g, q, af);
         block_mma((const uint32_t *) (hb + L.layout.v_codes), af, d, g, q);
-        float rcorr = 1.0f;                          // corr[rv], without indexing registers
-#pragma unroll
-        for (int r = 0; r < NR; ++r) rcorr = r == rv ? corr[r] : rcorr;
+        const float rcorr = pick<NR>(corr, rv);
 #pragma unroll
         for (int b = 0; b < 4; ++b)
 #pragma unroll
@@ -328,22 +401,29 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
                 for (int j = 0; j < 2; ++j) acc[b][s][j] = fmaf(acc[b][s][j], rcorr, dot_of(d[b][s], j) * sc);
             }
-        __syncwarp();                                // the buffer is refilled next iteration
+        __syncwarp();                                // the values' part is refilled next iteration
     }
 
-    // this warp's weighted values into shared memory, by the lane that owns each (row, channel)
+    // the warp's sums; then its weighted values into shared memory, by the lane that owns
+    // each (row, channel)
+    softmax_rows<NR> sm;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        warp_sum_from(l[r], 1);
+        sm.m[r] = m[r];
+        sm.l[r] = l[r];
+    }
+    const float vm = sum_of_row(vmin, lane);         // of the lane's row g
     __syncthreads();                                   // the per-warp regions become red
     float * red = (float *) dyn;                       // [WARPS][NR][HD]
-    if (v_row) {
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
+    for (int j = 0; j < 2; ++j) {
+        if (!v_own[j]) continue;
 #pragma unroll
-            for (int s = 0; s < 4; ++s)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int c = 16 * (2 * q + j) + 4 * b + s;
-                    if (c >= c_lo && c < c_hi) red[((size_t) warp * NR + rv) * HD + c] = acc[b][s][j] + vmin;
-                }
+        for (int b = 0; b < 4; ++b) {
+            const float4 o = { acc[b][0][j] + vm, acc[b][1][j] + vm, acc[b][2][j] + vm, acc[b][3][j] + vm };
+            *(float4 *) &red[((size_t) warp * NR + rv) * HD + 16 * (2 * q + j) + 4 * b] = o;
+        }
     }
     write_partial<HD, NR>(a, S, red, T, sm);
 }
