@@ -125,6 +125,18 @@ __device__ void write_partial(const ott_cuda_attn_args & a, attn_smem<HD, NR> & 
 
 // ---- split over quantized blocks ------------------------------------------------------------
 
+// The head-blocks [x, y) of tile T that split blockIdx.y reads.
+__device__ __forceinline__ int2 split_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T) {
+    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
+    const int b0 = min(T.n_blocks, (int) blockIdx.y * per);
+    return make_int2(b0, min(T.n_blocks, b0 + per));
+}
+
+// Head-block blk of tile T's sequence and KV head.
+__device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & L, const ott_cuda_attn_tile & T, int blk) {
+    return L.blocks + (((size_t) T.seq * L.max_blocks + blk) * L.n_head_kv + T.head) * L.layout.size;
+}
+
 // PF: code words a lane loads before using any (in flight per warp: PF * 128 bytes). Larger
 // PF hides more memory latency but unrolls more code (instruction-cache misses, registers);
 // the decode kernel's choice is a launch argument (ott_cuda_attn_args::prefetch).
@@ -163,8 +175,8 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
     const ott_fp16 * vsc = (const ott_fp16 *) (sc_s + L.layout.v_scale);   // [block][n_gv]
     const ott_fp16 * vmn = (const ott_fp16 *) (sc_s + L.layout.v_min);
 
-    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
-    const int b0 = min(T.n_blocks, (int) blockIdx.y * per), b1 = min(T.n_blocks, b0 + per);
+    const int2 range = split_blocks(a, T);
+    const int b0 = range.x, b1 = range.y;
 
     softmax_rows<NR> sm;
     float accv[TPW][NR], sv[NGW][NR], mv[NGW][NR];
@@ -179,7 +191,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
     }
 
     for (int b = b0 + warp; b < b1; b += WARPS) {
-        const uint8_t * hb = L.blocks + (((size_t) T.seq * L.max_blocks + b) * L.n_head_kv + T.head) * L.layout.size;
+        const uint8_t * hb = head_block(L, T, b);
         const uint32_t * kc = (const uint32_t *) (hb + L.layout.k_codes);   // [HD][Wk]
         const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);   // [block][WV]
 
@@ -437,13 +449,17 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 namespace {
 
 // GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
-// for up to GKM key and GVM value A rows. One-row tiles there keep to 168 registers, so that
-// three blocks share a multiprocessor.
+// for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
+// four blocks share a multiprocessor (the H200 ran batches of 16+ faster so than with three at
+// 168 registers without spills, batches of 8 a little slower).
 template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
-__global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 3 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
+__global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
+    if constexpr (GKM > 0) {                         // in flight while the queries load
+        if ((int) blockIdx.y < a.n_splits) imma::copy_first_keys<NR>(a, T, dyn);
+    }
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {

@@ -6,7 +6,7 @@
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
 //  - Each warp copies its head-blocks into shared memory with cp.async in two parts: the
 //    values' part lands while the keys are decoded and the next head-block's keys while the
-//    values are, so one buffer per warp keeps bytes in flight (and three blocks fit an SM).
+//    values are, so one buffer per warp keeps bytes in flight (and four blocks fit an SM).
 //  - B holds codes straight from the packed words, no offset and no conversion: a lane reads
 //    one word of each of 8 code rows, a byte transpose (PRMT) gathers the 4 rows' bytes b
 //    into one register, and an AND keeps the code at bit 2s of every byte — the value
@@ -24,6 +24,10 @@
 //    (no integer conversion). The min terms (sum q·min, sum p·min) are added in float.
 //    Row m only means something for the tokens (channels) of its group; the lane holding
 //    that row's D writes the result.
+//  - Few warp-wide steps per head-block: the exponents of all A rows come from one byte-wise
+//    warp max of their float exponents (four rows a word); sum q·min reaches the lanes of
+//    its row by a reduce-scatter; the softmax sums and sum p·min stay per lane and are
+//    summed over the warp once, after the last head-block.
 // Error: the fixed-point rounding of A, 2^-15 of the head-block's largest term.
 #pragma once
 
@@ -217,6 +221,17 @@ __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_block_layout & L,
     return (size_t) L.size + (size_t) nr * BLOCK * sizeof(float) + 2 * 8 * A_STRIDE;
 }
 
+// The key part of this warp's first head-block of split blockIdx.y, as the first cp.async
+// group of its lanes (attend_blocks_imma then waits for it).
+template <int NR>
+__device__ void copy_first_keys(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, uint8_t * dyn) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int2 range = split_blocks(a, T);
+    const int blk = range.x + warp;
+    copy_part(dyn + (size_t) warp * warp_smem_bytes(a.L.layout, NR), blk < range.y ? head_block(a.L, T, blk) : nullptr,
+              a.L.layout, true, lane);
+}
+
 } // namespace imma
 
 // The quantized-block phase of split blockIdx.y with integer tensor cores (see above); the
@@ -249,8 +264,8 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     int8_t * a_hi = (int8_t *) (p_s + NR * BLOCK);           // [8][A_STRIDE]
     int8_t * a_lo = a_hi + 8 * A_STRIDE;
 
-    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
-    const int b0 = min(T.n_blocks, (int) blockIdx.y * per), b1 = min(T.n_blocks, b0 + per);
+    const int2 range = split_blocks(a, T);
+    const int b0 = range.x, b1 = range.y;
 
     // Per lane, summed over the warp at the end: the softmax sums of the lane's slots (row r)
     // and sum p·min of the lane's slots (A row c); every lane holds the same maxima m[r].
@@ -268,15 +283,12 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
         for (int s = 0; s < 4; ++s) acc[b][s][0] = acc[b][s][1] = 0.0f;
 
-    auto head_block = [&](int blk) {
-        return L.blocks + (((size_t) T.seq * L.max_blocks + blk) * L.n_head_kv + T.head) * L.layout.size;
-    };
     // The warp's buffer holds one head-block, its key part and value part loaded in turns: the
-    // values' part while the keys are decoded, the next head-block's keys while the values are.
+    // values' part while the keys are decoded, the next head-block's keys while the values are
+    // (the first head-block's keys: copy_first_keys, before the queries were loaded).
     const uint8_t * hb = wsm;
-    copy_part(wsm, b0 + warp < b1 ? head_block(b0 + warp) : nullptr, L.layout, true, lane);
     for (int blk = b0 + warp; blk < b1; blk += WARPS) {
-        copy_part(wsm, head_block(blk), L.layout, false, lane);
+        copy_part(wsm, head_block(L, T, blk), L.layout, false, lane);
         wait_all_but_newest();                       // the keys' part
         __syncwarp();
         const ott_fp16 * ksc = (const ott_fp16 *) (hb + L.layout.k_scale);   // [n_gk][HD]
@@ -360,7 +372,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             l[r] = l[r] * corr[r] + psum;
             m[r] = m_new;
         }
-        copy_part(wsm, blk + WARPS < b1 ? head_block(blk + WARPS) : nullptr, L.layout, true, lane);
+        copy_part(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
         wait_all_but_newest();                       // the values' part
         __syncwarp();
 #pragma unroll
