@@ -9,10 +9,13 @@
 #   tests   pytest tests/test_cuda.py and the quantized-cache tests on the GPU
 #   perf    ott-cuda-ops perf: copy bandwidth and attention kernel bandwidth
 #   bench   bench/cuda_bench.py: decode throughput, f16 vs ott2, on a 7B-shaped model
+#   profile Nsight Compute on the attention kernel of each PROFILE context:batch (default
+#           16384:64 8192:8): stall cycles per issued instruction by reason, instructions,
+#           active warps (needs ncu on PATH)
 #
 # Environment: GGML_PREFIX (default build/ggml-cuda), MODEL (the 7B-shaped GGUF, default
 # /tmp/llama7b-random.gguf, written when missing), CONTEXTS (default 4096,16384),
-# PYTEST_K (a pytest -k expression), PYTEST_FILES (more test files or node ids), and those of bench/build_cuda.sh. Each stage's
+# PYTEST_K (a pytest -k expression), PROFILE, PYTEST_FILES (more test files or node ids), and those of bench/build_cuda.sh. Each stage's
 # output goes to OUTDIR/<stage>.txt; a stage's failure is recorded and the next one runs.
 set -uo pipefail
 
@@ -30,7 +33,8 @@ T0=$(date +%s)
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUTDIR/suite.txt"; }
 # python without the checkout on sys.path, so that the installed package is the one imported
 py() { (cd "$OUTDIR" && python3 "$@"); }
-ops() { "$(py -c 'import ott_gguf._native as n, os; print(os.path.dirname(n._mod.__file__))')/ott-cuda-ops" "$@"; }
+ops_path() { echo "$(py -c 'import ott_gguf._native as n, os; print(os.path.dirname(n._mod.__file__))')/ott-cuda-ops"; }
+ops() { "$(ops_path)" "$@"; }
 
 for stage in "${STAGES[@]}"; do
   note "stage $stage"
@@ -54,6 +58,12 @@ for stage in "${STAGES[@]}"; do
     perf) ops perf ${CONTEXTS//,/ } 8192 > "$OUTDIR/perf.txt" 2>&1 ;;
     bench) py "$REPO/bench/cuda_bench.py" --model "$MODEL" --contexts "$CONTEXTS" --skip-kernels \
              --json "$OUTDIR/bench.json" > "$OUTDIR/bench.txt" 2>&1 ;;
+    profile)
+      for cb in ${PROFILE:-16384:64 8192:8}; do
+        echo "== $cb"
+        ncu --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active" \
+          -k regex:attn_partial -c 1 "$(ops_path)" perf "$cb" 2>&1 | grep -v '^==PROF==\|^{'
+      done > "$OUTDIR/profile.txt" 2>&1 ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
   note "stage $stage: exit $?"
