@@ -129,7 +129,7 @@ def _fresh_greedy(model, messages, max_tokens):
 
 
 def test_chat_session_reuses_the_cache_and_matches_a_fresh_run(smollm2_path, smollm2):
-    from ott_gguf.cli import ChatSession
+    from ott_gguf.chat_session import ChatSession
     from ott_gguf.model import Model
     from ott_gguf.sampling import SamplingParams
 
@@ -151,7 +151,7 @@ def test_chat_session_reuses_the_cache_and_matches_a_fresh_run(smollm2_path, smo
 
 
 def test_chat_session_drops_the_oldest_turns_when_the_context_is_full(smollm2_path):
-    from ott_gguf.cli import ChatSession
+    from ott_gguf.chat_session import ChatSession
     from ott_gguf.errors import ContextFullError
     from ott_gguf.model import Model
     from ott_gguf.sampling import SamplingParams
