@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ott_gguf.model import Model  # noqa: E402
-from ott_gguf.perplexity import perplexity  # noqa: E402
+from ott_gguf.perplexity import event_chunks, perplexity  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
@@ -84,11 +84,8 @@ def passkey(path, modes, lengths, trials, threads, seed=0):
                 model.truncate(0)
                 logits, out = None, []
                 # decode-faithful prefill, then greedy decoding
-                pos = 0
-                while pos < len(ids):
-                    step = min(model.tokens_until_event(0) or len(ids), len(ids) - pos)
-                    logits = model.eval(ids[pos:pos + step])
-                    pos += step
+                for b0, b1 in event_chunks(model, len(ids)):
+                    logits = model.eval(ids[b0:b1])
                 for _ in range(8):
                     tok = int(logits.argmax())
                     out.append(tok)

@@ -158,6 +158,18 @@ def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch
                             top1=agree / count if reference is not None else None)
 
 
+def event_chunks(model, n_tokens: int, seq: int = 0, ubatch: int | None = None):
+    """Bounds (b0, b1) of the chunks that evaluate tokens 0 .. n_tokens-1 of an empty sequence:
+    `ubatch` tokens each, or with ubatch None each up to the cache's next quantization event
+    (the whole rest for fp16), so that the cache ends as token-by-token decoding leaves it.
+    Evaluate each chunk before taking the next: the event distance is read then."""
+    b0 = 0
+    while b0 < n_tokens:
+        b1 = min(n_tokens, b0 + (ubatch or model.tokens_until_event(seq) or n_tokens))
+        yield b0, b1
+        b0 = b1
+
+
 def window_logits(model, window: np.ndarray, first: int, ubatch: int | None, seq: int) -> np.ndarray:
     """Evaluate one window from an empty sequence; logits F32 [n_ctx - first - 1, n_vocab] at
     positions first .. n_ctx-2 (each predicts the next token). Chunks: `ubatch` tokens, or
@@ -165,14 +177,11 @@ def window_logits(model, window: np.ndarray, first: int, ubatch: int | None, seq
     n_ctx = len(window)
     model.truncate(seq, 0)
     out = []
-    b0 = 0
-    while b0 < n_ctx:
-        n = ubatch or model.tokens_until_event(seq) or n_ctx
-        pos = np.arange(b0, min(b0 + n, n_ctx), dtype=np.int32)           # [n_chunk]
+    for b0, b1 in event_chunks(model, n_ctx, seq, ubatch):
+        pos = np.arange(b0, b1, dtype=np.int32)                            # [n_chunk]
         want = (pos >= first) & (pos <= n_ctx - 2)                         # [n_chunk] positions whose next token is scored
         logits = model.decode_batch(window[pos], pos, np.full(len(pos), seq, dtype=np.int32), want)  # [n_want, n_vocab]
         if want.any():
             out.append(logits)
-        b0 += len(pos)
     model.truncate(seq, 0)
     return np.concatenate(out)
