@@ -224,7 +224,7 @@ class Model:
     def kv_stats(self) -> KVStats:
         st = ffi.new("ott_kv_stats *")
         check(lib.ott_get_kv_stats(self._ctx, st))
-        return KVStats(st.bytes_allocated, st.bytes_used, st.n_tokens, st.bytes_per_token_layer, st.bits_per_element)
+        return _struct_to(KVStats, st)
 
     def set_profile(self, on: bool) -> None:
         """Start (resetting the counters) or stop timing graph nodes by kind; CPU only. While
@@ -234,7 +234,7 @@ class Model:
     def profile(self) -> Profile:
         p = ffi.new("ott_profile *")
         check(lib.ott_get_profile(self._ctx, p))
-        return Profile(p.attn_ms, p.append_ms, p.other_ms, p.n_ubatches)
+        return _struct_to(Profile, p)
 
     def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
         """The cache's footprint for one sequence of n_ctx tokens (default: the context size),

@@ -450,8 +450,8 @@ namespace {
 
 // GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
-// four blocks share a multiprocessor (the H200 ran batches of 16+ faster so than with three at
-// 168 registers without spills, batches of 8 a little slower).
+// four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
+// than with three blocks at 168 registers (no spills), batches of 8 a little slower.
 template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
 __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];

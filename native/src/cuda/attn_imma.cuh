@@ -1,7 +1,8 @@
 // attn_imma.cuh — attn.cu's quantized-block phase on integer tensor cores (sm_80+), for
 // head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
 // sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by attn.cu
-// after the pieces it shares (attn_smem, softmax_rows, write_partial, warp_sum_from, WARPS, h2f).
+// after the pieces it shares (attn_smem, softmax_rows, write_partial, warp_sum_from, split_blocks,
+// head_block, WARPS, h2f).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
 //  - Each warp copies its head-blocks into shared memory with cp.async in two parts: the
