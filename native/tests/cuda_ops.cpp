@@ -505,8 +505,9 @@ int run_checks() {
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
-        // the tensor-core block phase serves head_dim 128, block 128, 2-bit codes
-        if (c.g.head_dim == 128 && c.g.block == 128 && c.g.bits_k == 2) check_attn(c, seed, 1, n_fail);
+        if (ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
+            check_attn(c, seed, 1, n_fail);
+        }
         ++seed;
     }
     printf("%d case(s) failed\n", n_fail);

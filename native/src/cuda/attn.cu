@@ -618,10 +618,14 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
     return nullptr;
 }
 
+bool ott_cuda_attn_uses_tensor_cores(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores) {
+    return imma_applies(g, tensor_cores, kernel_rows(rows_per_tile));
+}
+
 int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores, int32_t n_tiles,
                              int32_t n_sm, int32_t max_blocks) {
     const int32_t most = std::max<int32_t>(1, max_blocks / 4);
-    if (!imma_applies(g, tensor_cores, kernel_rows(rows_per_tile))) {
+    if (!ott_cuda_attn_uses_tensor_cores(g, rows_per_tile, tensor_cores)) {
         // FFMA: ~32 blocks per multiprocessor (a short last wave), as the H200's timings preferred
         const int32_t want = (32 * n_sm + n_tiles - 1) / std::max<int32_t>(1, n_tiles);
         return std::max<int32_t>(1, std::min(want, most));

@@ -134,6 +134,10 @@ struct ott_cuda_attn_args {
 // else a reason.
 const char * ott_cuda_attn_unsupported(const ott_kv_geom & g);
 
+// Whether ott_cuda_attn_partial runs the quantized-block phase of tiles of up to
+// rows_per_tile rows on integer tensor cores (tensor_cores = 1 and a geometry it serves).
+bool ott_cuda_attn_uses_tensor_cores(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores);
+
 // Splits over quantized blocks for n_tiles tiles of sequences of up to max_blocks head-blocks
 // on n_sm multiprocessors (at least 4 head-blocks a split, one per warp), for the kernel the
 // arguments select.
