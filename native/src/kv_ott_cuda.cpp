@@ -468,7 +468,7 @@ private:
             plan_cap = plan.size() * 2;
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
-        const size_t parts = tiles.size() * (size_t) (n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
+        const size_t parts = tiles.size() * (size_t) n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
             partials_cap = parts * 2;

@@ -370,7 +370,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     a.rows_per_tile = std::min(rows, OTT_CUDA_ATTN_ROWS);
     a.n_splits = c.n_splits;
     a.tensor_cores = tensor_cores;
-    std::vector<float> parts(tiles.size() * (c.n_splits + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
+    std::vector<float> parts(tiles.size() * c.n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
     a.partials = gpu.upload(parts);
     std::vector<float> out((size_t) n_tok * n_head * hd, NAN);
     float * d_out = gpu.upload(out);
@@ -642,7 +642,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             int most = 0;
             for (const auto & v : variants) most = std::max(most, v.splits);
             float * dout = (float *) dalloc(q.size() * 4, 0);
-            float * parts = (float *) dalloc(tiles.size() * (size_t) (most + 1) * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
+            float * parts = (float *) dalloc(tiles.size() * (size_t) most * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
             for (const auto & [sp, pf, tc] : variants) {
                 a.n_splits = sp;
                 a.prefetch = pf;

@@ -1,12 +1,14 @@
 // attn.cu — fused attention of the quantized KV cache (DESIGN §3), flash-decoding style.
 //
-// Grid (n_tiles, n_splits + 1), 4 warps per block. A tile is up to NR query rows of one KV
-// head of one sequence (its query heads, times its chunk tokens), so the head's codes are
-// read once for all of them. Splits 0 .. n_splits-1 share the head's quantized blocks; split
-// n_splits reads the fp16 stores (sink, pool, extra pool, window) and the chunk itself,
-// causally. Each block writes one partial softmax (max, sum, weighted values) per row;
-// attn_merge_kernel combines a tile's partials. Scores are kept in the log2 domain
-// (q is scaled by kq_scale·log2 e), so every exponential is an exp2.
+// Grid (n_tiles, n_splits), 4 warps per block. A tile is up to NR query rows of one KV head
+// of one sequence (its query heads, times its chunk tokens), so the head's codes are read
+// once for all of them. Split y reads its share of the head's quantized blocks, then its
+// share of the fp16 rows (sink, pool, extra pool, window) and of the chunk itself, causally:
+// every block gets the same work, and no block reads fp16 rows alone after the others.
+// Each warp keeps one online softmax per phase; the block combines them into one partial
+// (max, sum, weighted values) per row; attn_merge_kernel combines a tile's partials. Scores
+// are kept in the log2 domain (q is scaled by kq_scale·log2 e), so every exponential is an
+// exp2.
 //
 // Quantized blocks, one warp per head-block (warps of a split take turns):
 //  - keys: a lane holds one 32-bit word of codes of one channel row (32/BITS slots) for a
@@ -78,42 +80,51 @@ struct softmax_rows {
     float l[NR];
 };
 
-// Shared memory of a block: queries, then per warp either probabilities of a head-block
-// [NR][block] or, at the end, the warp's weighted values [NR][HD].
+// Softmax states of a block: one per warp and phase, slot w (quantized blocks) and
+// WARPS + w (fp16 rows) of warp w.
+constexpr int STATES = 2 * WARPS;
+
+// Shared memory of a block: queries and the states' maxima and sums. The dynamic shared
+// memory holds the block phase's per-warp buffers, then the states' weighted values
+// red[STATES][NR][HD].
 template <int HD, int NR>
 struct __align__(16) attn_smem {
     float q[NR][HD];
-    float m[WARPS][NR];
-    float l[WARPS][NR];
+    float m[STATES][NR];
+    float l[STATES][NR];
 };
 
-// Combine the warps' partial results (each warp wrote its values to red[w][r][c]; sm is
-// its softmax state) into the block's partial for split blockIdx.y.
+// Record the maxima and sums of state slot (its values are in red[slot]).
 template <int HD, int NR>
-__device__ void write_partial(const ott_cuda_attn_args & a, attn_smem<HD, NR> & S, const float * red,
-                             const ott_cuda_attn_tile & T, const softmax_rows<NR> & sm) {
+__device__ __forceinline__ void put_state(attn_smem<HD, NR> & S, int slot, const softmax_rows<NR> & sm) {
     if (threadIdx.x % 32 == 0) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-            S.m[threadIdx.x / 32][r] = sm.m[r];
-            S.l[threadIdx.x / 32][r] = sm.l[r];
+            S.m[slot][r] = sm.m[r];
+            S.l[slot][r] = sm.l[r];
         }
     }
+}
+
+// Combine the block's states (values in red[slot][r][c]) into its partial for split blockIdx.y.
+template <int HD, int NR>
+__device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
+                              const ott_cuda_attn_tile & T) {
     __syncthreads();
-    float * out = a.partials + ((size_t) blockIdx.x * (a.n_splits + 1) + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    float * out = a.partials + ((size_t) blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;
-        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, S.m[w][r]);
-        float wgt[WARPS];
+        for (int w = 0; w < STATES; ++w) mx = fmaxf(mx, S.m[w][r]);
+        float wgt[STATES];
         float l = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
+        for (int w = 0; w < STATES; ++w) {
             wgt[w] = S.m[w][r] == -INFINITY ? 0.0f : exp2f(S.m[w][r] - mx);
             l += S.l[w][r] * wgt[w];
         }
         float * o = out + (size_t) r * (HD + 2);
         for (int c = threadIdx.x; c < HD; c += blockDim.x) {
             float acc = 0.0f;
-            for (int w = 0; w < WARPS; ++w) acc += red[((size_t) w * NR + r) * HD + c] * wgt[w];
+            for (int w = 0; w < STATES; ++w) acc += red[((size_t) w * NR + r) * HD + c] * wgt[w];
             o[2 + c] = acc;
         }
         if (threadIdx.x == 0) {
@@ -326,10 +337,13 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPW + u] = x;
         }
     }
-    write_partial<HD, NR>(a, S, red, T, sm);
+    put_state<HD, NR>(S, warp, sm);
 }
 
-// ---- split over the fp16 stores and the chunk ------------------------------------------------
+// ---- fp16 rows and the chunk ------------------------------------------------------------------
+
+// The fp16 phase of split blockIdx.y: its share of the tile's fp16 rows and chunk tokens,
+// as state slot WARPS + warp (after the block phase, whose buffers are no longer read).
 
 template <int HD, int NR>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
@@ -342,6 +356,8 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     const int n_extra = L.extra_cap > 0 ? L.n_extra[sh] : 0;
     const int e_sink = T.n_sink, e_pool = e_sink + n_pool, e_extra = e_pool + n_extra, e_win = e_extra + T.n_win;
     const int n_all = e_win + T.n_q;
+    const int per = (n_all + a.n_splits - 1) / a.n_splits;
+    const int f0 = min(n_all, (int) blockIdx.y * per), f1 = min(n_all, f0 + per);
 
     softmax_rows<NR> sm;
     float acc[CPL][NR];
@@ -395,15 +411,15 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
         return j;
     };
 
-    // tokens warp, warp + WARPS, ...; G of them loaded before any is used
-    constexpr int G = 4;
-    for (int idx0 = warp; idx0 < n_all; idx0 += G * WARPS) {
+    // tokens f0 + warp, f0 + warp + WARPS, ...; G of them (2 KB a warp) loaded before any is used
+    constexpr int G = 1024 / HD;
+    for (int idx0 = f0 + warp; idx0 < f1; idx0 += G * WARPS) {
         float k[G][CPL], v[G][CPL];
         int chunk_j[G];
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) {
             const int idx = idx0 + gi * WARPS;
-            chunk_j[gi] = idx < n_all ? load(idx, k[gi], v[gi]) : INT_MAX;
+            chunk_j[gi] = idx < f1 ? load(idx, k[gi], v[gi]) : INT_MAX;
         }
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) {
@@ -430,16 +446,16 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
         }
     }
 
-    float * red = (float *) dyn;                       // [WARPS][NR][HD]
+    float * red = (float *) dyn + (size_t) (WARPS + warp) * NR * HD;   // [NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
         for (int i = 0; i < CPL / 2; ++i) {
-            red[((size_t) warp * NR + r) * HD + 2 * (lane + 32 * i)] = acc[2 * i][r];
-            red[((size_t) warp * NR + r) * HD + 2 * (lane + 32 * i) + 1] = acc[2 * i + 1][r];
+            red[(size_t) r * HD + 2 * (lane + 32 * i)] = acc[2 * i][r];
+            red[(size_t) r * HD + 2 * (lane + 32 * i) + 1] = acc[2 * i + 1][r];
         }
     }
-    write_partial<HD, NR>(a, S, red, T, sm);
+    put_state<HD, NR>(S, WARPS + warp, sm);
 }
 
 } // namespace
@@ -457,9 +473,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    if constexpr (GKM > 0) {                         // in flight while the queries load
-        if ((int) blockIdx.y < a.n_splits) imma::copy_first_keys<NR>(a, T, dyn);
-    }
+    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);   // in flight while the queries load
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
@@ -473,19 +487,17 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
         S.q[r][c] = x;
     }
     __syncthreads();
-    if ((int) blockIdx.y < a.n_splits) {
-        if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
-        else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
-    } else {
-        attend_fp16<HD, NR>(a, T, S, dyn);
-    }
+    if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
+    else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
+    attend_fp16<HD, NR>(a, T, S, dyn);
+    write_partial<HD, NR>(a, S, (const float *) dyn, T);
 }
 
 // grid: n_tiles; threads over channels
 template <int HD>
 __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    const int n_parts = a.n_splits + 1;
+    const int n_parts = a.n_splits;
     const float * part = a.partials + (size_t) blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;
@@ -511,13 +523,13 @@ __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64
 
 bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
-// dynamic shared memory: per warp its block-phase region, or its share of the final values
-// (tensor_cores: the tensor-core kernel's per-warp buffers, attn_imma.cuh)
+// dynamic shared memory: per warp its block-phase region, or after that phase the states'
+// values (tensor_cores: the tensor-core kernel's per-warp buffers, attn_imma.cuh)
 size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     const size_t per_warp = tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
-    const size_t red = (size_t) nr * g.head_dim * sizeof(float);
-    return (size_t) WARPS * (per_warp > red ? per_warp : red);
+    const size_t red = (size_t) STATES * nr * g.head_dim * sizeof(float);
+    return std::max(WARPS * per_warp, red);
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
@@ -533,7 +545,7 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
             if (e != cudaSuccess) return e;
         }
         if (occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, WARPS * 32, smem);
-        kernel<<<dim3(a.n_tiles, a.n_splits + 1), WARPS * 32, smem, stream>>>(a);
+        kernel<<<dim3(a.n_tiles, a.n_splits), WARPS * 32, smem, stream>>>(a);
         return cudaGetLastError();
     }
 }
@@ -557,8 +569,9 @@ cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int
     const ott_kv_geom & g = a.L.geom;
     if constexpr (HD == imma::HD && BITS == 2) {
         if (imma_applies(g, a.tensor_cores, NR)) {
-            // one key row and up to four value rows (decode with DESIGN's groups), else up to 8 each
+            // one key row and up to two or four value rows (decode with DESIGN's groups), else up to 8 each
             if constexpr (NR == 1) {
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2) return launch_partial<HD, BITS, 1, 1, 8, 1, 2>(a, stream, occ);
                 if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4) return launch_partial<HD, BITS, 1, 1, 8, 1, 4>(a, stream, occ);
             }
             return launch_partial<HD, BITS, NR, 1, 8, 8, 8>(a, stream, occ);

@@ -1,7 +1,7 @@
 // attn_imma.cuh — attn.cu's quantized-block phase on integer tensor cores (sm_80+), for
 // head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
 // sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by attn.cu
-// after the pieces it shares (attn_smem, softmax_rows, write_partial, warp_sum_from, split_blocks,
+// after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
 // head_block, WARPS, h2f).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
@@ -21,13 +21,16 @@
 //    scale from the head-block's largest magnitude. All 32 lanes compute these values (4 per
 //    lane and row) into shared memory; the lanes of row m then load their fragments.
 //  - D = 256·D[m] + D[m+8] is exact; both halves stay below 2^22 in magnitude, so the
-//    accumulators start at the bit pattern of 1.5·2^23 and read as floats 1.5·2^23 + D
-//    (no integer conversion). The min terms (sum q·min, sum p·min) are added in float.
-//    Row m only means something for the tokens (channels) of its group; the lane holding
-//    that row's D writes the result.
+//    accumulators start at the bit pattern of 1.5·2^23 (the first k-step's C operand) and
+//    read as floats 1.5·2^23 + D (no integer conversion). The min terms (sum q·min,
+//    sum p·min) are added in float. Row m only means something for the tokens (channels)
+//    of its group.
+//  - The G rows in use (G <= GKM or GVM, a power of two) are repeated over the 8, so 8/G
+//    lanes hold each row's D; each of them converts only its share of the 16 n-tiles (by
+//    selects), and writes those results.
 //  - Few warp-wide steps per head-block: the exponents of all A rows come from one byte-wise
 //    warp max of their float exponents (four rows a word); sum q·min reaches the lanes of
-//    its row by a reduce-scatter; the softmax sums and sum p·min stay per lane and are
+//    its row by a reduce-scatter (one butterfly sum for a single row); the softmax sums and sum p·min stay per lane and are
 //    summed over the warp once, after the last head-block.
 // Error: the fixed-point rounding of A, 2^-15 of the head-block's largest term.
 #pragma once
@@ -39,17 +42,26 @@
 namespace imma {
 
 constexpr int HD = 128, BLOCK = 128, WORDS = 8;   // 2-bit rows: 8 words of 16 codes
+constexpr int CODE_BYTES = HD * BLOCK * 2 / 8;    // the keys' (values') codes of a head-block
 constexpr int A_STRIDE = 144;                     // bytes per A row in shared memory: rows 36
                                                   // words apart, so lane (g, q) reads bank 4g + q
 constexpr int BIAS_BITS = 0x4B400000;             // 1.5·2^23 as float bits
 constexpr float BIAS = 12582912.0f;
 
-// D += A·B, m16n8k32, signed bytes times unsigned bytes.
+// D += A·B, m16n8k32, signed bytes times unsigned bytes; FIRST: D = A·B + the float bias in
+// every element (no register moves to start the sums).
+template <bool FIRST>
 __device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (FIRST) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(BIAS_BITS));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 #else
     __trap();                                        // launchers never pick this path below sm_80
 #endif
@@ -113,15 +125,11 @@ __device__ __forceinline__ T pick(const T (&v)[M], int i) {
     return x;
 }
 
-// D = A·B over a head-block: all 16 n-tiles (b, s) of 4 k-steps of 32 rows; D starts at the
-// float bias. The lane's B words of k-step ks are rows 32ks + 4i + q and 32ks + 16 + 4i + q
-// (i < 4), word g.
+// D = A·B plus the float bias over a head-block: all 16 n-tiles (b, s) of 4 k-steps of 32
+// rows. The lane's B words of k-step ks are rows 32ks + 4i + q and 32ks + 16 + 4i + q (i < 4),
+// word g.
 __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t (&a)[4][4], int (&d)[4][4][4],
                                           int g, int q) {
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) d[b][s][0] = d[b][s][1] = d[b][s][2] = d[b][s][3] = BIAS_BITS;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
         uint32_t w[8];
@@ -138,7 +146,8 @@ __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t 
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 const uint32_t m = 0x03030303u << (2 * s);
-                mma(d[b][s], a[ks], lo[b] & m, hi[b] & m);
+                if (ks == 0) mma<true>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
+                else mma<false>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
             }
     }
 }
@@ -163,14 +172,14 @@ __device__ __forceinline__ void store_a_row(const float (&x)[4], int e, int cmb,
     }
 }
 
-// Lane (g, q)'s A fragments of row g (zero when the row means nothing).
-__device__ __forceinline__ void load_a(const int8_t * a_hi, const int8_t * a_lo, bool row, int g, int q,
+// Lane (g, q)'s A fragments, rows g and g + 8 holding A row c (zero when the row means nothing).
+__device__ __forceinline__ void load_a(const int8_t * a_hi, const int8_t * a_lo, bool row, int c, int q,
                                        uint32_t (&a)[4][4]) {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int off = g * A_STRIDE + 32 * ks + 16 * h + 4 * q;
+            const int off = c * A_STRIDE + 32 * ks + 16 * h + 4 * q;
             a[ks][2 * h] = row ? *(const uint32_t *) (a_hi + off) : 0u;
             a[ks][2 * h + 1] = row ? *(const uint32_t *) (a_lo + off) : 0u;
         }
@@ -181,13 +190,27 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-// Copy bytes [lo, hi) (multiples of 16) of the head-block at src to the same offsets at dst
-// with cp.async (part of this lane's open cp.async group).
+// Copy bytes [lo, hi) (multiples of 16; scales and masks, a few hundred bytes) of the
+// head-block at src to the same offsets at dst with cp.async (part of this lane's open
+// cp.async group). Not unrolled: one or two rounds.
 __device__ __forceinline__ void copy_range(uint8_t * dst, const uint8_t * src, uint32_t lo, uint32_t hi, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll 1
     for (uint32_t i = lo + lane * 16; i < hi; i += 32 * 16) {
         const unsigned d = (unsigned) __cvta_generic_to_shared(dst + i);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + i));
+    }
+#endif
+}
+
+// Copy the BYTES bytes (a multiple of 512) at src to dst with cp.async, unrolled.
+template <int BYTES>
+__device__ __forceinline__ void copy_fixed(uint8_t * dst, const uint8_t * src, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned) __cvta_generic_to_shared(dst + lane * 16);
+#pragma unroll
+    for (int i = 0; i < BYTES / 512; ++i) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d + i * 512), "l"(src + lane * 16 + i * 512));
     }
 #endif
 }
@@ -198,11 +221,11 @@ __device__ __forceinline__ void copy_part(uint8_t * dst, const uint8_t * src, co
                                           int lane) {
     if (src && keys) {
         copy_range(dst, src, L.k_scale, L.v_scale, lane);
-        copy_range(dst, src, L.k_codes, L.v_codes, lane);
+        copy_fixed<CODE_BYTES>(dst + L.k_codes, src + L.k_codes, lane);
         copy_range(dst, src, L.mask, L.size, lane);
     } else if (src) {
         copy_range(dst, src, L.v_scale, L.k_codes, lane);
-        copy_range(dst, src, L.v_codes, L.mask, lane);
+        copy_fixed<CODE_BYTES>(dst + L.v_codes, src + L.v_codes, lane);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
@@ -233,12 +256,40 @@ __device__ void copy_first_keys(const ott_cuda_attn_args & a, const ott_cuda_att
               a.L.layout, true, lane);
 }
 
+// The lane's n-tile i when REP lanes share an A row: tile t = REP·i + h (h: the lane's share
+// of the tiles), its 4 D registers chosen by selects (static indices, no local memory).
+template <int REP>
+__device__ __forceinline__ void tile_of(const int (&d)[4][4][4], int i, int h, int (&v)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = d[(REP * i) >> 2][(REP * i) & 3][k];
+#pragma unroll
+    for (int hh = 1; hh < REP; ++hh) {
+        const int t = REP * i + hh;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = h == hh ? d[t >> 2][t & 3][k] : v[k];
+    }
+}
+
+// v[c] summed over the warp, for the lane's A row c < M.
+template <int M>
+__device__ __forceinline__ float row_sum(const float (&v)[8], int c, int lane) {
+    if constexpr (M == 1) {
+        float x = v[0];
+        warp_sum_from(x, 1);
+        return x;
+    } else {
+        return __shfl_sync(0xffffffffu, sum_of_row(v, lane), c << 2);   // lane (c, 0) holds row c
+    }
+}
+
 } // namespace imma
 
 // The quantized-block phase of split blockIdx.y with integer tensor cores (see above); the
 // same partial results as attend_blocks. Needs G_K = NR·(block/group_k) <= GKM and
 // G_V = NR·(head_dim/group_v) <= GVM (a row m per query row and group; GKM, GVM <= 8 bound
-// the unrolled row loops, so the common shapes get short code).
+// the unrolled row loops, so the common shapes get short code). A row c is repeated in rows
+// c + GKM·h (c + GVM·h) of the 8: lane (g, q) of row c = g % GKM converts n-tiles
+// t = (8/GKM)·i + g / GKM only, and every lane has work.
 template <int NR, int GKM, int GVM>
 __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T,
                                    attn_smem<imma::HD, NR> & S, uint8_t * dyn) {
@@ -249,9 +300,12 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     const int lg_nk = 7 - lg_k, lg_nv = 7 - lg_v;    // log2 of the groups per head-block: BLOCK = HD = 2^7
     const int n_gk = 1 << lg_nk, n_gv = 1 << lg_nv;
     const int G_K = NR << lg_nk, G_V = NR << lg_nv;  // A rows in use: (query row, group)
-    const bool k_row = g < G_K, v_row = g < G_V;     // the lane's A row means something
-    const int rk = g >> lg_nk, gk = g & (n_gk - 1);  // query row and key group of row g
-    const int rv = g >> lg_nv, gv = g & (n_gv - 1);  // query row and value group of row g
+    constexpr int REPK = 8 / GKM, REPV = 8 / GVM;    // lanes sharing a key / value A row
+    const int ck = g % GKM, hk = g / GKM;            // the lane's key A row, its share of the n-tiles
+    const int cv = g % GVM, hv = g / GVM;            // the same for the values
+    const bool k_row = ck < G_K, v_row = cv < G_V;   // the lane's A row means something
+    const int rk = ck >> lg_nk, gk = ck & (n_gk - 1);  // query row and key group of row ck
+    const int rv = cv >> lg_nv, gv = cv & (n_gv - 1);  // query row and value group of row cv
     // the lane's D columns 16(2q+j) + 4b + s lie in group (32q + 16j) / group of their slots / channels
     bool k_own[2], v_own[2];
 #pragma unroll
@@ -278,11 +332,10 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     }
 #pragma unroll
     for (int c = 0; c < 8; ++c) vmin[c] = 0.0f;
-    float acc[4][4][2];                              // values of row rv, channel 16(2q+j) + 4b + s
+    constexpr int TV = 16 / REPV;                    // value n-tiles of a lane
+    float acc[TV][2];                                // values of row rv, channel 16(2q+j) + REPV·i + hv
 #pragma unroll
-    for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) acc[b][s][0] = acc[b][s][1] = 0.0f;
+    for (int i = 0; i < TV; ++i) acc[i][0] = acc[i][1] = 0.0f;
 
     // The warp's buffer holds one head-block, its key part and value part loaded in turns: the
     // values' part while the keys are decoded, the next head-block's keys while the values are
@@ -321,31 +374,42 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         for (int c = 0; c < GKM; ++c) {
             if (c < G_K) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
         }
-        const float kb = sum_of_row(kbase, lane);    // of the lane's row g
-        const float kscale = pow2(-pick<GKM>(e, g));
+        const float kb = row_sum<GKM>(kbase, ck, lane);
+        const float kscale = pow2(-pick<GKM>(e, ck));
         __syncwarp();
         uint32_t af[4][4];
-        load_a(a_hi, a_lo, k_row, g, q, af);
+        load_a(a_hi, a_lo, k_row, ck, q, af);
         int d[4][4][4];
         block_mma((const uint32_t *) (hb + L.layout.k_codes), af, d, g, q);
 
-        // scores of the lane's slots 16(2q+j) + 4b + s, where its row's group holds them
-        // (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
+        // scores of the lane's slots 16(2q+j) + t (its n-tiles t), where its row's group holds
+        // them (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
         const uint32_t mask_q = a.traces ? ((const uint32_t *) (hb + L.layout.mask))[q] : 0u;
         __syncwarp();                                // a_hi/a_lo are rewritten below
+        constexpr int TK = 16 / REPK;
+        float sc[2][TK];
+#pragma unroll
+        for (int i = 0; i < TK; ++i) {
+            int v[4];
+            tile_of<REPK>(d, i, hk, v);
+            const int t = REPK * i + hk;
+            const float f = kscale * pow2(-2 * (t & 3));   // code·4^s: s = t % 4
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const bool masked = (mask_q >> (16 * j + t)) & 1;
+                sc[j][i] = masked ? -INFINITY : fmaf(dot_of(v, j), f, kb);
+            }
+        }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             if (!k_own[j]) continue;
+            float * row = p_s + rk * BLOCK + 16 * (2 * q + j);
+            if constexpr (REPK == 1) {                // consecutive slots: float4 stores
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                float4 sc;
-                float * scf = &sc.x;
+                for (int i = 0; i < TK; i += 4) *(float4 *) &row[i] = make_float4(sc[j][i], sc[j][i + 1], sc[j][i + 2], sc[j][i + 3]);
+            } else {
 #pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    const bool masked = (mask_q >> (16 * j + 4 * b + s)) & 1;
-                    scf[s] = masked ? -INFINITY : fmaf(dot_of(d[b][s], j), kscale * (1.0f / (float) (1 << (2 * s))), kb);
-                }
-                *(float4 *) &p_s[rk * BLOCK + 16 * (2 * q + j) + 4 * b] = sc;
+                for (int i = 0; i < TK; ++i) row[REPK * i + hk] = sc[j][i];
             }
         }
         __syncwarp();
@@ -401,19 +465,19 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         for (int c = 0; c < GVM; ++c) {
             if (c < G_V) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
         }
-        const float vscale = pow2(-pick<GVM>(e, g));
+        const float vscale = pow2(-pick<GVM>(e, cv));
         __syncwarp();
-        load_a(a_hi, a_lo, v_row, g, q, af);
+        load_a(a_hi, a_lo, v_row, cv, q, af);
         block_mma((const uint32_t *) (hb + L.layout.v_codes), af, d, g, q);
         const float rcorr = pick<NR>(corr, rv);
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
+        for (int i = 0; i < TV; ++i) {
+            int v[4];
+            tile_of<REPV>(d, i, hv, v);
+            const float f = vscale * pow2(-2 * ((REPV * i + hv) & 3));
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                const float sc = vscale * (1.0f / (float) (1 << (2 * s)));
-#pragma unroll
-                for (int j = 0; j < 2; ++j) acc[b][s][j] = fmaf(acc[b][s][j], rcorr, dot_of(d[b][s], j) * sc);
-            }
+            for (int j = 0; j < 2; ++j) acc[i][j] = fmaf(acc[i][j], rcorr, dot_of(v, j) * f);
+        }
         __syncwarp();                                // the values' part is refilled next iteration
     }
 
@@ -426,17 +490,15 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         sm.m[r] = m[r];
         sm.l[r] = l[r];
     }
-    const float vm = sum_of_row(vmin, lane);         // of the lane's row g
+    const float vm = row_sum<GVM>(vmin, cv, lane);
     __syncthreads();                                   // the per-warp regions become red
     float * red = (float *) dyn;                       // [WARPS][NR][HD]
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (!v_own[j]) continue;
+        float * row = red + ((size_t) warp * NR + rv) * HD + 16 * (2 * q + j);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const float4 o = { acc[b][0][j] + vm, acc[b][1][j] + vm, acc[b][2][j] + vm, acc[b][3][j] + vm };
-            *(float4 *) &red[((size_t) warp * NR + rv) * HD + 16 * (2 * q + j) + 4 * b] = o;
-        }
+        for (int i = 0; i < TV; ++i) row[REPV * i + hv] = acc[i][j] + vm;
     }
-    write_partial<HD, NR>(a, S, red, T, sm);
+    put_state<HD, NR>(S, warp, sm);
 }

@@ -125,8 +125,8 @@ struct ott_cuda_attn_args {
     int32_t prefetch;        // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
     int32_t tensor_cores;    // 1: head-blocks of head_dim 128, block 128, 2 bits run on integer
                              // tensor cores (attn_imma.cuh; needs sm_80+), 0: FFMA everywhere
-    int32_t n_splits;        // splits over quantized blocks; split n_splits is the fp16 one
-    float * partials;        // device [n_tiles][n_splits+1][OTT_CUDA_ATTN_ROWS][head_dim+2]
+    int32_t n_splits;        // blocks per tile, each a share of its quantized blocks and fp16 rows
+    float * partials;        // device [n_tiles][n_splits][OTT_CUDA_ATTN_ROWS][head_dim+2]
 };
 
 // Which kernel configurations exist: bits 2/4/8 with every code word (32 bits) inside one
