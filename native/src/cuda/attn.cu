@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <climits>
 
 namespace {
 
@@ -342,13 +341,65 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 
 // ---- fp16 rows and the chunk ------------------------------------------------------------------
 
-// The fp16 phase of split blockIdx.y: its share of the tile's fp16 rows and chunk tokens,
-// as state slot WARPS + warp (after the block phase, whose buffers are no longer read).
+// Rows [t0, t1) of one source, G at a time, into a warp's online softmax (sm, acc; lane
+// channels 2(lane + 32i), +1). load(t, k, v) fills row t's K and V (the lane's channels);
+// valid(t, r) says whether row r may see it. A round loads its G rows, scores them, and then
+// moves the softmax once: one rescale, G exponentials.
+template <int HD, int NR, int G, typename LOAD, typename VALID>
+__device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID valid, const float (&q)[NR][HD / 32],
+                                            softmax_rows<NR> & sm, float (&acc)[HD / 32][NR]) {
+    constexpr int CPL = HD / 32;
+    for (int t = t0; t < t1; t += G) {
+        float k[G][CPL], v[G][CPL];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (t + g < t1) {
+                load(t + g, k[g], v[g]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) k[g][i] = v[g][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            float d[G];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                d[g] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) d[g] = fmaf(q[r][i], k[g][i], d[g]);
+                warp_sum_from(d[g], 1);
+                d[g] = t + g < t1 && valid(t + g, r) ? d[g] : -INFINITY;
+                mx = fmaxf(mx, d[g]);
+            }
+            const float m_new = fmaxf(sm.m[r], mx);
+            if (m_new == -INFINITY) continue;         // nothing this row may see yet
+            const float corr = exp2f(sm.m[r] - m_new);
+            sm.l[r] *= corr;
+#pragma unroll
+            for (int i = 0; i < CPL; ++i) acc[i][r] *= corr;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float p = exp2f(d[g] - m_new);
+                sm.l[r] += p;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[g][i], acc[i][r]);
+            }
+            sm.m[r] = m_new;
+        }
+    }
+}
 
+// The fp16 phase of split blockIdx.y: its share of the tile's rows in the order sink, pool,
+// extra pool, window, chunk (the chunk's own K/V, rounded to fp16, causally), each warp a
+// contiguous part of it; as state slot WARPS + warp (after the block phase, whose buffers are
+// no longer read).
 template <int HD, int NR>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                             uint8_t * dyn) {
-    constexpr int CPL = HD / 32;                      // channels per lane: 2*lane + 64*i (+1)
+    constexpr int CPL = HD / 32;                      // channels per lane: 2(lane + 32i), +1
+    constexpr int G = 1024 / HD;                      // rows in flight per warp: 2 KB
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
     const int64_t sh = (int64_t) T.seq * L.n_head_kv + T.head;
@@ -358,102 +409,79 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     const int n_all = e_win + T.n_q;
     const int per = (n_all + a.n_splits - 1) / a.n_splits;
     const int f0 = min(n_all, (int) blockIdx.y * per), f1 = min(n_all, f0 + per);
+    const int per_w = (f1 - f0 + WARPS - 1) / WARPS;
+    const int u0 = min(f1, f0 + warp * per_w), u1 = min(f1, u0 + per_w);   // this warp's rows
 
     softmax_rows<NR> sm;
-    float acc[CPL][NR];
-    int last_q[NR];                                   // chunk token of each row (causal limit)
+    float acc[CPL][NR], q[NR][CPL];
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
         sm.m[r] = -INFINITY;
         sm.l[r] = 0.0f;
-        last_q[r] = r < T.n_rows ? (T.row0 + r) / a.n_rep : -1;
 #pragma unroll
-        for (int i = 0; i < CPL; ++i) acc[i][r] = 0.0f;
+        for (int i = 0; i < CPL / 2; ++i) {
+            const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
+            q[r][2 * i] = qq.x;
+            q[r][2 * i + 1] = qq.y;
+            acc[2 * i][r] = acc[2 * i + 1][r] = 0.0f;
+        }
     }
 
-    // token idx's K and V row, this lane's channels, as floats; -1 or its chunk index
-    auto load = [&](int idx, float (&k)[CPL], float (&v)[CPL]) {
-        if (idx < e_win) {
-            const ott_fp16 * kr, * vr;
-            if (idx < e_sink) {
-                kr = L.sink_k + ((size_t) sh * L.sink + idx) * HD;
-                vr = L.sink_v + ((size_t) sh * L.sink + idx) * HD;
-            } else if (idx < e_pool) {
-                kr = L.pool_k + ((size_t) sh * L.pool_cap + (idx - e_sink)) * HD;
-                vr = L.pool_v + ((size_t) sh * L.pool_cap + (idx - e_sink)) * HD;
-            } else if (idx < e_extra) {
-                kr = L.extra_k + ((size_t) sh * L.extra_cap + (idx - e_pool)) * HD;
-                vr = L.extra_v + ((size_t) sh * L.extra_cap + (idx - e_pool)) * HD;
-            } else {
-                const int row = (T.win_pos0 + (idx - e_extra) - L.sink) % L.win_cap;
-                kr = L.win_k + ((size_t) sh * L.win_cap + row) * HD;
-                vr = L.win_v + ((size_t) sh * L.win_cap + row) * HD;
-            }
+    // the fp16 stores, in 5 pieces (the window's rows start at row (win_pos0 - sink) % win_cap
+    // of its ring and wrap once): row t of a piece at k + t·HD, v + t·HD
+    const int w0 = (T.win_pos0 - L.sink) % max(1, L.win_cap), n_w1 = min(T.n_win, L.win_cap - w0);
+    const auto all = [](int, int) { return true; };
+#pragma unroll 1
+    for (int pc = 0; pc < 5; ++pc) {
+        const ott_fp16 * kb, * vb;
+        int first, n;
+        if (pc == 0) {
+            kb = L.sink_k + sh * L.sink * HD; vb = L.sink_v + sh * L.sink * HD; first = 0; n = e_sink;
+        } else if (pc == 1) {
+            kb = L.pool_k + sh * L.pool_cap * HD; vb = L.pool_v + sh * L.pool_cap * HD; first = e_sink; n = n_pool;
+        } else if (pc == 2) {
+            kb = L.extra_k + sh * L.extra_cap * HD; vb = L.extra_v + sh * L.extra_cap * HD; first = e_pool; n = n_extra;
+        } else if (pc == 3) {
+            kb = L.win_k + (sh * L.win_cap + w0) * HD; vb = L.win_v + (sh * L.win_cap + w0) * HD; first = e_extra; n = n_w1;
+        } else {
+            kb = L.win_k + sh * L.win_cap * HD; vb = L.win_v + sh * L.win_cap * HD; first = e_extra + n_w1; n = T.n_win - n_w1;
+        }
+        const int t0 = max(u0, first) - first, t1 = min(u1, first + n) - first;
+        if (t0 >= t1) continue;
+        const auto load = [&](int t, float (&k)[CPL], float (&v)[CPL]) {
+            const __half2 * kr = (const __half2 *) (kb + (size_t) t * HD), * vr = (const __half2 *) (vb + (size_t) t * HD);
 #pragma unroll
             for (int i = 0; i < CPL / 2; ++i) {
-                const float2 kf = __half22float2(((const __half2 *) kr)[lane + 32 * i]);
-                const float2 vf = __half22float2(((const __half2 *) vr)[lane + 32 * i]);
+                const float2 kf = __half22float2(kr[lane + 32 * i]), vf = __half22float2(vr[lane + 32 * i]);
                 k[2 * i] = kf.x; k[2 * i + 1] = kf.y;
                 v[2 * i] = vf.x; v[2 * i + 1] = vf.y;
             }
-            return -1;
-        }
-        const int j = idx - e_win;                    // the chunk's own K/V, rounded to fp16
+        };
+        attend_rows<HD, NR, G>(t0, t1, load, all, q, sm, acc);
+    }
+
+    // the chunk: its token j may be seen by the rows whose chunk token is j or later
+    int last_q[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) last_q[r] = r < T.n_rows ? (T.row0 + r) / a.n_rep : -1;
+    const auto load_chunk = [&](int j, float (&k)[CPL], float (&v)[CPL]) {
         const float * kr = a.k.data + (int64_t) (T.t0 + j) * a.k.nb2 + (int64_t) T.head * a.k.nb1;
         const float * vr = a.v.data + (int64_t) (T.t0 + j) * a.v.nb2 + (int64_t) T.head * a.v.nb1;
 #pragma unroll
         for (int i = 0; i < CPL / 2; ++i) {
-            const float2 kf = ((const float2 *) kr)[lane + 32 * i];
-            const float2 vf = ((const float2 *) vr)[lane + 32 * i];
+            const float2 kf = ((const float2 *) kr)[lane + 32 * i], vf = ((const float2 *) vr)[lane + 32 * i];
             k[2 * i] = __half2float(__float2half_rn(kf.x)); k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
             v[2 * i] = __half2float(__float2half_rn(vf.x)); v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
         }
-        return j;
     };
-
-    // tokens f0 + warp, f0 + warp + WARPS, ...; G of them (2 KB a warp) loaded before any is used
-    constexpr int G = 1024 / HD;
-    for (int idx0 = f0 + warp; idx0 < f1; idx0 += G * WARPS) {
-        float k[G][CPL], v[G][CPL];
-        int chunk_j[G];
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-            const int idx = idx0 + gi * WARPS;
-            chunk_j[gi] = idx < f1 ? load(idx, k[gi], v[gi]) : INT_MAX;
-        }
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-            if (chunk_j[gi] == INT_MAX) break;
-#pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                float d = 0.0f;
-#pragma unroll
-                for (int i = 0; i < CPL / 2; ++i) {
-                    const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
-                    d = fmaf(qq.x, k[gi][2 * i], d);
-                    d = fmaf(qq.y, k[gi][2 * i + 1], d);
-                }
-                warp_sum_from(d, 1);
-                if (chunk_j[gi] > last_q[r]) continue;   // causal (and rows past n_rows)
-                const float m_new = fmaxf(sm.m[r], d);
-                const float corr = exp2f(sm.m[r] - m_new);
-                const float p = exp2f(d - m_new);
-                sm.l[r] = sm.l[r] * corr + p;
-                sm.m[r] = m_new;
-#pragma unroll
-                for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[gi][i], acc[i][r] * corr);
-            }
-        }
-    }
+    const auto causal = [&](int j, int r) { return j <= last_q[r]; };
+    attend_rows<HD, NR, G>(max(u0, e_win) - e_win, min(u1, n_all) - e_win, load_chunk, causal, q, sm, acc);
 
     float * red = (float *) dyn + (size_t) (WARPS + warp) * NR * HD;   // [NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
-        for (int i = 0; i < CPL / 2; ++i) {
-            red[(size_t) r * HD + 2 * (lane + 32 * i)] = acc[2 * i][r];
-            red[(size_t) r * HD + 2 * (lane + 32 * i) + 1] = acc[2 * i + 1][r];
-        }
+        for (int i = 0; i < CPL / 2; ++i) *(float2 *) &red[(size_t) r * HD + 2 * (lane + 32 * i)] = make_float2(acc[2 * i][r], acc[2 * i + 1][r]);
     }
     put_state<HD, NR>(S, WARPS + warp, sm);
 }
