@@ -470,6 +470,7 @@ int run_checks() {
     const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
     const ott_kv_geom kivi2_64 = { 64, 128, 2, 2, 32, 32 }, ott4_128 = { 128, 128, 4, 4, 128, 64 };
     const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
+    const ott_kv_geom v32_128 = { 128, 128, 2, 2, 128, 32 };
     const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
     const event_case events[] = {
         { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
@@ -502,6 +503,7 @@ int run_checks() {
         { "kivi2-hd128-rep1-decode",    kivi2_128, 1, 1, { 6, 2 }, 0, 0, 0, 100, 2 },
         { "kivi2-hd128-rep2-decode",    kivi2_128, 2, 1, { 4, 5 }, 0, 0, 0, 60, 3 },
         { "g16-hd128-rep1-decode",      g16_128, 1, 1, { 5, 1 }, 0, 3, 8, 30, 2 },
+        { "v32-hd128-rep1-decode",      v32_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
