@@ -30,8 +30,9 @@
 //    selects), and writes those results.
 //  - Few warp-wide steps per head-block: the exponents of all A rows come from one byte-wise
 //    warp max of their float exponents (four rows a word); sum q·min reaches the lanes of
-//    its row by a reduce-scatter (one butterfly sum for a single row); the softmax sums and sum p·min stay per lane and are
-//    summed over the warp once, after the last head-block.
+//    its row by a reduce-scatter (one butterfly sum for a single row); the softmax sums
+//    and sum p·min stay per lane and are summed over the warp once, after the last
+//    head-block.
 // Error: the fixed-point rounding of A, 2^-15 of the head-block's largest term.
 #pragma once
 
