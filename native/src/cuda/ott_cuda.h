@@ -7,8 +7,9 @@
 //                                       scores and selection, pool moves, mean substitution,
 //                                       block quantization
 //   ott_cuda_attn_partial attn.cu       fused attention of query tiles over one split of a
-//                                       KV head's stores (quantized blocks, or the fp16 stores
-//                                       and the chunk itself): partial softmax per row
+//                                       KV head's stores (a share of its quantized blocks,
+//                                       then of its fp16 stores and the chunk itself):
+//                                       partial softmax per row
 //                                       (its quantized-block phase on integer tensor cores
 //                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
@@ -138,9 +139,9 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g);
 // rows_per_tile rows on integer tensor cores (tensor_cores = 1 and a geometry it serves).
 bool ott_cuda_attn_uses_tensor_cores(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores);
 
-// Splits over quantized blocks for n_tiles tiles of sequences of up to max_blocks head-blocks
-// on n_sm multiprocessors (at least 4 head-blocks a split, one per warp), for the kernel the
-// arguments select.
+// Splits (blocks per tile, each a share of its quantized blocks and fp16 rows) for n_tiles
+// tiles of sequences of up to max_blocks head-blocks on n_sm multiprocessors (at least 4
+// head-blocks a split, one per warp), for the kernel the arguments select.
 int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32_t tensor_cores, int32_t n_tiles,
                              int32_t n_sm, int32_t max_blocks);
 
