@@ -307,7 +307,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     const bool k_row = ck < G_K, v_row = cv < G_V;   // the lane's A row means something
     const int rk = ck >> lg_nk, gk = ck & (n_gk - 1);  // query row and key group of row ck
     const int rv = cv >> lg_nv, gv = cv & (n_gv - 1);  // query row and value group of row cv
-    // the lane's D columns 16(2q+j) + 4b + s lie in group (32q + 16j) / group of their slots / channels
+    // the lane's D columns 16(2q+j) + t (n-tile t) lie in group (32q + 16j) / group of their slots / channels
     bool k_own[2], v_own[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
