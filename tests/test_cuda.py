@@ -9,12 +9,12 @@
   fire). The two backends round matmuls differently (ggml-cuda: fp16 activations in fp16
   GEMMs, TF32 in fp32 ones), and with a 2-bit cache a K/V value that lands on the other side
   of a rounding boundary changes a whole quantization step; so the logits agree within
-  LOGITS_BUDGET (relative L2, per step), and the tokens are equal until a step whose CPU
-  top-2 gap is at most twice the largest logit difference there (a near-tie the rounding
-  explains; the test prints the numbers). The same check runs on SmolLM2 with its weights
-  dequantized to F32, so that both backends multiply the same values in float: SmolLM2 as
-  shipped (Q4_1) goes through ggml-cuda's quantized matmul kernels, whose rounding differs
-  from the CPU's by far more (README, "CUDA").
+  LOGITS_BUDGET (relative L2 per step: at worst, and in the median), and the tokens are
+  equal until a step whose CPU top-2 gap is at most twice the largest logit difference there
+  (a near-tie the rounding explains; the test prints the numbers). The same check runs on
+  SmolLM2 with its weights dequantized to F32, so that both backends multiply the same values
+  in float: SmolLM2 as shipped (Q4_1) goes through ggml-cuda's quantized matmul kernels,
+  whose rounding differs from the CPU's by far more (README, "CUDA").
 """
 import shutil
 import subprocess
@@ -30,8 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
 ARCHS = ("80", "86", "89", "90")
 N_GEN = 64
-LOGITS_BUDGET = {"f16": 1e-2, "ott2": 0.15}   # relative L2 of a step's logits, CPU vs CUDA
-SMOL_BUDGET = {"f16": 3e-2, "ott2": 0.15}      # the same over SmolLM2's 30 layers
+# relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
+LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None)}
+# The same over SmolLM2's 30 layers. With ott2 (teacher-forced on 64 tokens, H200): the GPU
+# alone differs by up to 0.23 (median 0.041) between the prompt fed whole and in ubatches of
+# 16, CPU and CUDA by up to 0.17 (median 0.015), and ott2 from the f16 cache by a median 0.29.
+SMOL_BUDGET = {"f16": (3e-2, None), "ott2": (0.3, 0.05)}
 
 needs_gpu = pytest.mark.skipif(cuda_device_count() == 0,
                                reason="no CUDA device, or this build has no CUDA support (OTT_CUDA)")
@@ -88,8 +92,8 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(b - a)
 
 
-def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: float | None = None):
-    budget = budget or LOGITS_BUDGET[kv]
+def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tuple | None = None):
+    worst, median = budget or LOGITS_BUDGET[kv]
     cpu_tokens, cpu_logits = greedy(Model(path, n_ctx=n_ctx, n_threads=2, kv=kv, device="cpu"), prompt, N_GEN)
     cuda_model = Model(path, n_ctx=n_ctx, kv=kv, device="cuda")
     assert cuda_model.info.device == "cuda:0"
@@ -107,7 +111,10 @@ def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: flo
               f"difference {noise:.4f}; logits rel L2 up to there max {max(errs):.2e}")
         assert gap <= 2 * noise, (f"{where}: greedy tokens differ at {diverged} although the CPU's top-2 gap "
                                   f"{gap:.4f} exceeds twice the largest logit difference {noise:.4f}")
-    assert max(errs) < budget, f"{where}: logits rel L2 CPU vs CUDA {max(errs):.2e} >= {budget}"
+    assert max(errs) < worst, f"{where}: logits rel L2 CPU vs CUDA {max(errs):.2e} >= {worst}"
+    if median is not None:
+        print(f"{where}: median over the steps {np.median(errs):.2e}")
+        assert np.median(errs) < median, f"{where}: median logits rel L2 CPU vs CUDA {np.median(errs):.2e} >= {median}"
 
 
 

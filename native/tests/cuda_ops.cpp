@@ -518,15 +518,18 @@ int run_checks() {
 
 // ---- perf ---------------------------------------------------------------------------------------
 
-// Median of reps timings of fn (ms), after warm-up.
-template <typename F>
-float time_ms(F fn, int reps) {
+// Median of reps timings of fn (ms), after warm-up. Each timing is preceded by before(),
+// queued and not timed: fn's launches are queued while it runs (the host's launch latency is
+// not timed), and fn starts right after it, as in a stream of decode work.
+template <typename F, typename B>
+float time_ms(F fn, int reps, B before) {
     cudaEvent_t a, b;
     CHECK_CUDA(cudaEventCreate(&a));
     CHECK_CUDA(cudaEventCreate(&b));
     for (int i = 0; i < 3; ++i) fn();
     std::vector<float> t;
     for (int i = 0; i < reps; ++i) {
+        before();
         CHECK_CUDA(cudaEventRecord(a));
         fn();
         CHECK_CUDA(cudaEventRecord(b));
@@ -551,7 +554,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     CHECK_CUDA(cudaMalloc(&src, n_copy));
     CHECK_CUDA(cudaMalloc(&dst, n_copy));
     CHECK_CUDA(cudaMemset(src, 1, n_copy));
-    const float ms_copy = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, n_copy, cudaMemcpyDeviceToDevice)); }, 10);
+    const float ms_copy = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, n_copy, cudaMemcpyDeviceToDevice)); }, 10, [] {});
     const double copy_gbs = 2.0 * n_copy / (ms_copy * 1e-3) / 1e9;
     printf("{\"op\": \"copy\", \"device\": \"%s\", \"bytes\": %zu, \"ms\": %.4f, \"GBps\": %.1f}\n", prop.name, 2 * n_copy, ms_copy, copy_gbs);
     CHECK_CUDA(cudaFree(src));
@@ -566,9 +569,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             if (only && B != only) continue;
             const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
             const int32_t win_cap = (n_win + g.block - 1) / g.block * g.block;
-            ott_cuda_kv_layer L{};
-            L.geom = g; L.layout = BL; L.n_head_kv = H; L.sink = 0; L.win_cap = win_cap;
-            L.pool_cap = pool; L.extra_cap = extra; L.max_blocks = n_blocks;
+            const size_t sh = (size_t) B * H;
             std::vector<void *> mem;
             auto dalloc = [&](size_t bytes, int fill) {
                 void * p;
@@ -577,30 +578,48 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 mem.push_back(p);
                 return p;
             };
-            const size_t sh = (size_t) B * H;
-            L.sink_k = L.sink_v = (ott_fp16 *) dalloc(0, 0);
-            // fp16 0x3c3c = 1.06: finite everywhere
-            L.win_k = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c); L.win_v = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c);
-            L.pool_k = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);   L.pool_v = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);
-            L.pool_pos = (int32_t *) dalloc(sh * pool * 4, 0);
-            L.extra_k = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c); L.extra_v = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c);
-            L.extra_pos = (int32_t *) dalloc(sh * extra * 4, 0);
+            auto upload = [&](const auto & host) {
+                void * p = dalloc(host.size() * sizeof(host[0]), 0);
+                CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+                return p;
+            };
             std::vector<int32_t> full(sh, pool), half(sh, extra / 2);
-            L.n_pool = (int32_t *) dalloc(sh * 4, 0);
-            L.n_extra = (int32_t *) dalloc(sh * 4, 0);
-            CHECK_CUDA(cudaMemcpy(L.n_pool, full.data(), sh * 4, cudaMemcpyHostToDevice));
-            CHECK_CUDA(cudaMemcpy(L.n_extra, half.data(), sh * 4, cudaMemcpyHostToDevice));
-            L.tracing = (int32_t *) dalloc(sh * 4, 0);
-            // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
-            const size_t n_hb = (size_t) B * n_blocks * H, blk_bytes = n_hb * BL.size;
-            L.blocks = (uint8_t *) dalloc(blk_bytes, 0);
+            std::vector<uint8_t> noise((size_t) 64 << 20);
             {
-                std::vector<uint8_t> noise((size_t) 64 << 20);
                 rng_t rng(7);
                 for (size_t i = 0; i < noise.size(); i += 8) {
                     const uint64_t x = rng();
                     std::memcpy(&noise[i], &x, 8);
                 }
+            }
+            std::vector<float> q((size_t) B * H * hd);
+            {
+                rng_t rng(11);
+                std::normal_distribution<float> nd(0.0f, 1.0f);
+                for (float & x : q) x = nd(rng);
+            }
+            std::vector<ott_cuda_attn_tile> tiles;
+            for (int32_t s = 0; s < B; ++s) {
+                for (int32_t h = 0; h < H; ++h) tiles.push_back({ s, h, s, 1, 0, 1, 0, n_blocks, n_win, n_blocks * g.block });
+            }
+            // one layer's stores, queries and tiles; its arguments but the launch choices
+            auto make_layer = [&]() {
+                ott_cuda_kv_layer L{};
+                L.geom = g; L.layout = BL; L.n_head_kv = H; L.sink = 0; L.win_cap = win_cap;
+                L.pool_cap = pool; L.extra_cap = extra; L.max_blocks = n_blocks;
+                L.sink_k = L.sink_v = (ott_fp16 *) dalloc(0, 0);
+                // fp16 0x3c3c = 1.06: finite everywhere
+                L.win_k = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c); L.win_v = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c);
+                L.pool_k = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);   L.pool_v = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);
+                L.pool_pos = (int32_t *) dalloc(sh * pool * 4, 0);
+                L.extra_k = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c); L.extra_v = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c);
+                L.extra_pos = (int32_t *) dalloc(sh * extra * 4, 0);
+                L.n_pool = (int32_t *) upload(full);
+                L.n_extra = (int32_t *) upload(half);
+                L.tracing = (int32_t *) dalloc(sh * 4, 0);
+                // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
+                const size_t n_hb = sh * n_blocks, blk_bytes = n_hb * BL.size;
+                L.blocks = (uint8_t *) dalloc(blk_bytes, 0);
                 for (size_t off = 0; off < blk_bytes; off += noise.size()) {
                     CHECK_CUDA(cudaMemcpy(L.blocks + off, noise.data(), std::min(noise.size(), blk_bytes - off), cudaMemcpyHostToDevice));
                 }
@@ -608,29 +627,21 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                     CHECK_CUDA(cudaMemset2D(L.blocks + BL.k_scale, BL.size, 0x2c, BL.k_codes - BL.k_scale, n_hb));
                     CHECK_CUDA(cudaMemset2D(L.blocks + BL.mask, BL.size, 0, BL.size - BL.mask, n_hb));
                 }
-            }
-            std::vector<float> q((size_t) B * H * hd);
-            rng_t rng(11);
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            for (float & x : q) x = nd(rng);
-            float * dq = (float *) dalloc(q.size() * 4, 0);
-            CHECK_CUDA(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-            std::vector<ott_cuda_attn_tile> tiles;
-            for (int32_t s = 0; s < B; ++s) {
-                for (int32_t h = 0; h < H; ++h) tiles.push_back({ s, h, s, 1, 0, 1, 0, n_blocks, n_win, n_blocks * g.block });
-            }
-            ott_cuda_attn_tile * dt = (ott_cuda_attn_tile *) dalloc(tiles.size() * sizeof(ott_cuda_attn_tile), 0);
-            CHECK_CUDA(cudaMemcpy(dt, tiles.data(), tiles.size() * sizeof(ott_cuda_attn_tile), cudaMemcpyHostToDevice));
-            ott_cuda_attn_args a{};
-            a.L = L;
-            a.q = { dq, hd, (int64_t) H * hd };
-            a.k = a.v = a.q;
-            a.n_rep = 1;
-            a.kq_scale = 1.0f / std::sqrt((float) hd);
-            a.traces = 1;
-            a.tiles = dt;
-            a.n_tiles = (int32_t) tiles.size();
-            a.rows_per_tile = 1;
+                ott_cuda_attn_args a{};
+                a.L = L;
+                a.q = { (const float *) upload(q), hd, (int64_t) H * hd };
+                a.k = a.v = a.q;
+                a.n_rep = 1;
+                a.kq_scale = 1.0f / std::sqrt((float) hd);
+                a.traces = 1;
+                a.tiles = (const ott_cuda_attn_tile *) upload(tiles);
+                a.n_tiles = (int32_t) tiles.size();
+                a.rows_per_tile = 1;
+                return a;
+            };
+            // the timed layer, and another one whose attention runs just before it: the L2
+            // cache then holds none of the timed layer's bytes, as in a decode step
+            ott_cuda_attn_args a = make_layer(), prev = make_layer();
             // the cache's choice (kv_ott_cuda.cpp: its split count, tensor cores), then FFMA
             // decoding at two prefetch depths and other split counts for comparison
             const int n_sm = prop.multiProcessorCount;
@@ -644,16 +655,18 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             int most = 0;
             for (const auto & v : variants) most = std::max(most, v.splits);
             float * dout = (float *) dalloc(q.size() * 4, 0);
-            float * parts = (float *) dalloc(tiles.size() * (size_t) most * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd) * 4, 0);
+            const size_t part_floats = tiles.size() * (size_t) most * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd);
+            a.partials = (float *) dalloc(part_floats * 4, 0);
+            prev.partials = (float *) dalloc(part_floats * 4, 0);
+            const auto attend = [&](const ott_cuda_attn_args & x) {
+                CHECK_CUDA(ott_cuda_attn_partial(x, nullptr));
+                CHECK_CUDA(ott_cuda_attn_merge(x, dout, (int64_t) H * hd, nullptr));
+            };
             for (const auto & [sp, pf, tc] : variants) {
-                a.n_splits = sp;
-                a.prefetch = pf;
-                a.tensor_cores = tc;
-                a.partials = parts;
-                const float ms = time_ms([&] {
-                    CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
-                    CHECK_CUDA(ott_cuda_attn_merge(a, dout, (int64_t) H * hd, nullptr));
-                }, 20);
+                a.n_splits = prev.n_splits = sp;
+                a.prefetch = prev.prefetch = pf;
+                a.tensor_cores = prev.tensor_cores = tc;
+                const float ms = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
                 // bytes it must read: head-block data, fp16 rows, queries
                 const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
                                      + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;

@@ -2,8 +2,8 @@
 //
 // Grid (n_tiles, n_splits), 4 warps per block. A tile is up to NR query rows of one KV head
 // of one sequence (its query heads, times its chunk tokens), so the head's codes are read
-// once for all of them. Split y reads its share of the head's quantized blocks, then its
-// share of the fp16 rows (sink, pool, extra pool, window) and of the chunk itself, causally:
+// once for all of them. Split y reads its share of the fp16 rows (sink, pool, extra pool,
+// window) and of the chunk itself, causally, then its share of the head's quantized blocks:
 // every block gets the same work, and no block reads fp16 rows alone after the others.
 // Each warp keeps one online softmax per phase; the block combines them into one partial
 // (max, sum, weighted values) per row; attn_merge_kernel combines a tile's partials. Scores
@@ -84,8 +84,15 @@ struct softmax_rows {
 constexpr int STATES = 2 * WARPS;
 
 // Shared memory of a block: queries and the states' maxima and sums. The dynamic shared
-// memory holds the block phase's per-warp buffers, then the states' weighted values
-// red[STATES][NR][HD].
+// memory holds the block phase's per-warp buffers (per_warp bytes each; after that phase,
+// its states' weighted values red[WARPS][NR][HD]), then from fp16_values_at on the fp16
+// phase's states' weighted values [WARPS][NR][HD] (that phase runs first).
+__host__ __device__ inline size_t fp16_values_at(size_t per_warp, int nr, int hd) {
+    const size_t red = (size_t) WARPS * nr * hd * sizeof(float);
+    const size_t blocks = (size_t) WARPS * per_warp;
+    return ((blocks > red ? blocks : red) + 15) / 16 * 16;
+}
+
 template <int HD, int NR>
 struct __align__(16) attn_smem {
     float q[NR][HD];
@@ -105,10 +112,11 @@ __device__ __forceinline__ void put_state(attn_smem<HD, NR> & S, int slot, const
     }
 }
 
-// Combine the block's states (values in red[slot][r][c]) into its partial for split blockIdx.y.
+// Combine the block's states (values in red[slot][r][c], slots WARPS.. in fv[slot - WARPS])
+// into its partial for split blockIdx.y.
 template <int HD, int NR>
 __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
-                              const ott_cuda_attn_tile & T) {
+                              const float * fv, const ott_cuda_attn_tile & T) {
     __syncthreads();
     float * out = a.partials + ((size_t) blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
@@ -123,7 +131,10 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
         float * o = out + (size_t) r * (HD + 2);
         for (int c = threadIdx.x; c < HD; c += blockDim.x) {
             float acc = 0.0f;
-            for (int w = 0; w < STATES; ++w) acc += red[((size_t) w * NR + r) * HD + c] * wgt[w];
+            for (int w = 0; w < STATES; ++w) {
+                const float * x = w < WARPS ? red + (size_t) w * NR * HD : fv + (size_t) (w - WARPS) * NR * HD;
+                acc += x[(size_t) r * HD + c] * wgt[w];
+            }
             o[2 + c] = acc;
         }
         if (threadIdx.x == 0) {
@@ -393,11 +404,10 @@ __device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID val
 
 // The fp16 phase of split blockIdx.y: its share of the tile's rows in the order sink, pool,
 // extra pool, window, chunk (the chunk's own K/V, rounded to fp16, causally), each warp a
-// contiguous part of it; as state slot WARPS + warp (after the block phase, whose buffers are
-// no longer read).
+// contiguous part of it; as state slot WARPS + warp, its values in fv[warp].
 template <int HD, int NR>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
-                            uint8_t * dyn) {
+                            float * fv) {
     constexpr int CPL = HD / 32;                      // channels per lane: 2(lane + 32i), +1
     constexpr int G = 1024 / HD;                      // rows in flight per warp: 2 KB
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -477,7 +487,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     const auto causal = [&](int j, int r) { return j <= last_q[r]; };
     attend_rows<HD, NR, G>(max(u0, e_win) - e_win, min(u1, n_all) - e_win, load_chunk, causal, q, sm, acc);
 
-    float * red = (float *) dyn + (size_t) (WARPS + warp) * NR * HD;   // [NR][HD]
+    float * red = fv + (size_t) warp * NR * HD;        // [NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
@@ -492,6 +502,21 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 
 namespace {
 
+// The merge kernel is a programmatic dependent launch (sm_90+): it may start once every
+// partial block has started (let_merge_start) and waits for the partial kernel's completion
+// and memory (wait_for_partials), so its launch overlaps the partial kernel's last blocks.
+__device__ __forceinline__ void let_merge_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_partials() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
@@ -500,8 +525,9 @@ template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
 __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
+    let_merge_start();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);   // in flight while the queries load
+    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);   // in flight while the queries and fp16 rows load
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
@@ -515,15 +541,21 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
         S.q[r][c] = x;
     }
     __syncthreads();
+    // the fp16 rows first: their loads overlap the first head-block's copy (tensor cores)
+    size_t per_warp;
+    if constexpr (GKM > 0) per_warp = imma::warp_smem_bytes(a.L.layout, NR);
+    else per_warp = warp_smem_bytes(a.L.geom, a.L.layout, NR);
+    float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD));
+    attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
     else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
-    attend_fp16<HD, NR>(a, T, S, dyn);
-    write_partial<HD, NR>(a, S, (const float *) dyn, T);
+    write_partial<HD, NR>(a, S, (const float *) dyn, fv, T);
 }
 
 // grid: n_tiles; threads over channels
 template <int HD>
 __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
+    wait_for_partials();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
     const int n_parts = a.n_splits;
     const float * part = a.partials + (size_t) blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
@@ -551,13 +583,12 @@ __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64
 
 bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
-// dynamic shared memory: per warp its block-phase region, or after that phase the states'
-// values (tensor_cores: the tensor-core kernel's per-warp buffers, attn_imma.cuh)
+// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's per-warp buffers,
+// attn_imma.cuh)
 size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     const size_t per_warp = tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
-    const size_t red = (size_t) STATES * nr * g.head_dim * sizeof(float);
-    return std::max(WARPS * per_warp, red);
+    return fp16_values_at(per_warp, nr, g.head_dim) + (size_t) WARPS * nr * g.head_dim * sizeof(float);
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
@@ -700,10 +731,22 @@ cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t str
 
 cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream) {
     if (a.n_tiles == 0) return cudaSuccess;
+    int dev = 0, major = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    cudaLaunchAttribute pdl{};                       // a programmatic dependent launch where the GPU has them
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(a.n_tiles);
+    cfg.blockDim = dim3(a.L.geom.head_dim);          // threads over channels
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = major >= 9 ? 1 : 0;
     switch (a.L.geom.head_dim) {
-        case 64:  attn_merge_kernel<64><<<a.n_tiles, 64, 0, stream>>>(a, out, out_nb1); break;
-        case 128: attn_merge_kernel<128><<<a.n_tiles, 128, 0, stream>>>(a, out, out_nb1); break;
-        default:  attn_merge_kernel<256><<<a.n_tiles, 256, 0, stream>>>(a, out, out_nb1); break;
+        case 64:  return cudaLaunchKernelEx(&cfg, attn_merge_kernel<64>, a, out, out_nb1);
+        case 128: return cudaLaunchKernelEx(&cfg, attn_merge_kernel<128>, a, out, out_nb1);
+        default:  return cudaLaunchKernelEx(&cfg, attn_merge_kernel<256>, a, out, out_nb1);
     }
-    return cudaGetLastError();
 }

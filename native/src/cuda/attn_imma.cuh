@@ -340,7 +340,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 
     // The warp's buffer holds one head-block, its key part and value part loaded in turns: the
     // values' part while the keys are decoded, the next head-block's keys while the values are
-    // (the first head-block's keys: copy_first_keys, before the queries were loaded).
+    // (the first head-block's keys: copy_first_keys, before the queries and fp16 rows were loaded).
     const uint8_t * hb = wsm;
     for (int blk = b0 + warp; blk < b1; blk += WARPS) {
         copy_part(wsm, head_block(L, T, blk), L.layout, false, lane);
