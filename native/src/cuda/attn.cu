@@ -85,12 +85,13 @@ constexpr int STATES = 2 * WARPS;
 
 // Shared memory of a block: queries and the states' maxima and sums. The dynamic shared
 // memory holds the block phase's per-warp buffers (per_warp bytes each; after that phase,
-// its states' weighted values red[WARPS][NR][HD]), then from fp16_values_at on the fp16
-// phase's states' weighted values [WARPS][NR][HD] (that phase runs first).
-__host__ __device__ inline size_t fp16_values_at(size_t per_warp, int nr, int hd) {
+// its states' weighted values red[WARPS][NR][HD]) and, from fp16_values_at on, the fp16
+// phase's states' weighted values fv[WARPS][NR][HD]: past the buffers when that phase runs
+// first (fp16_first), else right after red.
+__host__ __device__ inline size_t fp16_values_at(size_t per_warp, int nr, int hd, bool fp16_first) {
     const size_t red = (size_t) WARPS * nr * hd * sizeof(float);
     const size_t blocks = (size_t) WARPS * per_warp;
-    return ((blocks > red ? blocks : red) + 15) / 16 * 16;
+    return fp16_first ? ((blocks > red ? blocks : red) + 15) / 16 * 16 : red;
 }
 
 template <int HD, int NR>
@@ -541,14 +542,18 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
         S.q[r][c] = x;
     }
     __syncthreads();
-    // the fp16 rows first: their loads overlap the first head-block's copy (tensor cores)
+    // Tensor cores: the fp16 rows first, their loads overlapping the first head-block's copy.
+    // FFMA: after the quantized blocks (first, they cost the one-row kernel 5 registers more,
+    // past the 168 that let three blocks share a multiprocessor).
+    constexpr bool fp16_first = GKM > 0;
     size_t per_warp;
     if constexpr (GKM > 0) per_warp = imma::warp_smem_bytes(a.L.layout, NR);
     else per_warp = warp_smem_bytes(a.L.geom, a.L.layout, NR);
-    float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD));
-    attend_fp16<HD, NR>(a, T, S, fv);
+    float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
+    if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
     else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
+    if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     write_partial<HD, NR>(a, S, (const float *) dyn, fv, T);
 }
 
@@ -588,7 +593,8 @@ bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     const size_t per_warp = tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
-    return fp16_values_at(per_warp, nr, g.head_dim) + (size_t) WARPS * nr * g.head_dim * sizeof(float);
+    const size_t fv_end = fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t) WARPS * nr * g.head_dim * sizeof(float);
+    return std::max(WARPS * per_warp, fv_end);
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
