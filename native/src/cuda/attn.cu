@@ -2,9 +2,10 @@
 //
 // Grid (n_tiles, n_splits), 4 warps per block. A tile is up to NR query rows of one KV head
 // of one sequence (its query heads, times its chunk tokens), so the head's codes are read
-// once for all of them. Split y reads its share of the fp16 rows (sink, pool, extra pool,
-// window) and of the chunk itself, causally, then its share of the head's quantized blocks:
-// every block gets the same work, and no block reads fp16 rows alone after the others.
+// once for all of them. Split y reads its share of the head's quantized blocks and its share
+// of the fp16 rows (sink, pool, extra pool, window) and of the chunk itself, causally (the
+// tensor-core kernel the fp16 rows first, the FFMA kernel last): every block gets the same
+// work, and no block reads fp16 rows alone after the others.
 // Each warp keeps one online softmax per phase; the block combines them into one partial
 // (max, sum, weighted values) per row; attn_merge_kernel combines a tile's partials. Scores
 // are kept in the log2 domain (q is scaled by kq_scale·log2 e), so every exponential is an

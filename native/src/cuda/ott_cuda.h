@@ -7,8 +7,8 @@
 //                                       scores and selection, pool moves, mean substitution,
 //                                       block quantization
 //   ott_cuda_attn_partial attn.cu       fused attention of query tiles over one split of a
-//                                       KV head's stores (a share of its quantized blocks,
-//                                       then of its fp16 stores and the chunk itself):
+//                                       KV head's stores (a share of its quantized blocks
+//                                       and of its fp16 stores and the chunk itself):
 //                                       partial softmax per row
 //                                       (its quantized-block phase on integer tensor cores
 //                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
