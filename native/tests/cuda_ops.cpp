@@ -46,6 +46,16 @@ ott_fp16 rand_f16(rng_t & rng, float sd) {
     return ott_fp32_to_fp16_ref(n(rng));
 }
 
+// A device copy of v, its allocation recorded in dev (to be freed with the others).
+template <typename T>
+T * upload_to(std::vector<void *> & dev, const std::vector<T> & v) {
+    void * p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size() * sizeof(T))));
+    if (!v.empty()) CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    dev.push_back(p);
+    return (T *) p;
+}
+
 // Host copy of one layer's stores (ott_cuda.h layout) and its device twin.
 struct layer_store {
     ott_cuda_kv_layer L{};       // device pointers
@@ -79,11 +89,7 @@ struct layer_store {
 
     template <typename T>
     T * upload(const std::vector<T> & v) {
-        void * p = nullptr;
-        CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size() * sizeof(T))));
-        if (!v.empty()) CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-        dev.push_back(p);
-        return (T *) p;
+        return upload_to(dev, v);
     }
     template <typename T>
     static void download(std::vector<T> & v, const T * p) {
@@ -578,11 +584,6 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 mem.push_back(p);
                 return p;
             };
-            auto upload = [&](const auto & host) {
-                void * p = dalloc(host.size() * sizeof(host[0]), 0);
-                CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
-                return p;
-            };
             std::vector<int32_t> full(sh, pool), half(sh, extra / 2);
             std::vector<uint8_t> noise((size_t) 64 << 20);
             {
@@ -614,8 +615,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 L.pool_pos = (int32_t *) dalloc(sh * pool * 4, 0);
                 L.extra_k = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c); L.extra_v = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c);
                 L.extra_pos = (int32_t *) dalloc(sh * extra * 4, 0);
-                L.n_pool = (int32_t *) upload(full);
-                L.n_extra = (int32_t *) upload(half);
+                L.n_pool = upload_to(mem, full);
+                L.n_extra = upload_to(mem, half);
                 L.tracing = (int32_t *) dalloc(sh * 4, 0);
                 // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
                 const size_t n_hb = sh * n_blocks, blk_bytes = n_hb * BL.size;
@@ -629,12 +630,12 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 }
                 ott_cuda_attn_args a{};
                 a.L = L;
-                a.q = { (const float *) upload(q), hd, (int64_t) H * hd };
+                a.q = { upload_to(mem, q), hd, (int64_t) H * hd };
                 a.k = a.v = a.q;
                 a.n_rep = 1;
                 a.kq_scale = 1.0f / std::sqrt((float) hd);
                 a.traces = 1;
-                a.tiles = (const ott_cuda_attn_tile *) upload(tiles);
+                a.tiles = upload_to(mem, tiles);
                 a.n_tiles = (int32_t) tiles.size();
                 a.rows_per_tile = 1;
                 return a;

@@ -504,6 +504,13 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 
 namespace {
 
+// Per-warp bytes of the block phase: the tensor-core kernel's buffers (attn_imma.cuh) or the
+// FFMA kernel's.
+__host__ __device__ inline size_t block_phase_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr,
+                                                    bool tensor_cores) {
+    return tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
+}
+
 // The merge kernel is a programmatic dependent launch (sm_90+): it may start once every
 // partial block has started (let_merge_start) and waits for the partial kernel's completion
 // and memory (wait_for_partials), so its launch overlaps the partial kernel's last blocks.
@@ -547,9 +554,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     // FFMA: after the quantized blocks (first, they cost the one-row kernel 5 registers more,
     // past the 168 that let three blocks share a multiprocessor).
     constexpr bool fp16_first = GKM > 0;
-    size_t per_warp;
-    if constexpr (GKM > 0) per_warp = imma::warp_smem_bytes(a.L.layout, NR);
-    else per_warp = warp_smem_bytes(a.L.geom, a.L.layout, NR);
+    const size_t per_warp = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
     float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
@@ -589,11 +594,10 @@ __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64
 
 bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
-// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's per-warp buffers,
-// attn_imma.cuh)
+// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's)
 size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
-    const size_t per_warp = tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
+    const size_t per_warp = block_phase_bytes(g, L, nr, tensor_cores);
     const size_t fv_end = fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t) WARPS * nr * g.head_dim * sizeof(float);
     return std::max(WARPS * per_warp, fv_end);
 }
