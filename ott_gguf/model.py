@@ -269,7 +269,7 @@ class KVHeadState:
     n_tokens: int
     tracing: bool                 # the head still runs Outlier Token Tracing
     block_offsets: dict           # array name (BLOCK_ARRAYS) -> byte offset in a head-block
-    blocks: np.ndarray            # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv_layout.h)
+    blocks: np.ndarray            # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv/kv_layout.h)
     sink_k: np.ndarray            # fp16 [n_sink, head_dim]; likewise sink_v
     sink_v: np.ndarray
     pool_k: np.ndarray            # fp16 [n_pool, head_dim], ascending position

@@ -196,7 +196,7 @@ ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, i
 
 /* The raw stores of one KV head of one layer of one sequence, in a quantized cache.
  * Counts are always filled; each non-NULL buffer receives a copy of its store. fp16
- * values are IEEE binary16 bit patterns. Head-blocks are in native/src/kv_layout.h's
+ * values are IEEE binary16 bit patterns. Head-blocks are in native/src/kv/kv_layout.h's
  * layout (the arrays of ott_gguf/reference/block.py at the offsets block_offsets). */
 typedef struct {
     int32_t  n_tokens;        /* tokens of the sequence                                   */

@@ -1,7 +1,12 @@
 // context.cpp — a decoding context: the model's backend (CPU with a thread pool, or CUDA),
 // KV cache, and ott_decode, which splits a batch into ubatches of runs, builds one graph per
-// ubatch, has the cache compute it and collects the logits.
-#include "graph.h"
+// ubatch, computes it (segment by segment around the cache's kernels when its attention is
+// external, cuda/executor.h) and collects the logits.
+#include "arch/graph.h"
+#include "kv/kv_schedule.h"
+#ifdef OTT_USE_CUDA
+#include "cuda/executor.h"
+#endif
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -21,6 +26,9 @@ struct ott_context {
     ggml_gallocr_t     galloc     = nullptr;
     std::vector<uint8_t> graph_meta;           // memory for graph headers
     std::unique_ptr<ott_kv_cache> kv;
+#ifdef OTT_USE_CUDA
+    ott_cuda_executor * executor = nullptr;    // when the cache's attention is external
+#endif
 
     std::vector<float> logits;                 // [n_outputs, n_vocab]
     int32_t n_outputs = 0;
@@ -30,6 +38,9 @@ struct ott_context {
     std::vector<uint8_t> prof_meta;            // memory for the segment graph's header
 
     ~ott_context() {
+#ifdef OTT_USE_CUDA
+        if (executor) ott_cuda_executor_free(executor);
+#endif
         kv.reset();
         if (galloc) ggml_gallocr_free(galloc);
         if (backend) ggml_backend_free(backend);
@@ -77,11 +88,24 @@ ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vecto
             return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: position %d does not continue sequence %d (expected %d)",
                             i, b->pos[i], s, want);
         }
-        if (want >= c->params.n_ctx) {
-            return ott_fail(OTT_ERR_CONTEXT_FULL, "sequence %d would exceed the context size %d (position %d)",
-                            s, c->params.n_ctx, b->pos[i]);
-        }
         per_seq[s].push_back(i);
+    }
+    for (int32_t s = 0; s < c->params.n_seq_max; ++s) {
+        OTT_TRY(ott_kv_check_fits(s, c->kv->seq_len(s), (int32_t) per_seq[s].size(), c->params.n_ctx));
+    }
+    return OTT_OK;
+}
+
+// Compute a step's graph: whole, or segment by segment around the cache's kernels.
+ott_status compute_graph(ott_context * c, ggml_cgraph * gf) {
+#ifdef OTT_USE_CUDA
+    if (c->kv->external_attention()) {
+        if (!c->executor) OTT_TRY(ott_cuda_executor_create(c->backend, c->model->cuda_device, &c->executor));
+        return ott_cuda_executor_compute(c->executor, c->backend, gf, *c->kv, c->model->hparams.n_layer);
+    }
+#endif
+    if (ggml_backend_graph_compute(c->backend, gf) != GGML_STATUS_SUCCESS) {
+        return ott_fail(OTT_ERR_BACKEND, "graph computation failed");
     }
     return OTT_OK;
 }
@@ -180,7 +204,7 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
         return ott_fail(OTT_ERR_ALLOC, "cannot allocate the compute buffer for %d tokens", ub.n_tokens());
     }
     b.set_inputs();
-    OTT_TRY(c->profile ? compute_profiled(c, gf) : c->kv->compute(c->backend, gf));
+    OTT_TRY(c->profile ? compute_profiled(c, gf) : compute_graph(c, gf));
     c->kv->commit();
 
     // logits rows go to their batch rows; consecutive rows are fetched in one copy

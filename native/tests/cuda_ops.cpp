@@ -11,7 +11,7 @@
 //                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cuda/ott_cuda.h"
-#include "kv_quant.h"
+#include "kv/kv_quant.h"
 
 #include <cuda_runtime.h>
 
@@ -113,7 +113,7 @@ struct layer_store {
         download(blocks, L.blocks);
     }
     uint8_t * head_block(int32_t s, int32_t j, int32_t h) {
-        return blocks.data() + (((size_t) s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
+        return blocks.data() + (ott_cuda_head_block(L, s, j, h) - L.blocks);
     }
 };
 
@@ -643,7 +643,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             // the timed layer, and another one whose attention runs just before it: the L2
             // cache then holds none of the timed layer's bytes, as in a decode step
             ott_cuda_attn_args a = make_layer(), prev = make_layer();
-            // the cache's choice (kv_ott_cuda.cpp: its split count, tensor cores), then FFMA
+            // the cache's choice (kv_quant_cuda.cpp: its split count, tensor cores), then FFMA
             // decoding at two prefetch depths and other split counts for comparison
             const int n_sm = prop.multiProcessorCount;
             const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);

@@ -25,7 +25,7 @@
 // That is the FFMA path. Head-blocks of head size 128, block 128 and 2-bit codes run their
 // quantized-block phase on integer tensor cores instead (attn_imma.cuh), where the GPU has
 // them (ott_cuda_attn_args::tensor_cores).
-#include "ott_cuda.h"
+#include "cuda/ott_cuda.h"
 
 #include <cuda_fp16.h>
 
@@ -157,7 +157,7 @@ __device__ __forceinline__ int2 split_blocks(const ott_cuda_attn_args & a, const
 
 // Head-block blk of tile T's sequence and KV head.
 __device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & L, const ott_cuda_attn_tile & T, int blk) {
-    return L.blocks + (((size_t) T.seq * L.max_blocks + blk) * L.n_head_kv + T.head) * L.layout.size;
+    return ott_cuda_head_block(L, T.seq, blk, T.head);
 }
 
 // PF: code words a lane loads before using any (in flight per warp: PF * 128 bytes). Larger
@@ -500,7 +500,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 
 } // namespace
 
-#include "attn_imma.cuh"
+#include "cuda/attn_imma.cuh"
 
 namespace {
 

@@ -38,7 +38,7 @@
 
 #include <cuda_fp16.h>
 
-#include "ott_cuda.h"
+#include "cuda/ott_cuda.h"
 
 namespace imma {
 

@@ -1,7 +1,7 @@
 // kv_append.cu — new tokens' K and V into the fp16 stores: each F32 value rounded to fp16
 // as ott_cpu_kv_append does (ott_fp32_to_fp16_ref), into a sink row or a window-ring row.
-#include "ott_cuda.h"
-#include "kv_quant.cuh"
+#include "cuda/ott_cuda.h"
+#include "cuda/kv_quant.cuh"
 
 namespace {
 

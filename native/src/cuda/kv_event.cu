@@ -2,8 +2,8 @@
 // (sequence, KV head) per thread block, the same steps in the same order, so the head-block,
 // pools and tracing flag equal the CPU's bit for bit. The block being quantized is rows
 // row0 .. row0+block-1 of the head's window ring (contiguous: win_cap is a multiple of block).
-#include "ott_cuda.h"
-#include "kv_quant.cuh"
+#include "cuda/ott_cuda.h"
+#include "cuda/kv_quant.cuh"
 
 namespace {
 
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(EVENT_THREADS) kv_event_kernel(const ott_cuda_
     ott_fp16 * extra_k = L.extra_k + (size_t) sh * L.extra_cap * hd;
     ott_fp16 * extra_v = L.extra_v + (size_t) sh * L.extra_cap * hd;
     int32_t  * extra_pos = L.extra_pos + (size_t) sh * L.extra_cap;
-    uint8_t  * out = L.blocks + (((size_t) ev.seq * L.max_blocks + ev.block_idx) * L.n_head_kv + h) * L.layout.size;
+    uint8_t  * out = ott_cuda_head_block(L, ev.seq, ev.block_idx, h);
 
     if (threadIdx.x == 0) {
         int32_t tracing = L.tracing[sh];

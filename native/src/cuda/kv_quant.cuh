@@ -9,7 +9,7 @@
 // ott_quantize_block_ref over channels, then slots). Their bodies are unchanged.
 #pragma once
 
-#include "kv_layout.h"
+#include "kv/kv_layout.h"
 
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-// ott_cuda.h — CUDA kernels of the quantized KV cache, as seen by host code (kv_ott_cuda.cpp,
+// ott_cuda.h — CUDA kernels of the quantized KV cache, as seen by host code (kv_quant_cuda.cpp,
 // tests/cuda_ops.cpp). One op per .cu file; each launcher takes the stream and returns the
 // launch status (cudaGetLastError after the launch):
 //
@@ -26,7 +26,7 @@
 //              sequence = positions sink + j*block ..
 #pragma once
 
-#include "kv_layout.h"
+#include "kv/kv_layout.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -48,6 +48,11 @@ struct ott_cuda_kv_layer {
     int32_t  * n_pool;  int32_t  * n_extra; int32_t * tracing;
     uint8_t  * blocks;
 };
+
+// Head-block j of KV head h of sequence s.
+static inline OTT_HD uint8_t * ott_cuda_head_block(const ott_cuda_kv_layer & L, int32_t s, int32_t j, int32_t h) {
+    return L.blocks + (((size_t) s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
+}
 
 // A step's F32 activations: element (c, h, t) of x at x[t*nb2 + h*nb1 + c] (floats).
 struct ott_cuda_f32_3d {

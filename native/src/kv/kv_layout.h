@@ -100,6 +100,11 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     return L;
 }
 
+/* Head-block of KV head h among the n_head_kv head-blocks of one event, laid side by side. */
+static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_block_layout * L, int32_t h) {
+    return event + (size_t) h * L->size;
+}
+
 /* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
 static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
     const uint64_t codes  = (uint64_t) g->head_dim * g->block * (uint64_t) (g->bits_k + g->bits_v) / 8;

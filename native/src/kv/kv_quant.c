@@ -1,6 +1,6 @@
 /* kv_quant.c — scalar reference of quantization events (see kv_quant.h for the contract).
  * Compiled with -ffp-contract=off: every float operation below is rounded on its own. */
-#include "kv_quant.h"
+#include "kv/kv_quant.h"
 
 #include <math.h>
 #include <string.h>

@@ -23,7 +23,7 @@
 #ifndef OTT_KV_QUANT_H
 #define OTT_KV_QUANT_H
 
-#include "kv_layout.h"
+#include "kv/kv_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

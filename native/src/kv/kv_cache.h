@@ -7,18 +7,20 @@
 //   build_inputs(ctx)    create the step's input tensors (indices, masks) in the graph
 //   build_attn(...)      once per layer: store K/V, return the attention output
 //   set_inputs()         after allocation: fill the input tensors
-//   compute(backend, gf) run the step's graph (and the cache's own kernels, if any)
+//   (the context computes the graph; see external_attention)
 //   commit()             after a successful compute: sequences grow
+// The context checks beforehand that every sequence has room for its tokens.
 #pragma once
 
 #include "common.h"
-#include "model.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <memory>
 #include <vector>
+
+struct ott_kv_config;
 
 // A run: sequences seq0 .. seq0+n_seqs-1, each contributing n_tokens consecutive tokens,
 // laid out sequence-major in the ubatch from token t0.
@@ -28,6 +30,9 @@ struct ott_run {
     int32_t n_tokens;
     int32_t t0;
 };
+
+// A CUDA stream (cudaStream_t), named without the CUDA headers.
+struct CUstream_st;
 
 struct ott_ubatch {
     std::vector<int32_t> token;     // [n_tokens]
@@ -52,23 +57,23 @@ public:
     virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il,
                                      ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) = 0;
     virtual void set_inputs() = 0;
-    // The default runs the whole graph on the backend. A cache whose attention runs outside
-    // ggml (the CUDA quantized cache: ggml-cuda has no custom ops, DESIGN §1) runs the graph
-    // in segments and launches its kernels between them.
-    virtual ott_status compute(ggml_backend_t backend, ggml_cgraph * gf) {
-        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
-            return ott_fail(OTT_ERR_BACKEND, "graph computation failed");
-        }
-        return OTT_OK;
-    }
     virtual void commit() = 0;
+
+    // Attention outside ggml's graph (the CUDA quantized cache: ggml-cuda has no custom ops,
+    // DESIGN §1). Then build_attn ends a graph segment at layer il — q, k, v are that
+    // segment's outputs — and returns an input tensor; the context's executor runs the graph
+    // segment by segment, calling prepare_step before the first and run_layer(il) after
+    // segment il, all on its stream.
+    virtual bool external_attention() const { return false; }
+    // The graph's node count when layer il's q, k, v were added: where segment il ends.
+    virtual int segment_end(int il) const { return 0; }
+    virtual ott_status prepare_step(CUstream_st * stream) { return OTT_OK; }
+    virtual ott_status run_layer(int il, CUstream_st * stream) { return OTT_OK; }
 
     virtual int32_t    seq_len(int32_t seq) const = 0;
     virtual ott_status seq_truncate(int32_t seq, int32_t n_keep) = 0;
     // dst becomes a copy of src (src != dst, both valid).
-    virtual ott_status seq_copy(int32_t src, int32_t dst) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "this KV cache mode cannot copy sequences on this backend");
-    }
+    virtual ott_status seq_copy(int32_t src, int32_t dst) = 0;
     virtual ott_kv_stats stats() const = 0;
 
     // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
@@ -95,8 +100,8 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
 
 // The fp16 cache (kv_f16.cpp).
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
-// The quantized cache, KIVI and OTT modes (kv_ott.cpp); validates every knob.
-ott_status ott_kv_ott_create(const ott_kv_params & params, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+// The quantized cache, KIVI and OTT modes, in host memory with CPU custom ops (cpu/kv_quant_cpu.cpp).
+ott_status ott_kv_quant_cpu_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
 // The same cache in the memory of a CUDA device, attention and events by our kernels
-// (kv_ott_cuda.cpp; builds with OTT_CUDA only).
-ott_status ott_kv_ott_cuda_create(const ott_kv_params & params, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+// (cuda/kv_quant_cuda.cpp; builds with OTT_CUDA only).
+ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);

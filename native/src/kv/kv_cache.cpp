@@ -1,5 +1,7 @@
 // kv_cache.cpp — choose the cache implementation for a mode.
-#include "kv_cache.h"
+#include "kv/kv_cache.h"
+
+#include "kv/kv_config.h"
 
 ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape & shape,
                                std::unique_ptr<ott_kv_cache> & out) {
@@ -13,11 +15,14 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
             return ott_kv_f16_create(shape, out);
         }
         case OTT_KV_KIVI:
-        case OTT_KV_OTT:
+        case OTT_KV_OTT: {
+            ott_kv_config cfg;
+            OTT_TRY(ott_kv_config_resolve(params, shape, cfg));
 #ifdef OTT_USE_CUDA
-            if (shape.cuda_device >= 0) return ott_kv_ott_cuda_create(params, shape, out);
+            if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
 #endif
-            return ott_kv_ott_create(params, shape, out);
+            return ott_kv_quant_cpu_create(cfg, shape, out);
+        }
         default: return ott_fail(OTT_ERR_INVALID_ARG, "unknown KV cache type %d", params.type);
     }
 }

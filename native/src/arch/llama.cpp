@@ -1,6 +1,6 @@
-// arch_llama.cpp — forward pass of the llama family: llama (SmolLM, TinyLlama, Llama 2/3),
+// llama.cpp — forward pass of the llama family: llama (SmolLM, TinyLlama, Llama 2/3),
 // mistral, and qwen2 (the same graph with QKV biases and NeoX rope, both from the model).
-#include "graph.h"
+#include "arch/graph.h"
 
 ggml_tensor * ott_build_llama(ott_graph_builder & b) {
     const ott_model & m = b.model;

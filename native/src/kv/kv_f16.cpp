@@ -1,7 +1,7 @@
 // kv_f16.cpp — the fp16 KV cache: one row per (sequence, position), attention by ggml's
 // flash-attention op over all sequences of a run at once (on a GPU whose ggml backend has no
 // flash attention for the head size: K·Q, masked softmax and V·P as three ops).
-#include "kv_cache.h"
+#include "kv/kv_cache.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -48,13 +48,7 @@ public:
         plan.clear();
         for (const ott_run & r : batch.runs) {
             int32_t n_kv = 0;
-            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) {
-                if (len[s] + r.n_tokens > sh.n_ctx) {
-                    return ott_fail(OTT_ERR_CONTEXT_FULL, "sequence %d would hold %d tokens, more than the context size %d",
-                                    s, len[s] + r.n_tokens, sh.n_ctx);
-                }
-                n_kv = std::max(n_kv, len[s] + r.n_tokens);
-            }
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) n_kv = std::max(n_kv, len[s] + r.n_tokens);
             if (sh.cuda_device >= 0) n_kv = (n_kv + 255) / 256 * 256;
             plan.push_back({ r, n_kv, nullptr });
         }

@@ -17,9 +17,9 @@
 // baseline, picked at load time. This file may reassociate float sums: attention is
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
-#include "ott_ops_cpu.h"
+#include "cpu/ott_ops_cpu.h"
 
-#include "kv_quant.h"
+#include "kv/kv_quant.h"
 
 #include "ggml-cpu.h"
 
@@ -445,7 +445,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
 
     for (size_t it = ith; it < st.items.size(); it += nth) {
         const ott_kv_attn_item & I = st.items[it];
-        const ott_kv_step_seq & S = st.seqs[I.sq];
+        const ott_kv_step_seq & S = st.plan.seqs[I.sq];
         const ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
         const int32_t rows = I.n_q * n_rep;
         const bool fused = aligned && rows <= FUSED_ROWS;
@@ -465,7 +465,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
 
         // quantized blocks, masked slots excluded
         for (int32_t b = I.b0; b < I.b1; ++b) {
-            const uint8_t * hb = ls.blocks[b] + (size_t) I.head * cfg.layout.size;
+            const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
             for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                 const int32_t n_t = std::min(KEY_TILE, block - t0);
                 bool any_dead = false;
@@ -496,8 +496,12 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             if (ec) {
                 attend_f16_store(w, rows, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd, ls.n_extra[h]);
             }
-            attend_f16_store(w, rows, ls.win_k.data() + (size_t) h * S.win_cap * hd,
-                             ls.win_v.data() + (size_t) h * S.win_cap * hd, S.before.n_win);
+            // the window ring: its rows from the oldest window position, wrapping once
+            const int32_t cap = st.win_cap[S.seq], n_win = S.before.n_win;
+            const int32_t r0 = ott_kv_win_row(cfg, cap, S.before.win_pos0(cfg)), n_first = std::min(n_win, cap - r0);
+            const ott_fp16 * wk = ls.win_k.data() + (size_t) h * cap * hd, * wv = ls.win_v.data() + (size_t) h * cap * hd;
+            attend_f16_store(w, rows, wk + (size_t) r0 * hd, wv + (size_t) r0 * hd, n_first);
+            attend_f16_store(w, rows, wk, wv, n_win - n_first);
             // the chunk itself, causally: query token i sees chunk tokens j <= i
             const int32_t n_own = I.i0 + I.n_q;
             for (int32_t j0 = 0; j0 < n_own; j0 += KEY_TILE) {
@@ -531,7 +535,7 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
     for (size_t gi = ith; gi + 1 < st.groups.size(); gi += nth) {
         const int32_t i_first = st.groups[gi], i_end = st.groups[gi + 1];
         const ott_kv_attn_item & I = st.items[i_first];
-        const ott_kv_step_seq & S = st.seqs[I.sq];
+        const ott_kv_step_seq & S = st.plan.seqs[I.sq];
         for (int32_t qi = 0; qi < I.n_q; ++qi) {
             for (int32_t r = 0; r < n_rep; ++r) {
                 const int32_t row = qi * n_rep + r;
@@ -555,33 +559,30 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
     }
 }
 
-ott_kv_sched ott_kv_run_events(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, int h,
-                               int32_t win_cap, ott_kv_sched sched, std::vector<uint8_t> & scratch) {
+void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, int h, int32_t win_cap,
+                      const ott_kv_event & e, std::vector<uint8_t> & scratch) {
     const int32_t hd = cfg.geom.head_dim, block = cfg.geom.block;
     const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
-    const size_t need = ott_kv_event_scratch_bytes(&cfg.geom, (int32_t) pc);
+    const size_t rows_bytes = (size_t) block * hd * sizeof(ott_fp16);                 // K or V of the block
+    const size_t need = 2 * rows_bytes + ott_kv_event_scratch_bytes(&cfg.geom, (int32_t) pc);
     if (scratch.size() < need) scratch.resize(need);
-    ott_fp16 * wk = ls.win_k.data() + (size_t) h * win_cap * hd;
-    ott_fp16 * wv = ls.win_v.data() + (size_t) h * win_cap * hd;
-    while (sched.n_win >= cfg.window + block) {
-        ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd,
-                              ls.pool_pos.data() + h * pc, ls.n_pool[h], (int32_t) pc };
-        ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
-                              ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t) ec };
-        int32_t tracing = ls.tracing[h];
-        uint8_t * out = ls.blocks[sched.n_blocks] + (size_t) h * cfg.layout.size;
-        ott_kv_event_ref(&cfg.geom, wk, wv, sched.n_sink + sched.n_blocks * block, &pool, &extra, &tracing,
-                         out, scratch.data());
-        ls.n_pool[h]  = pool.n;
-        ls.n_extra[h] = extra.n;
-        ls.tracing[h] = tracing;
-        const size_t rest = (size_t) (sched.n_win - block) * hd;
-        std::memmove(wk, wk + (size_t) block * hd, rest * sizeof(ott_fp16));
-        std::memmove(wv, wv + (size_t) block * hd, rest * sizeof(ott_fp16));
-        sched.n_win -= block;
-        sched.n_blocks += 1;
+    // the block's rows, gathered from the ring (they may wrap around its end)
+    ott_fp16 * blk_k = (ott_fp16 *) scratch.data(), * blk_v = blk_k + (size_t) block * hd;
+    for (int32_t t = 0; t < block; ++t) {
+        const size_t row = (size_t) h * win_cap + ott_kv_win_row(cfg, win_cap, e.pos0 + t);
+        std::memcpy(blk_k + (size_t) t * hd, ls.win_k.data() + row * hd, hd * sizeof(ott_fp16));
+        std::memcpy(blk_v + (size_t) t * hd, ls.win_v.data() + row * hd, hd * sizeof(ott_fp16));
     }
-    return sched;
+    ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd,
+                          ls.pool_pos.data() + h * pc, ls.n_pool[h], (int32_t) pc };
+    ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
+                          ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t) ec };
+    int32_t tracing = ls.tracing[h];
+    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing,
+                     ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h), scratch.data() + 2 * rows_bytes);
+    ls.n_pool[h]  = pool.n;
+    ls.n_extra[h] = extra.n;
+    ls.tracing[h] = tracing;
 }
 
 void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -591,31 +592,28 @@ void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * k = dst->src[0], * v = dst->src[1];
     const int32_t hd = cfg.geom.head_dim, n_kv = cfg.n_head_kv;
 
-    for (size_t idx = ith; idx < st.seqs.size() * n_kv; idx += nth) {
-        const ott_kv_step_seq & S = st.seqs[idx / n_kv];
-        const int32_t h = (int32_t) (idx % n_kv);
+    // one (sequence, KV head) per work item: its appends in order, each event after the
+    // append that fills the window
+    for (size_t idx = ith; idx < st.plan.seqs.size() * n_kv; idx += nth) {
+        const ott_kv_step_seq & S = st.plan.seqs[idx / n_kv];
+        const int32_t h = (int32_t) (idx % n_kv), cap = st.win_cap[S.seq];
         ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
-        ott_kv_sched sc = S.before;
-        for (int32_t j = 0; j < S.n_new; ++j) {
-            const float * kr = (const float *) ((const char *) k->data + (size_t) (S.t0 + j) * k->nb[2] + (size_t) h * k->nb[1]);
-            const float * vr = (const float *) ((const char *) v->data + (size_t) (S.t0 + j) * v->nb[2] + (size_t) h * v->nb[1]);
-            ott_fp16 * kd, * vd;
-            if (sc.n_sink < cfg.sink) {
-                kd = ls.sink_k.data() + ((size_t) h * cfg.sink + sc.n_sink) * hd;
-                vd = ls.sink_v.data() + ((size_t) h * cfg.sink + sc.n_sink) * hd;
-                sc.n_sink++;
-            } else {
-                kd = ls.win_k.data() + ((size_t) h * S.win_cap + sc.n_win) * hd;
-                vd = ls.win_v.data() + ((size_t) h * S.win_cap + sc.n_win) * hd;
-                sc.n_win++;
-            }
+        int32_t ev = S.ev0;
+        while (ev < S.ev0 + S.n_ev && st.plan.events[ev].after < 0) ++ev;     // deferred: fired in begin()
+        for (int32_t j = 0; j < S.n_app; ++j) {
+            const ott_kv_append & a = st.plan.appends[S.app0 + j];
+            const float * kr = (const float *) ((const char *) k->data + (size_t) a.tok * k->nb[2] + (size_t) h * k->nb[1]);
+            const float * vr = (const float *) ((const char *) v->data + (size_t) a.tok * v->nb[2] + (size_t) h * v->nb[1]);
+            const size_t row = a.sink_row >= 0 ? (size_t) h * cfg.sink + a.sink_row
+                                               : (size_t) h * cap + ott_kv_win_row(cfg, cap, a.pos);
+            ott_fp16 * kd = (a.sink_row >= 0 ? ls.sink_k : ls.win_k).data() + row * hd;
+            ott_fp16 * vd = (a.sink_row >= 0 ? ls.sink_v : ls.win_v).data() + row * hd;
             for (int32_t c = 0; c < hd; ++c) {
                 kd[c] = ott_fp32_to_fp16_ref(kr[c]);
                 vd[c] = ott_fp32_to_fp16_ref(vr[c]);
             }
-            sc.n_tokens++;
-            if (!S.defer && sc.n_win == cfg.window + cfg.geom.block) {
-                sc = ott_kv_run_events(cfg, ls, op.il, h, S.win_cap, sc, (*st.scratch)[ith]);
+            for (; ev < S.ev0 + S.n_ev && st.plan.events[ev].after == j + 1; ++ev) {
+                ott_cpu_kv_event(cfg, ls, op.il, h, cap, st.plan.events[ev], (*st.scratch)[ith]);
             }
         }
     }

@@ -3,7 +3,7 @@
 // Each architecture file composes these into its forward pass.
 #pragma once
 
-#include "kv_cache.h"
+#include "kv/kv_cache.h"
 #include "model.h"
 
 struct ott_graph_builder {

@@ -1,5 +1,5 @@
 // graph.cpp — shared graph helpers.
-#include "graph.h"
+#include "arch/graph.h"
 
 #include <algorithm>
 #include <cmath>
