@@ -50,6 +50,14 @@ struct ott_context {
 
 namespace {
 
+// A sequence id of the context, or one line saying why not.
+ott_status check_seq(const ott_context * c, int32_t seq) {
+    if (seq < 0 || seq >= c->params.n_seq_max) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq, c->params.n_seq_max);
+    }
+    return OTT_OK;
+}
+
 ott_status set_threads(ott_context * c, int32_t n_threads) {
     if (n_threads <= 0) n_threads = ott_physical_cores();
     if (n_threads > 512) return ott_fail(OTT_ERR_INVALID_ARG, "n_threads = %d is too large", n_threads);
@@ -77,9 +85,7 @@ ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vecto
     per_seq.assign(c->params.n_seq_max, {});
     for (int32_t i = 0; i < b->n_tokens; ++i) {
         const int32_t s = b->seq_id[i];
-        if (s < 0 || s >= c->params.n_seq_max) {
-            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: sequence id %d is outside [0, %d)", i, s, c->params.n_seq_max);
-        }
+        if (check_seq(c, s) != OTT_OK) return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: %s", i, ott_last_error());
         if (b->token[i] < 0 || b->token[i] >= n_vocab) {
             return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: id %d is outside the vocabulary [0, %d)", i, b->token[i], n_vocab);
         }
@@ -315,38 +321,28 @@ extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int3
 
 extern "C" ott_status ott_seq_len(const ott_context * ctx, int32_t seq_id, int32_t * out) {
     if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_len: null argument");
-    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
-        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
-    }
+    OTT_TRY(check_seq(ctx, seq_id));
     *out = ctx->kv->seq_len(seq_id);
     return OTT_OK;
 }
 
 extern "C" ott_status ott_seq_truncate(ott_context * ctx, int32_t seq_id, int32_t n_keep) {
     if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_truncate: null context");
-    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
-        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
-    }
+    OTT_TRY(check_seq(ctx, seq_id));
     if (n_keep < 0) return ott_fail(OTT_ERR_INVALID_ARG, "n_keep = %d is negative", n_keep);
     return ctx->kv->seq_truncate(seq_id, n_keep);
 }
 
 extern "C" ott_status ott_seq_copy(ott_context * ctx, int32_t src, int32_t dst) {
     if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_copy: null context");
-    for (int32_t s : { src, dst }) {
-        if (s < 0 || s >= ctx->params.n_seq_max) {
-            return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", s, ctx->params.n_seq_max);
-        }
-    }
+    for (int32_t s : { src, dst }) OTT_TRY(check_seq(ctx, s));
     if (src == dst) return OTT_OK;
     return ctx->kv->seq_copy(src, dst);
 }
 
 extern "C" ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, int32_t * out) {
     if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_seq_tokens_until_event: null argument");
-    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max) {
-        return ott_fail(OTT_ERR_INVALID_ARG, "sequence id %d is outside [0, %d)", seq_id, ctx->params.n_seq_max);
-    }
+    OTT_TRY(check_seq(ctx, seq_id));
     *out = ctx->kv->tokens_until_event(seq_id);
     return OTT_OK;
 }

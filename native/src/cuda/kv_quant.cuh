@@ -1,6 +1,6 @@
-// kv_quant.cuh — device transliterations of the scalar specification in kv_quant.c, line by
-// line and under the same names, so that the GPU's quantization events equal the CPU's bit
-// for bit (kv_quant.h states the contract). Every float operation is written as the
+// kv_quant.cuh — device transliterations of the scalar specification in kv/kv_quant.c, line
+// by line and under the same names, so that the GPU's quantization events equal the CPU's bit
+// for bit (kv/kv_quant.h states the contract). Every float operation is written as the
 // round-to-nearest intrinsic of that one operation (no contraction into FMA, whatever the
 // compiler flags); kv_event.cu is compiled with -fmad=false as well.
 //

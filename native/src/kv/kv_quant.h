@@ -18,7 +18,8 @@
  *    count in double, rounded to float, then to fp16.
  *
  * These functions are also what the CPU cache runs at events (they are not on the hot
- * path: one event per `block` tokens). Attention has its own workers (ott_ops_cpu.h).
+ * path: one event per `block` tokens). Attention has its own workers (cpu/ott_ops_cpu.h).
+ * Their CUDA twin, line by line under the same names: cuda/kv_quant.cuh.
  */
 #ifndef OTT_KV_QUANT_H
 #define OTT_KV_QUANT_H
