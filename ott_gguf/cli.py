@@ -23,7 +23,8 @@ _KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
              "group_k": "tokens per key group", "group_v": "channels per value group",
              "block": "tokens quantized together", "window": "fp16 window R",
              "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
-             "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16"}
+             "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16",
+             "clip": "clipped group ranges (1) or min-max (0)"}
 
 
 class _Parser(argparse.ArgumentParser):

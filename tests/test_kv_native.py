@@ -160,6 +160,8 @@ CASES = [
     ("hd64-gqa1-kivi", 64, 1, SMALL.with_overrides(pool=0, extra_pool=0, sink=0), 120, [4, 1]),
     ("hd64-gqa3-stop-early", 64, 3, SMALL.with_overrides(pool=3, extra_pool=3, window=8), 160, [8, 5]),
     ("hd128-gqa7-window1", 128, 7, SMALL.with_overrides(window=1, sink=0, pool=1, extra_pool=2), 70, [1]),
+    ("hd64-gqa3-clip", 64, 3, SMALL.with_overrides(clip=1), 150, [1, 4]),
+    ("hd128-gqa1-clip-4bit", 128, 1, SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
 ]
 
 

@@ -8,6 +8,7 @@ from ott_gguf.reference import (
     KVConfig, LayerCache, attend, dequantize_groups, footprint, forward_chunk, measure,
     pack_codes, prefill, preset, quantize_block, quantize_groups, unpack_codes,
 )
+from ott_gguf.reference.quant import CLIP_SHRINK
 
 # A small OTT config so that many events happen in few tokens.
 SMALL = KVConfig(bits_k=2, bits_v=2, group_k=8, group_v=4, block=16, window=4, pool=2,
@@ -27,6 +28,29 @@ def scalar_quantize(x, bits):
     inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
     codes = [int(min(max(np.rint(np.float32(np.float32(e - mn) * inv)), 0), 2**bits - 1)) for e in f]
     return codes, scale, np.float16(mn)
+
+
+def scalar_quantize_clipped(x, bits):
+    """The clipped-range recipe of quant.py one scalar at a time (kv_quant.c's shape)."""
+    f = [np.float32(e) for e in x]
+    mn, mx = min(f), max(f)
+    levels = np.float32(2**bits - 1)
+    width = np.float32(mx - mn)
+    best = None
+    for c in CLIP_SHRINK:
+        d = np.float32(c * width)
+        lo, hi = np.float32(mn + d), np.float32(mx - d)
+        scale, mn16 = np.float16(np.float32(hi - lo) / levels), np.float16(lo)
+        s32, m32 = np.float32(scale), np.float32(mn16)
+        inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
+        codes = [int(min(max(np.rint(np.float32(np.float32(e - m32) * inv)), 0), levels)) for e in f]
+        err = 0.0
+        for code, e in zip(codes, f):
+            r = np.float32(np.float32(np.float32(code) * s32) + m32) - e
+            err += float(r) * float(r)
+        if best is None or err < best[0]:
+            best = (err, codes, scale, mn16)
+    return best[1:]
 
 
 # ---------------------------------------------------------------- quantizer and packing
@@ -52,6 +76,33 @@ def test_quantize_matches_scalar_recipe(bits):
         c, s, m = scalar_quantize(x[g], bits)
         assert codes[g].tolist() == c
         assert scale[g].tobytes() == s.tobytes() and mn[g].tobytes() == m.tobytes()
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_clipped_quantize_matches_scalar_recipe(bits):
+    # heavy tails (some groups with one far outlier) so that the clipped ranges win
+    x = rng(11).standard_normal((120, 32)) * 2
+    x[::3, 5] *= 9
+    x = x.astype(np.float16)
+    codes, scale, mn = quantize_groups(x, bits, clip=True)
+    for g in range(len(x)):
+        c, s, m = scalar_quantize_clipped(x[g], bits)
+        assert codes[g].tolist() == c
+        assert scale[g].tobytes() == s.tobytes() and mn[g].tobytes() == m.tobytes()
+
+
+def test_clipped_ranges_halve_the_error_of_gaussian_groups():
+    """At 2 bits the best clipped range of a 128-element Gaussian group has about the error of
+    the best uniform quantizer (0.1188 of the variance), min-max about twice as much."""
+    x = rng(12).standard_normal((400, 128)).astype(np.float16)
+    mse = {}
+    for clip in (False, True):
+        y = dequantize_groups(*quantize_groups(x, 2, clip=clip))
+        mse[clip] = float(((y - x.astype(np.float64)) ** 2).mean())
+    assert 0.11 < mse[True] < 0.13 and mse[False] > 1.9 * mse[True]
+    # the whole range is the first candidate: a group that cannot gain keeps it exactly
+    flat = np.array([[0, 1, 2, 3] * 8], dtype=np.float16)
+    assert [a.tobytes() for a in quantize_groups(flat, 2, clip=True)] == [a.tobytes() for a in quantize_groups(flat, 2)]
 
 
 def test_rounding_is_half_to_even():

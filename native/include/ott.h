@@ -119,6 +119,8 @@ typedef struct {
     int32_t prefill_fp16;     /* 1: a multi-token chunk's quantization events wait until
                                  the sequence's next single-token step, so a prompt given
                                  in several chunks attends in full precision throughout */
+    int32_t clip;             /* 1: each group is quantized over the best of a fixed set of
+                                 clipped ranges (least squared error), 0: over min .. max */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */

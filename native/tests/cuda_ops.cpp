@@ -478,6 +478,7 @@ int run_checks() {
     const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
     const ott_kv_geom v32_128 = { 128, 128, 2, 2, 128, 32 };
     const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
+    const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1 };
     const event_case events[] = {
         { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
         { "ott2-hd128-pool-full",       ott2_128, 3, 32, 3, 10, true },
@@ -488,6 +489,8 @@ int run_checks() {
         { "small2-hd64-g8",             small2, 2, 5, 2, 1, true },
         { "small8-hd64-g4",             small8, 2, 5, 1, 0, false },
         { "small4-hd128",               small4, 2, 5, 2, 2, false },
+        { "clip2-hd128-pool-full",      clip2_128, 3, 32, 3, 10, true },
+        { "clip4-hd64-kivi",            clip4_64, 0, 0, 0, 0, false },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);

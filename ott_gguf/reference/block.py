@@ -74,9 +74,9 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
     """
     block, head_dim = k.shape
     kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)           # [head_dim, n_gk, group_k]
-    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k)
+    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip))
     vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)             # [block, n_gv, group_v]
-    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v)
+    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v, bool(cfg.clip))
     return QuantBlock(
         pos0=pos0,
         k_codes=pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k),

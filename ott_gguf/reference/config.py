@@ -30,6 +30,7 @@ class KVConfig:
     extra_pool: int       # extra-pool capacity per KV head (tokens evicted from the pool)
     skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
     sink: int             # first tokens of a sequence kept in fp16 forever
+    clip: int = 0         # 1: each group's range is the best of the clipped ones (quant.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -47,7 +48,7 @@ class KVConfig:
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
                 f"keys and values are both fp16 (16) or both quantized")
         for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink"):
+                     "skip_layers", "sink", "clip"):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
@@ -74,6 +75,8 @@ class KVConfig:
         if self.pool >= self.block:
             raise InvalidArgumentError(
                 f"kv config: pool={self.pool} must be smaller than block={self.block}")
+        if self.clip > 1:
+            raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
         if self.extra_pool and not self.pool:
             raise InvalidArgumentError(
                 f"kv config: extra_pool={self.extra_pool} needs pool > 0 "

@@ -22,6 +22,28 @@ and no fast-math (compile the native quantizer with -ffp-contract=off, CUDA with
 A group with max == min (or whose range/(2^b-1) underflows fp16 to 0) stores scale 0 and
 all codes 0; it dequantizes to `min` for every element.
 
+Clipped ranges (clip=True)
+--------------------------
+The range [mn, mx] is the first of CLIP_SHRINK candidates; each candidate i narrows it
+symmetrically by c_i = CLIP_SHRINK[i] (float32 constants) of its width, and the group keeps
+the candidate whose dequantized values are closest to x (least sum of squared errors). With
+b bits, 2^b levels spread over the whole range waste most of them on the few extreme values
+of a large group; the best narrowing keeps about 55-75 % of the range at 2 bits. Per
+candidate, in float32 operations as above:
+
+    t     = f32(mx) - f32(mn)                   (once)
+    d     = c_i * t
+    lo    = f32(mn) + d,   hi = f32(mx) - d
+    scale = fp16((hi - lo) / f32(2^b - 1))      min = fp16(lo)
+    inv   = 1.0f / f32(scale), or 0 if scale == 0
+    code  = clamp(rint((f32(x) - f32(min)) * inv), 0, 2^b - 1)
+    e     = (code * f32(scale) + f32(min)) - f32(x)         three f32 operations
+    err   = sum of double(e) * double(e) over the group in element order, in float64
+            (each product is exact; the sum is sequential)
+
+The first candidate with the least err wins (ties: the earlier, less narrowed one).
+Candidate 0 (c = 0) is exactly the min-max recipe above.
+
 Dequantization is `x̂ = code·scale + min`. It is not part of the bit-exact contract (native
 code may use an FMA); this module evaluates it in float64, where it is exact.
 
@@ -41,8 +63,26 @@ import numpy as np
 from ott_gguf.errors import InvalidArgumentError
 
 
-def quantize_groups(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quantize each group (last axis) of fp16 `x`.
+# c_i of the clipped ranges: candidate i narrows [mn, mx] by c_i of its width at each end
+CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3],
+                       dtype=np.float32)
+
+
+def _quantize_range(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32):
+    """Codes, fp16 scale and fp16 min of each group of float32 xf [..., group] for the range
+    [lo, hi] (f32 [...]), by the recipe above."""
+    scale = ((hi - lo) / levels).astype(np.float16)                      # fp16 [...]
+    mn16 = lo.astype(np.float16)                                         # fp16 [...]
+    scale32, mn32 = scale.astype(np.float32), mn16.astype(np.float32)
+    inv = np.zeros_like(scale32)
+    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)     # f32 [...]
+    t = (xf - mn32[..., None]) * inv[..., None]                          # f32 [..., group]
+    codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
+    return codes, scale, mn16
+
+
+def quantize_groups(x: np.ndarray, bits: int, clip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize each group (last axis) of fp16 `x`; clip: the best of the clipped ranges.
 
     x:      fp16  [..., group]
     return: codes uint8 [..., group], scale fp16 [...], min fp16 [...]
@@ -53,13 +93,23 @@ def quantize_groups(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, n
     mn = xf.min(axis=-1)                                                 # f32 [...]
     mx = xf.max(axis=-1)                                                 # f32 [...]
     levels = np.float32(2**bits - 1)
-    scale = ((mx - mn) / levels).astype(np.float16)                      # fp16 [...]
-    scale32 = scale.astype(np.float32)
-    inv = np.zeros_like(scale32)
-    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)     # f32 [...]
-    t = (xf - mn[..., None]) * inv[..., None]                            # f32 [..., group]
-    codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
-    return codes, scale, mn.astype(np.float16)
+    if not clip:
+        return _quantize_range(xf, mn, mx, levels)
+    width = mx - mn                                                      # f32 [...]
+    best = best_err = None
+    for c in CLIP_SHRINK:
+        d = c * width
+        codes, scale, mn16 = _quantize_range(xf, mn + d, mx - d, levels)
+        y = codes.astype(np.float32) * scale.astype(np.float32)[..., None] + mn16.astype(np.float32)[..., None]
+        e = (y - xf).astype(np.float64)
+        err = np.cumsum(e * e, axis=-1)[..., -1]                         # sequential float64 sum
+        if best_err is None:
+            best, best_err = (codes, scale, mn16), err
+            continue
+        won = err < best_err
+        best = (np.where(won[..., None], codes, best[0]), np.where(won, scale, best[1]), np.where(won, mn16, best[2]))
+        best_err = np.where(won, err, best_err)
+    return best
 
 
 def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> np.ndarray:

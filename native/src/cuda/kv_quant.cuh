@@ -9,6 +9,7 @@
 // ott_quantize_block_ref over channels, then slots). Their bodies are unchanged.
 #pragma once
 
+#include "kv/kv_clip.h"
 #include "kv/kv_layout.h"
 
 #include <stdint.h>
@@ -53,7 +54,19 @@ static __device__ __forceinline__ ott_fp16 ott_fp32_to_fp16_ref(float f) {
     return (ott_fp16) (sign | h);
 }
 
-static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits,
+static __device__ void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
+    *s16 = ott_fp32_to_fp16_ref(__fdiv_rn(__fsub_rn(hi, lo), levels));
+    *m16 = ott_fp32_to_fp16_ref(lo);
+    const float s32 = ott_fp16_to_fp32_ref(*s16);
+    *inv = s32 != 0.0f ? __fdiv_rn(1.0f, s32) : 0.0f;
+}
+
+static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
+    const float t = rintf(__fmul_rn(__fsub_rn(x, m32), inv));        /* half to even */
+    return (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+}
+
+static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
                                               uint8_t * codes, ott_fp16 * scale, ott_fp16 * min) {
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
@@ -62,17 +75,38 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
         mx = xi > mx ? xi : mx;
     }
     const float levels = (float) ((1 << bits) - 1);
-    const float range = __fsub_rn(mx, mn);
-    const ott_fp16 s16 = ott_fp32_to_fp16_ref(__fdiv_rn(range, levels));
-    const float s32 = ott_fp16_to_fp32_ref(s16);
-    const float inv = s32 != 0.0f ? __fdiv_rn(1.0f, s32) : 0.0f;
-    for (int32_t i = 0; i < n; ++i) {
-        const float d = __fsub_rn(ott_fp16_to_fp32_ref(x[i * stride]), mn);
-        const float t = rintf(__fmul_rn(d, inv));                     /* half to even */
-        codes[i] = (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+    const float width = __fsub_rn(mx, mn);
+    ott_fp16 s16, m16;
+    float inv;
+    int32_t best = 0;
+    double best_err = 0.0;
+    for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
+        const float d = __fmul_rn(ott_clip_shrink(c), width);
+        range_params(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, &s16, &m16, &inv);
+        const float s32 = ott_fp16_to_fp32_ref(s16), m32 = ott_fp16_to_fp32_ref(m16);
+        double err = 0.0;
+        for (int32_t i = 0; i < n; ++i) {
+            const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
+            const float p = __fmul_rn((float) code_of(xi, m32, inv, levels), s32);
+            const float e = __fsub_rn(__fadd_rn(p, m32), xi);
+            err = __dadd_rn(err, __dmul_rn((double) e, (double) e));
+        }
+        if (c == 0 || err < best_err) {
+            best = c;
+            best_err = err;
+        }
     }
+    float lo = mn, hi = mx;                                           /* min-max: exactly mn (also -0) */
+    if (clip) {
+        const float d = __fmul_rn(ott_clip_shrink(best), width);
+        lo = __fadd_rn(mn, d);
+        hi = __fsub_rn(mx, d);
+    }
+    range_params(lo, hi, levels, &s16, &m16, &inv);
+    const float m32 = ott_fp16_to_fp32_ref(m16);
+    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
     *scale = s16;
-    *min = ott_fp32_to_fp16_ref(mn);
+    *min = m16;
 }
 
 static __device__ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
@@ -149,7 +183,7 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
         uint8_t * row = codes + (size_t) c * block;
         for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k,
+            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
                                    row + gk * g->group_k, &k_scale[gk * hd + c], &k_min[gk * hd + c]);
         }
         ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t) c * ott_kv_k_row_bytes(g));
@@ -160,7 +194,7 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
         uint8_t * row = codes + (size_t) t * hd;
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v,
+            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
                                    row + gv * g->group_v, &v_scale[t * n_gv + gv], &v_min[t * n_gv + gv]);
         }
         ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t) t * ott_kv_v_row_bytes(g));

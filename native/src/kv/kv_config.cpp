@@ -28,9 +28,10 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     if (p.type == OTT_KV_KIVI && p.pool) return bad("pool", p.pool, "must be 0 in KIVI mode");
     if (p.type == OTT_KV_OTT && !p.pool) return bad("pool", p.pool, "must be > 0 in OTT mode");
     if (p.prefill_fp16 != 0 && p.prefill_fp16 != 1) return bad("prefill_fp16", p.prefill_fp16, "must be 0 or 1");
+    if (p.clip != 0 && p.clip != 1) return bad("clip", p.clip, "must be 0 or 1");
 
     cfg = ott_kv_config{};
-    cfg.geom = { hd, p.block, p.bits_k, p.bits_v, p.group_k, group_v };
+    cfg.geom = { hd, p.block, p.bits_k, p.bits_v, p.group_k, group_v, p.clip };
     cfg.layout = ott_kv_block_layout_of(&cfg.geom);
     cfg.window = p.window;
     cfg.pool = p.pool;

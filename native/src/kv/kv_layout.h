@@ -49,7 +49,8 @@ typedef uint16_t ott_fp16;              /* IEEE binary16 bit pattern */
 
 #define OTT_KV_ALIGN 64                 /* bytes: start of every array of a head-block */
 
-/* The knobs that fix a head-block's layout (KVConfig resolved for head_dim). */
+/* The knobs that fix a head-block: its layout and how its groups are quantized (KVConfig
+ * resolved for head_dim). */
 typedef struct {
     int32_t head_dim;    /* n_embd_head                                    */
     int32_t block;       /* tokens per block, multiple of 8                */
@@ -57,8 +58,9 @@ typedef struct {
     int32_t bits_v;      /* 2, 4 or 8                                      */
     int32_t group_k;     /* tokens per key group, divides block            */
     int32_t group_v;     /* channels per value group, divides head_dim     */
+    int32_t clip;        /* 1: each group takes the best clipped range (kv_clip.h), 0: min-max */
 } ott_kv_geom;
-OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 24, "ott_kv_geom is six int32");
+OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 28, "ott_kv_geom is seven int32");
 
 /* Byte offsets of the arrays of one head-block from its start, and its size. */
 typedef struct {

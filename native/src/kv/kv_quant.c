@@ -2,6 +2,8 @@
  * Compiled with -ffp-contract=off: every float operation below is rounded on its own. */
 #include "kv/kv_quant.h"
 
+#include "kv/kv_clip.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -49,7 +51,21 @@ ott_fp16 ott_fp32_to_fp16_ref(float f) {
     return (ott_fp16) (sign | h);
 }
 
-void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits,
+/* The fp16 scale and min of the range [lo, hi] at `levels` steps, and the float inverse of
+ * the scale (0 for a zero scale). */
+static void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
+    *s16 = ott_fp32_to_fp16_ref((hi - lo) / levels);
+    *m16 = ott_fp32_to_fp16_ref(lo);
+    const float s32 = ott_fp16_to_fp32_ref(*s16);
+    *inv = s32 != 0.0f ? 1.0f / s32 : 0.0f;
+}
+
+static uint8_t code_of(float x, float m32, float inv, float levels) {
+    const float t = rintf((x - m32) * inv);                            /* default mode: half to even */
+    return (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+}
+
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
                             uint8_t * codes, ott_fp16 * scale, ott_fp16 * min) {
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
@@ -58,17 +74,38 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         mx = xi > mx ? xi : mx;
     }
     const float levels = (float) ((1 << bits) - 1);
-    const float range = mx - mn;
-    const ott_fp16 s16 = ott_fp32_to_fp16_ref(range / levels);
-    const float s32 = ott_fp16_to_fp32_ref(s16);
-    const float inv = s32 != 0.0f ? 1.0f / s32 : 0.0f;
-    for (int32_t i = 0; i < n; ++i) {
-        const float d = ott_fp16_to_fp32_ref(x[i * stride]) - mn;
-        const float t = rintf(d * inv);                                /* default mode: half to even */
-        codes[i] = (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+    const float width = mx - mn;
+    ott_fp16 s16, m16;
+    float inv;
+    int32_t best = 0;
+    double best_err = 0.0;
+    for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
+        const float d = ott_clip_shrink(c) * width;
+        range_params(mn + d, mx - d, levels, &s16, &m16, &inv);
+        const float s32 = ott_fp16_to_fp32_ref(s16), m32 = ott_fp16_to_fp32_ref(m16);
+        double err = 0.0;
+        for (int32_t i = 0; i < n; ++i) {
+            const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
+            const float p = (float) code_of(xi, m32, inv, levels) * s32;
+            const float e = (p + m32) - xi;
+            err += (double) e * (double) e;
+        }
+        if (c == 0 || err < best_err) {
+            best = c;
+            best_err = err;
+        }
     }
+    float lo = mn, hi = mx;                                            /* min-max: exactly mn (also -0) */
+    if (clip) {
+        const float d = ott_clip_shrink(best) * width;
+        lo = mn + d;
+        hi = mx - d;
+    }
+    range_params(lo, hi, levels, &s16, &m16, &inv);
+    const float m32 = ott_fp16_to_fp32_ref(m16);
+    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
     *scale = s16;
-    *min = ott_fp32_to_fp16_ref(mn);
+    *min = m16;
 }
 
 void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
@@ -141,7 +178,7 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
     /* keys: row c = channel c, groups of group_k slots */
     for (int32_t c = 0; c < hd; ++c) {
         for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k,
+            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
                                    codes + gk * g->group_k, &k_scale[gk * hd + c], &k_min[gk * hd + c]);
         }
         ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t) c * ott_kv_k_row_bytes(g));
@@ -150,7 +187,7 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
     const int32_t n_gv = hd / g->group_v;
     for (int32_t t = 0; t < block; ++t) {
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v,
+            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
                                    codes + gv * g->group_v, &v_scale[t * n_gv + gv], &v_min[t * n_gv + gv]);
         }
         ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t) t * ott_kv_v_row_bytes(g));

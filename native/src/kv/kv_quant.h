@@ -10,6 +10,13 @@
  *        inv   = scale != 0 ? 1.0f / f32(scale) : 0
  *        code  = clamp(rint((f32(x) - f32(mn)) * inv), 0, 2^b - 1)   rint: half to even
  *    min is stored as fp16(mn) (exact).
+ *  - Clipped ranges (geom clip = 1): candidate i of kv_clip.h narrows [mn, mx] to
+ *        d = c_i * (mx - mn),  lo = mn + d,  hi = mx - d
+ *        scale = fp16((hi - lo) / f32(2^b - 1)),  min = fp16(lo),  inv as above
+ *        code  = clamp(rint((f32(x) - f32(min)) * inv), 0, 2^b - 1)
+ *        err   = sum over the group, in element order, of double(e)*double(e) in double,
+ *                e = (code * f32(scale) + f32(min)) - f32(x)   (three float operations)
+ *    and the first candidate of least err is kept; candidate 0 is the min-max recipe.
  *  - L1 score of a key: the exact sum of |k_c|, as an integer count of 2^-24 (every fp16
  *    value is one), so any summation order gives the same number.
  *  - Pool selection: the `capacity` candidates with the smallest score; equal scores go to
@@ -33,9 +40,9 @@ extern "C" {
 float    ott_fp16_to_fp32_ref(ott_fp16 h);
 ott_fp16 ott_fp32_to_fp16_ref(float f);
 
-/* Quantize one group of n fp16 values read at x[i*stride]: codes uint8 [n] (unpacked),
- * *scale and *min fp16. */
-void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits,
+/* Quantize one group of n fp16 values read at x[i*stride] over its whole range (clip = 0)
+ * or the best clipped one (clip = 1): codes uint8 [n] (unpacked), *scale and *min fp16. */
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
                             uint8_t * codes, ott_fp16 * scale, ott_fp16 * min);
 
 /* Pack n codes LSB-first: code i goes to byte i*bits/8 at bit (i % (8/bits))*bits.
