@@ -1,4 +1,4 @@
-"""Command line: `python -m ott_gguf {run,chat,info,perplexity,bench,tokenize,convert} ...`.
+"""Command line: `python -m ott_gguf {run,chat,info,perplexity,bench,tokenize,calibrate,convert} ...`.
 
 MODEL is a GGUF path, a Hub repo id `org/name[:file.gguf]`, or omitted for the default
 SmolLM2-135M-Instruct Q4_1 (see resolve.py). Errors print one line `error: ...` on stderr
@@ -15,6 +15,7 @@ from pathlib import Path
 from .chat_session import ChatSession
 from .errors import ContextFullError, InvalidArgumentError, OttError
 from .reference.config import PRESETS as _KV_PRESETS
+from .reference.rotation import ROTATIONS
 
 # info and tokenize evaluate nothing: a small context keeps the KV allocation negligible.
 _NO_EVAL_CTX = 256
@@ -25,6 +26,8 @@ _KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
              "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
              "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16",
              "clip": "clipped group ranges (1) or min-max (0)"}
+# --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
+_KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     for knob, what in _KV_KNOBS.items():
         kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", type=_int_at_least(0),
                             metavar="N", help=f"override the mode's {what}")
+    for knob, what in _KV_ROTATIONS.items():
+        kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", choices=ROTATIONS,
+                            help=f"override the mode's rotation of {what}")
+    kvopts.add_argument("--kv-calib", type=Path, metavar="FILE",
+                        help="calibration sidecar of calibrated rotations (default: MODEL.kvcalib.gguf beside the model)")
     kvopts.add_argument("--prefill-fp16", action="store_true",
                         help="a prompt attends in full precision and is quantized afterwards (quantized modes)")
 
@@ -138,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the vocabulary does")
     p.set_defaults(func=cmd_tokenize)
 
+    p = sub.add_parser("calibrate", parents=[common],
+                       help="rotations of the KV cache from the model's keys and values on a text (a sidecar GGUF)")
+    p.add_argument("-f", "--file", required=True, type=Path, help="calibration text (UTF-8), not the evaluation text")
+    p.add_argument("-o", "--output", type=Path, help="sidecar to write (default: MODEL.kvcalib.gguf beside the model)")
+    p.add_argument("-c", "--ctx-size", type=_int_at_least(16), default=2048, help="tokens per window (default 2048)")
+    p.add_argument("--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)")
+    p.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N")
+    p.set_defaults(func=cmd_calibrate)
+
     from convert.cli import add_arguments as add_convert_arguments
 
     p = sub.add_parser("convert", parents=[verbose], help="convert a Hugging Face checkpoint to GGUF",
@@ -183,7 +201,8 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512):
 
     return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
                  n_threads=getattr(args, "threads", None), kv=_kv_config(args),
-                 prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None))
+                 prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None),
+                 kv_calib=getattr(args, "kv_calib", None))
 
 
 def _kv_config(args):
@@ -191,7 +210,9 @@ def _kv_config(args):
     from .reference.config import preset
 
     cfg = preset(getattr(args, "kv", "f16"))
-    return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS})
+    rotations = {knob: None if getattr(args, f"kv_{knob}", None) is None else ROTATIONS.index(getattr(args, f"kv_{knob}"))
+                 for knob in _KV_ROTATIONS}
+    return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS}, **rotations)
 
 
 def _kv_description(model, n_ctx: int | None = None) -> str:
@@ -298,6 +319,29 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from .calibrate import collect, write
+    from .model import default_calibration
+    from .resolve import resolve_model
+
+    path = resolve_model(args.model)
+    text = _read_text(args.file)
+    out = args.output or default_calibration(path)
+    cal = collect(path, text, n_ctx=args.ctx_size, n_seqs=args.windows, n_threads=args.threads,
+                  device=args.device, text_name=args.file.name)
+    write(cal, out)
+    print(f"wrote {out}: rotations of keys and values, {cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, "
+          f"from {cal.n_tokens} tokens of {args.file.name}")
+    return 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def cmd_convert(args) -> int:
     from convert.cli import run
     return run(args)
@@ -323,10 +367,7 @@ def cmd_perplexity(args) -> int:
 
     from .perplexity import perplexity
 
-    try:
-        text = args.file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidArgumentError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = _read_text(args.file)
     n_ctx = args.ctx_size
     if n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")

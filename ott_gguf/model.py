@@ -22,8 +22,14 @@ from .errors import InvalidArgumentError, ModelFileError
 from .reference.config import PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint
 
-KV_TYPES = {name: (lib.OTT_KV_F16 if not cfg.quantized else lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT)
-            for name, cfg in PRESETS.items()}
+# Where a model's calibration sidecar is looked for when none is given: beside the model.
+CALIB_SUFFIX = ".kvcalib.gguf"
+
+
+def default_calibration(model_path: str | os.PathLike) -> Path:
+    """The sidecar path `<model>.kvcalib.gguf` of a model file (it may not exist)."""
+    p = Path(model_path)
+    return p.with_name(p.stem + CALIB_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Profile:
     """Compute time by kind of graph node since profiling was turned on (ott.h: ott_profile)."""
     attn_ms: float                # attention over the cache
     append_ms: float              # new tokens into the cache, quantization events
+    rotate_ms: float              # rotations of queries, keys, values and outputs
     other_ms: float               # projections, FFN, norms, output head
     n_ubatches: int
 
@@ -78,18 +85,22 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
                  n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
-                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None):
+                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None,
+                 kv_calib: str | os.PathLike | None = None):
         """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.
         device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this build has CUDA
-        and one is present, else on the CPU (`self.info.device` says which)."""
+        and one is present, else on the CPU (`self.info.device` says which).
+        kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
+        model's `<model>.kvcalib.gguf`, see calibrate.py)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
         kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
         if prefill_fp16 and not kv_cfg.quantized:
             raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
+        self.kv_calib = _calibration_for(kv_cfg, self.path, kv_calib)
 
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
         mparams.repack = int(repack)
@@ -113,6 +124,8 @@ class Model:
         cparams.n_threads = n_threads or 0
         self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
         _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
+        c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
+        cparams.kv.calib_path = c_calib                     # read during ott_context_init only
         pctx = ffi.new("ott_context **")
         check(lib.ott_context_init(self._model, cparams, pctx))
         self._ctx = ffi.gc(pctx[0], lib.ott_context_free)
@@ -216,6 +229,12 @@ class Model:
         """Make sequence `dst` a copy of sequence `src` (a shared prompt decoded once)."""
         check(lib.ott_seq_copy(self._ctx, src, dst))
 
+    def fingerprint(self) -> int:
+        """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
+        out = ffi.new("uint64_t *")
+        check(lib.ott_model_fingerprint(self._model, out))
+        return out[0]
+
     def set_threads(self, n_threads: int) -> None:
         check(lib.ott_context_set_threads(self._ctx, n_threads))
 
@@ -280,6 +299,20 @@ class KVHeadState:
     extra_pos: np.ndarray         # int32 [n_extra]
     window_k: np.ndarray          # fp16 [n_window, head_dim], the most recent positions
     window_v: np.ndarray
+
+
+def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike | None) -> Path | None:
+    """The sidecar a config needs: the one given, else the model's default; None when the
+    config has no calibrated rotation (a sidecar given then is an error: nothing reads it)."""
+    if not cfg.calibrated:
+        if given is not None:
+            raise InvalidArgumentError(f"{given}: a calibration sidecar is read only by calibrated rotations")
+        return None
+    path = Path(given) if given is not None else default_calibration(model_path)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no calibration sidecar there" +
+                             ("" if given is not None else " (a calibrated rotation needs one beside the model)"))
+    return path
 
 
 def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:

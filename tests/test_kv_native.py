@@ -19,6 +19,7 @@ import pytest
 from ott_gguf.errors import UnsupportedError
 from ott_gguf.model import Model, cuda_device_count
 from ott_gguf.reference import KVConfig, LayerCache, attend, preset
+from ott_gguf.reference.rotation import HADAMARD, hadamard, restore, rotate
 from reference_forward import ReferenceModel, rms_norm, silu
 
 # float32 matrix products on the CPU; ggml-cuda's round through TF32/fp16 (misses of about
@@ -41,6 +42,19 @@ class ReferenceRun:
         info = model.info
         self.layers = [LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head) for il in range(info.n_layer)]
         self.n_tokens = 0
+        # Hadamard rotations per layer and KV head (rotation.py), None where the config has none
+        self.rot = {kind: [[hadamard(info.n_embd_head, il, h, kind == "v") for h in range(info.n_head_kv)]
+                           for il in range(info.n_layer)] if getattr(cfg, f"rot_{kind}") == HADAMARD else None
+                    for kind in ("k", "v")}
+
+    def rotate_heads(self, x: np.ndarray, kind: str, il: int, undo: bool = False) -> np.ndarray:
+        """x [n, heads, hd] with each head's rotation of its KV head (or its inverse)."""
+        rots = self.rot[kind]
+        if rots is None:
+            return x
+        rep = x.shape[1] // len(rots[il])
+        f = restore if undo else rotate
+        return np.stack([f(x[:, h], rots[il][h // rep]) for h in range(x.shape[1])], axis=1)
 
     def chunk(self, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]], append: bool = True) -> np.ndarray:
         """Logits [n, n_vocab] of a chunk whose K/V per layer are kv[il] (float32 [n, n_head_kv, hd])."""
@@ -52,7 +66,8 @@ class ReferenceRun:
             blk = f"blk.{il}"
             h = rms_norm(x, r.w[f"{blk}.attn_norm.weight"], r.eps)
             q = r.rope(r.linear(h, f"{blk}.attn_q").reshape(n, r.n_head, r.n_embd_head), cos, sin)
-            out = attend(layer, q, *kv[il]).astype(np.float32).reshape(n, -1)
+            q = self.rotate_heads(q, "k", il)
+            out = self.rotate_heads(attend(layer, q, *kv[il]), "v", il, undo=True).astype(np.float32).reshape(n, -1)
             x = x + r.linear(out, f"{blk}.attn_output")
             h = rms_norm(x, r.w[f"{blk}.ffn_norm.weight"], r.eps)
             x = x + r.linear(silu(r.linear(h, f"{blk}.ffn_gate")) * r.linear(h, f"{blk}.ffn_up"), f"{blk}.ffn_down")
@@ -161,6 +176,8 @@ CASES = [
     ("hd64-gqa3-stop-early", 64, 3, SMALL.with_overrides(pool=3, extra_pool=3, window=8), 160, [8, 5]),
     ("hd128-gqa7-window1", 128, 7, SMALL.with_overrides(window=1, sink=0, pool=1, extra_pool=2), 70, [1]),
     ("hd64-gqa3-clip", 64, 3, SMALL.with_overrides(clip=1), 150, [1, 4]),
+    ("hd64-gqa3-rot-kv", 64, 3, SMALL.with_overrides(rot_k=HADAMARD, rot_v=HADAMARD), 120, [1, 4]),
+    ("hd128-gqa1-rot-v-clip", 128, 1, SMALL.with_overrides(rot_v=HADAMARD, clip=1), 100, [3]),
     ("hd128-gqa1-clip-4bit", 128, 1, SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
 ]
 

@@ -453,3 +453,45 @@ def test_measured_footprint_matches_formula():
     for store in ("sink", "codes", "scales", "masks", "pool", "window"):
         assert got.bytes[store] == want.bytes[store], store
     assert 0 < got.bytes["extra_pool"] <= want.bytes["extra_pool"]
+
+
+# ---------------------------------------------------------------- rotations
+
+@pytest.mark.parametrize("head_dim", [1, 2, 64, 128])
+def test_hadamard_is_orthogonal_and_round_trips(head_dim):
+    from ott_gguf.reference.rotation import hadamard, restore, rotate
+    R = hadamard(head_dim, il=3, head=1, values=True)
+    assert np.allclose(R @ R.T, np.eye(head_dim), atol=1e-12)
+    assert set(np.unique(np.abs(R) * np.sqrt(head_dim)).round(12)) == {1.0}
+    x = rng(5).standard_normal((7, head_dim))
+    c = rng(6).standard_normal(head_dim)
+    assert np.allclose(restore(rotate(x, R, c), R, c), x, atol=1e-12)
+
+
+def test_hadamard_signs_differ_by_layer_head_and_kind():
+    from ott_gguf.reference.rotation import hadamard_signs
+    s = {(il, h, v): tuple(hadamard_signs(64, il, h, v)) for il in range(3) for h in range(2) for v in (False, True)}
+    assert len(set(s.values())) == len(s)
+    # the generator is splitmix64 (its published first output from state 0), started at
+    # GOLDEN for layer 0, head 0, keys: first output 0x6e789e6aa1b965f4, top bit clear: +1
+    from ott_gguf.reference.rotation import _GOLDEN, _splitmix64
+    assert _splitmix64(0)[1] == 0xE220A8397B1DCDAF
+    assert _splitmix64(_GOLDEN)[1] == 0x6E789E6AA1B965F4 and hadamard_signs(1, 0, 0, False)[0] == 1.0
+
+
+def test_rotated_scores_differ_by_a_constant_per_query():
+    """q'·k' = q·k - q·c_k: the softmax over a query's keys is unchanged."""
+    from ott_gguf.reference.rotation import hadamard, rotate
+    R, c = hadamard(16, 0, 0, False), rng(8).standard_normal(16)
+    q, k = rng(9).standard_normal((3, 16)), rng(10).standard_normal((20, 16))
+    d = rotate(q, R) @ rotate(k, R, c).T - q @ k.T                      # [3, 20]
+    assert np.allclose(d, d[:, :1], atol=1e-12)
+
+
+@pytest.mark.parametrize("head_dim", [48, 96])
+def test_hadamard_needs_a_power_of_two(head_dim):
+    from ott_gguf.reference.rotation import sylvester
+    with pytest.raises(InvalidArgumentError, match="power of two"):
+        preset("ott2").with_overrides(rot_v=1).for_head_dim(head_dim)
+    with pytest.raises(InvalidArgumentError, match="power of two"):
+        sylvester(head_dim)

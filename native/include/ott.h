@@ -62,6 +62,9 @@ typedef struct {
 } ott_model_info;
 
 ott_model_params ott_model_default_params(void);
+/* The fingerprint of the model file's tensor data (what a calibration sidecar names as its
+ * ott.calib.model_hash; native/src/kv/kv_calib.h defines it). Reads the whole file. */
+ott_status ott_model_fingerprint(const ott_model * model, uint64_t * out);
 ott_status ott_model_load(const char * path, const ott_model_params * params, ott_model ** out);
 void       ott_model_free(ott_model * model);
 ott_status ott_model_get_info(const ott_model * model, ott_model_info * out);
@@ -121,6 +124,12 @@ typedef struct {
                                  in several chunks attends in full precision throughout */
     int32_t clip;             /* 1: each group is quantized over the best of a fixed set of
                                  clipped ranges (least squared error), 0: over min .. max */
+    int32_t rot_k;            /* rotation of keys (and queries) before the cache: 0 none,
+                                 1 Hadamard with fixed signs (head_dim a power of two),
+                                 2 calibrated (from calib_path)                           */
+    int32_t rot_v;            /* rotation of values, rotated back after attention: same kinds */
+    const char * calib_path;  /* calibration sidecar GGUF (calibrated rotations); NULL: none.
+                                 Read during ott_context_init only                       */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
@@ -181,6 +190,7 @@ typedef struct {
     double  attn_ms;      /* attention over the cache: nodes named kq* (ggml's flash attention,
                              or its matrix products and softmax; our fused attention and merge) */
     double  append_ms;    /* new tokens into the cache, quantization events: kv_append*     */
+    double  rotate_ms;    /* rotations of queries, keys, values and outputs: kv_rot*      */
     double  other_ms;     /* everything else: projections, FFN, norms, output head          */
     int64_t n_ubatches;
 } ott_profile;
@@ -196,8 +206,9 @@ ott_status ott_get_profile(const ott_context * ctx, ott_profile * out);
  * makes every token see the cache it would see in token-by-token decoding. */
 ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, int32_t * out);
 
-/* The raw stores of one KV head of one layer of one sequence, in a quantized cache.
- * Counts are always filled; each non-NULL buffer receives a copy of its store. fp16
+/* The raw stores of one KV head of one layer of one sequence. Counts are always filled;
+ * each non-NULL buffer receives a copy of its store. The fp16 cache has every token in its
+ * window (and no other store). fp16
  * values are IEEE binary16 bit patterns. Head-blocks are in native/src/kv/kv_layout.h's
  * layout (the arrays of ott_gguf/reference/block.py at the offsets block_offsets). */
 typedef struct {

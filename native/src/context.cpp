@@ -3,6 +3,8 @@
 // ubatch, computes it (segment by segment around the cache's kernels when its attention is
 // external, cuda/executor.h) and collects the logits.
 #include "arch/graph.h"
+#include "kv/kv_calib.h"
+#include "kv/kv_rotation.h"
 #include "kv/kv_schedule.h"
 #ifdef OTT_USE_CUDA
 #include "cuda/executor.h"
@@ -26,6 +28,7 @@ struct ott_context {
     ggml_gallocr_t     galloc     = nullptr;
     std::vector<uint8_t> graph_meta;           // memory for graph headers
     std::unique_ptr<ott_kv_cache> kv;
+    std::unique_ptr<ott_kv_rotation> rot;      // rotations around the cache, or null
 #ifdef OTT_USE_CUDA
     ott_cuda_executor * executor = nullptr;    // when the cache's attention is external
 #endif
@@ -42,6 +45,7 @@ struct ott_context {
         if (executor) ott_cuda_executor_free(executor);
 #endif
         kv.reset();
+        rot.reset();
         if (galloc) ggml_gallocr_free(galloc);
         if (backend) ggml_backend_free(backend);
         if (threadpool) ggml_threadpool_free(threadpool);
@@ -102,6 +106,27 @@ ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vecto
     return OTT_OK;
 }
 
+// The rotations around the cache that p asks for (kv/kv_rotation.h), on buft.
+ott_status make_rotation(ott_context * c, const ott_kv_params & p, ggml_backend_buffer_type_t buft) {
+    if (p.rot_k == OTT_KV_ROT_NONE && p.rot_v == OTT_KV_ROT_NONE) return OTT_OK;
+    const ott_hparams & hp = c->model->hparams;
+    const int32_t hd = hp.n_embd_head;
+    std::vector<ott_kv_rot_layer> layers(hp.n_layer);
+    if (p.rot_k == OTT_KV_ROT_CALIBRATED || p.rot_v == OTT_KV_ROT_CALIBRATED) {
+        OTT_TRY(ott_kv_calib_load(p.calib_path, *c->model, p.rot_k == OTT_KV_ROT_CALIBRATED,
+                                  p.rot_v == OTT_KV_ROT_CALIBRATED, layers));
+    }
+    for (int il = 0; il < hp.n_layer; ++il) {
+        for (bool values : { false, true }) {
+            if ((values ? p.rot_v : p.rot_k) != OTT_KV_ROT_HADAMARD) continue;
+            std::vector<float> & r = values ? layers[il].r_v : layers[il].r_k;
+            r.resize((size_t) hp.n_head_kv * hd * hd);
+            for (int h = 0; h < hp.n_head_kv; ++h) ott_kv_hadamard(hd, il, h, values, r.data() + (size_t) h * hd * hd);
+        }
+    }
+    return ott_kv_rotation_create(layers, hp.n_head_kv, hp.n_head, hd, buft, c->rot);
+}
+
 // Compute a step's graph: whole, or segment by segment around the cache's kernels.
 ott_status compute_graph(ott_context * c, ggml_cgraph * gf) {
 #ifdef OTT_USE_CUDA
@@ -150,6 +175,7 @@ void next_ubatch(const ott_batch * b, const std::vector<std::vector<int32_t>> & 
 double & profile_slot(ott_profile & p, const ggml_tensor * node) {
     const char * name = ggml_get_name(node);
     if (strncmp(name, "kv_append", 9) == 0) return p.append_ms;
+    if (strncmp(name, "kv_rot", 6) == 0) return p.rotate_ms;
     if (strncmp(name, "kq", 2) == 0) return p.attn_ms;
     return p.other_ms;
 }
@@ -184,14 +210,14 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
                           const std::vector<int32_t> & out_row) {
     OTT_TRY(c->kv->begin(ub));
 
-    const size_t max_nodes = ott_graph_max_nodes(*c->model, ub);
+    const size_t max_nodes = ott_graph_max_nodes(*c->model, ub, c->rot != nullptr);
     c->graph_meta.resize(ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false));
     ggml_init_params ip = { c->graph_meta.size(), c->graph_meta.data(), true };
     ggml_context * gctx = ggml_init(ip);
     std::unique_ptr<ggml_context, decltype(&ggml_free)> guard(gctx, ggml_free);
     ggml_cgraph * gf = ggml_new_graph_custom(gctx, max_nodes, false);
 
-    ott_graph_builder b{ *c->model, ub, *c->kv, gctx, gf };
+    ott_graph_builder b{ *c->model, ub, *c->kv, c->rot.get(), gctx, gf };
     b.build_inputs();
     ggml_tensor * logits = ott_build_llama(b);
     ggml_build_forward_expand(gf, logits);
@@ -255,6 +281,7 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
     const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max,
                                  buft, model->cuda_device };
     OTT_TRY(ott_kv_cache_create(params->kv, shape, c->kv));
+    OTT_TRY(make_rotation(c.get(), params->kv, buft));
     *out = c.release();
     return OTT_OK;
 }

@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 
 from ott_gguf.errors import InvalidArgumentError
 
+from .rotation import CALIBRATED, HADAMARD, ROTATIONS
+
 F16_BITS = 16                 # bits value that means "stored as fp16, never quantized"
 QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache
 MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 sums of
@@ -31,6 +33,8 @@ class KVConfig:
     skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
     sink: int             # first tokens of a sequence kept in fp16 forever
     clip: int = 0         # 1: each group's range is the best of the clipped ones (quant.py)
+    rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
+    rot_v: int = 0        # rotation of values, undone after attention: same kinds
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -48,7 +52,7 @@ class KVConfig:
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
                 f"keys and values are both fp16 (16) or both quantized")
         for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip"):
+                     "skip_layers", "sink", "clip", "rot_k", "rot_v"):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
@@ -77,6 +81,11 @@ class KVConfig:
                 f"kv config: pool={self.pool} must be smaller than block={self.block}")
         if self.clip > 1:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
+        for name in ("rot_k", "rot_v"):
+            if getattr(self, name) >= len(ROTATIONS):
+                raise InvalidArgumentError(
+                    f"kv config: {name}={getattr(self, name)} is not one of "
+                    f"{', '.join(f'{i} ({r})' for i, r in enumerate(ROTATIONS))}")
         if self.extra_pool and not self.pool:
             raise InvalidArgumentError(
                 f"kv config: extra_pool={self.extra_pool} needs pool > 0 "
@@ -91,12 +100,21 @@ class KVConfig:
         """Whether layer `il` runs Outlier Token Tracing (has a pool)."""
         return self.quantized and self.pool > 0 and il >= self.skip_layers
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the config needs a calibration sidecar (a calibrated rotation)."""
+        return CALIBRATED in (self.rot_k, self.rot_v)
+
     def for_head_dim(self, head_dim: int) -> KVConfig:
         """This config for a model of width `head_dim`: group_v capped at head_dim, checked."""
         if head_dim <= 0 or head_dim > MAX_SUM_TERMS:
             raise InvalidArgumentError(f"kv config: head_dim={head_dim} must be in 1..{MAX_SUM_TERMS}")
         if not self.quantized:
             return self
+        for name in ("rot_k", "rot_v"):
+            if getattr(self, name) == HADAMARD and head_dim & (head_dim - 1):
+                raise InvalidArgumentError(
+                    f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}")
         cfg = replace(self, group_v=min(self.group_v, head_dim))
         if head_dim % cfg.group_v:
             raise InvalidArgumentError(

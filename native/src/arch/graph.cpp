@@ -68,7 +68,13 @@ ggml_tensor * ott_graph_builder::build_attn(ggml_tensor * cur, const ott_layer &
     ggml_format_name(k, "Kcur-%d", il);
     ggml_format_name(v, "Vcur-%d", il);
 
+    if (rot) {
+        q = rot->queries(ctx, q, il);
+        k = rot->keys_of(ctx, k, il);
+        v = rot->values_of(ctx, v, il);
+    }
     cur = kv.build_attn(ctx, gf, il, q, k, v, 1.0f / sqrtf((float) hp.n_embd_head));
+    if (rot) cur = rot->output(ctx, cur, il);
     ggml_format_name(cur, "kqv_out-%d", il);
     cur = ggml_mul_mat(ctx, L.wo, cur);
     ggml_format_name(cur, "attn_out-%d", il);
@@ -98,8 +104,8 @@ ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
     return cur;
 }
 
-size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub) {
-    size_t per_layer = 48 + 8 * ub.runs.size();
+size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub, bool rotated) {
+    size_t per_layer = 48 + 8 * ub.runs.size() + (rotated ? 24 : 0);
     for (const ott_run & r : ub.runs) {
         if (r.n_tokens == 1) per_layer += 10 * (size_t) r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
     }

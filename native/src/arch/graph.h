@@ -4,12 +4,14 @@
 #pragma once
 
 #include "kv/kv_cache.h"
+#include "kv/kv_rotation.h"
 #include "model.h"
 
 struct ott_graph_builder {
     const ott_model  & model;
     const ott_ubatch & ub;
     ott_kv_cache     & kv;
+    const ott_kv_rotation * rot;          // rotations around the cache, or null
     ggml_context     * ctx;
     ggml_cgraph      * gf;
 
@@ -33,4 +35,4 @@ struct ott_graph_builder {
 ggml_tensor * ott_build_llama(ott_graph_builder & b);
 
 // Node budget of one step's graph.
-size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub);
+size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub, bool rotated);

@@ -78,10 +78,8 @@ public:
 
     // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
     virtual int32_t tokens_until_event(int32_t seq) const { return 0; }
-    // Copy of the stores of one KV head (ott.h: ott_kv_export); quantized caches only.
-    virtual ott_status export_head(int il, int32_t seq, int32_t head, ott_kv_head_state & out) const {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "the fp16 KV cache has no quantized stores to export");
-    }
+    // Copy of the stores of one KV head (ott.h: ott_kv_export).
+    virtual ott_status export_head(int il, int32_t seq, int32_t head, ott_kv_head_state & out) const = 0;
 };
 
 struct ott_kv_shape {

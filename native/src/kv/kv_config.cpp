@@ -29,6 +29,15 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     if (p.type == OTT_KV_OTT && !p.pool) return bad("pool", p.pool, "must be > 0 in OTT mode");
     if (p.prefill_fp16 != 0 && p.prefill_fp16 != 1) return bad("prefill_fp16", p.prefill_fp16, "must be 0 or 1");
     if (p.clip != 0 && p.clip != 1) return bad("clip", p.clip, "must be 0 or 1");
+    for (const auto & [name, kind] : { std::pair{ "rot_k", p.rot_k }, std::pair{ "rot_v", p.rot_v } }) {
+        if (kind < 0 || kind > 2) return bad(name, kind, "is not 0 (none), 1 (hadamard) or 2 (calibrated)");
+        if (kind == 1 && (hd & (hd - 1))) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=hadamard needs a head size that is a power of two, not %d", name, hd);
+        }
+        if (kind == 2 && !p.calib_path) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=calibrated needs a calibration sidecar", name);
+        }
+    }
 
     cfg = ott_kv_config{};
     cfg.geom = { hd, p.block, p.bits_k, p.bits_v, p.group_k, group_v, p.clip };
@@ -39,6 +48,8 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     cfg.skip_layers = p.skip_layers;
     cfg.sink = p.sink;
     cfg.prefill_fp16 = p.prefill_fp16;
+    cfg.rot_k = p.rot_k;
+    cfg.rot_v = p.rot_v;
     cfg.n_layer = shape.n_layer;
     cfg.n_head_kv = shape.n_head_kv;
     return OTT_OK;

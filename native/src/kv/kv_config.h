@@ -18,6 +18,7 @@ struct ott_kv_config {
     int32_t skip_layers;            // layers 0 .. skip_layers-1 do not trace outliers
     int32_t sink;                   // first tokens of a sequence kept in fp16
     int32_t prefill_fp16;           // 1: a multi-token chunk defers its quantization events
+    int32_t rot_k, rot_v;           // ott_kv_rot_kind of keys and of values (kv_rotation.h)
     int32_t n_layer;
     int32_t n_head_kv;
 

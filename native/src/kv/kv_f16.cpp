@@ -7,6 +7,7 @@
 #include "ggml-cpu.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace {
 
@@ -191,6 +192,24 @@ public:
         }
         ggml_free(vc);
         len[dst] = len[src];
+        return OTT_OK;
+    }
+
+    // Every token of a sequence is in its "window": the K and V rows of KV head h, in
+    // position order (no sink, blocks or pools).
+    ott_status export_head(int il, int32_t seq, int32_t h, ott_kv_head_state & out) const override {
+        out.n_tokens = out.n_window = len[seq];
+        out.n_sink = out.n_blocks = out.n_pool = out.n_extra = out.tracing = out.block_bytes = 0;
+        std::memset(out.block_offsets, 0, sizeof(out.block_offsets));
+        const size_t row_bytes = k_l[il]->nb[1], head_bytes = (size_t) sh.n_embd_head * sizeof(ggml_fp16_t);
+        std::vector<uint8_t> rows((size_t) len[seq] * row_bytes);
+        for (auto [t, dst] : { std::pair{ k_l[il], out.window_k }, std::pair{ v_l[il], out.window_v } }) {
+            if (!dst || rows.empty()) continue;
+            ggml_backend_tensor_get(t, rows.data(), (size_t) seq * seq_rows * row_bytes, rows.size());
+            for (int32_t p = 0; p < len[seq]; ++p) {
+                std::memcpy((uint8_t *) dst + (size_t) p * head_bytes, rows.data() + p * row_bytes + h * head_bytes, head_bytes);
+            }
+        }
         return OTT_OK;
     }
 
