@@ -335,10 +335,9 @@ def cmd_perplexity(args) -> int:
     ubatch = args.ubatch or (None if kv_cfg.quantized else min(512, n_ctx))
     model = _load(args, n_ctx, n_ubatch=min(ubatch or 512, n_ctx))
     reference = None
-    if args.kl:
-        from .model import Model
-        reference = Model(model.path, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads,
-                          device=args.device)
+    if args.kl:  # an f16 cache on the same weights
+        from .model import Context
+        reference = Context(model.weights, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads)
     chunking = f"ubatch {ubatch}" if ubatch else "decode-faithful chunks (to each quantization event)"
     print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
           f"{chunking}, kv {model.kv}{', KL to the f16 cache' if reference else ''}", flush=True)
