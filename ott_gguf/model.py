@@ -166,7 +166,7 @@ class Context:
         self.n_ctx = n_ctx or self.info.n_ctx_train
         self.n_seq_max = n_seq_max
         self.n_ubatch = n_ubatch
-        self.kv = next((name for name, cfg in PRESETS.items() if cfg == kv_cfg), "custom")
+        self.kv = kv_mode_name(kv_cfg)
         self.prefill_fp16 = prefill_fp16
 
     # ---- text ---------------------------------------------------------------------------
@@ -339,6 +339,11 @@ def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
         c_kv.prefill_fp16 = int(prefill_fp16)
     else:
         c_kv.type = lib.OTT_KV_F16
+
+
+def kv_mode_name(cfg: KVConfig) -> str:
+    """The preset a KVConfig equals (f16, kivi2, ott2 ...), or "custom"."""
+    return next((name for name, preset_cfg in PRESETS.items() if preset_cfg == cfg), "custom")
 
 
 def physical_cores() -> int:
