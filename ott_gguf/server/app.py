@@ -221,12 +221,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request, exc: RequestValidationError):
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
         if first["type"] == "json_invalid":
-            message = f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
-        else:
-            message = f"{where or 'body'}: {first['msg']}"
-        return APIError(400, message, param=where or None).response()
+            return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+                            ).response()
+        where = ".".join(str(p) for p in first["loc"][1:])  # after "body"
+        return APIError(400, f"{where or 'body'}: {first['msg']}", param=where or None).response()
 
     @app.exception_handler(OttError)
     async def ott_error(request, exc: OttError):

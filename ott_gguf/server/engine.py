@@ -102,7 +102,7 @@ class Engine:
         """ctx: a Context with one sequence per slot and n_ubatch >= batch + n_seq_max, so a
         step is one graph. batch: tokens per step (decode tokens first, then whole prompt
         chunks while they fit). chunk: the most prompt tokens a slot feeds in one step.
-        max_queue: requests that may wait for a slot."""
+        max_queue: requests that may wait while every slot is busy."""
         self.ctx = ctx
         self.batch, self.chunk, self.max_queue = batch, chunk, max_queue
         self.stats = stats or ServerStats()
@@ -129,7 +129,7 @@ class Engine:
         with self._cond:
             if self._stopping:
                 raise UnavailableError("the server is shutting down")
-            if len(self._queue) >= self.max_queue:
+            if len(self._queue) >= self.max_queue + len(self._free):  # free slots take jobs at the next step
                 self.stats.record_request("rejected")
                 raise UnavailableError(f"all {self.ctx.n_seq_max} slots are busy and {len(self._queue)} requests "
                                      f"are waiting")
@@ -175,6 +175,7 @@ class Engine:
     def _step(self) -> None:
         plan = self._plan()
         rows = self._decode(plan)
+        self._record_load()  # before any event goes out: a client that reads /metrics next sees this step
         n_prompt = n_generated = 0
         for slot, tokens in plan:
             if slot not in rows:
@@ -260,9 +261,10 @@ class Engine:
         if not slot.stops.stopped:  # what the decoder and the stop scanner still hold
             self._emit_text(slot, slot.stops.feed(slot.decoder.flush()))
             self._emit_text(slot, slot.stops.flush())
-        slot.job.emit(Done("stop" if slot.stops.stopped else reason, len(slot.prompt), slot.n_generated))
+        reason = "stop" if slot.stops.stopped else reason
         self.stats.record_request(reason)
         self._release(slot)
+        slot.job.emit(Done(reason, len(slot.prompt), slot.n_generated))
 
     def _fail(self, slot: Slot, error: Exception) -> None:
         log.warning("request failed: %s: %s", type(error).__name__, error)
