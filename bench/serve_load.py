@@ -9,13 +9,15 @@ its binary is given), and for each client count:
    turn (greedy, stream_options.include_usage), and let the last requests finish;
 4. report failed requests, responses that differ from the reference, generated tokens/s
    summed over all clients, time to first token (median, p95) and the server's RSS after
-   the reference answers and at the end.
+   the reference answers, a fifth of the way into the load (all slots in use) and at the end.
 
     python bench/serve_load.py MODEL --clients 64 --duration 300 --kv f16,ott2 -t 2 \
         --llama-server ../peers/llamacpp/build/bin/llama-server
     # CUDA build, H200: --device cuda --clients 64,256 --llama-args "-ngl 99"
 
-Traffic stays on 127.0.0.1; every loop is bounded by --duration.
+Our server is `python -m ott_gguf serve` run from the current folder: run this script from
+outside the checkout to use the installed package, or from the checkout with OTT_NATIVE_DIR
+pointing at a build. Traffic stays on 127.0.0.1; every loop is bounded by --duration.
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ class Run:
     results: list[Result] = field(default_factory=list)
     reference: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    rss_start_mib: float = 0.0
+    rss_start_mib: float = 0.0     # after the answers alone
+    rss_warm_mib: float = 0.0      # a fifth of the way into the load
     rss_end_mib: float = 0.0
 
 
@@ -87,7 +90,7 @@ def server_command(args, kind: str, clients: int, port: int) -> list[str]:
 
 def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -144,8 +147,10 @@ async def chat(http: httpx.AsyncClient, prompt: int, max_tokens: int) -> Result:
     return result
 
 
-async def load(url: str, clients: int, duration: float, max_tokens: int) -> tuple[list[Result], float]:
-    """`clients` clients, each sending the prompts in turn until `duration` has passed."""
+async def load(url: str, clients: int, duration: float, max_tokens: int,
+               pid: int) -> tuple[list[Result], float, float]:
+    """`clients` clients, each sending the prompts in turn until `duration` has passed;
+    results, seconds until the last one ended, and the server's RSS a fifth of the way in."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0), limits=limits) as http:
         t0 = time.perf_counter()
@@ -158,8 +163,12 @@ async def load(url: str, clients: int, duration: float, max_tokens: int) -> tupl
                 k += clients
             return out
 
-        per_client = await asyncio.gather(*(client(i) for i in range(clients)))
-        return [r for rs in per_client for r in rs], time.perf_counter() - t0
+        async def warm_rss() -> float:
+            await asyncio.sleep(duration / 5)
+            return rss_mib(pid)
+
+        rss, *per_client = await asyncio.gather(warm_rss(), *(client(i) for i in range(clients)))
+        return [r for rs in per_client for r in rs], time.perf_counter() - t0, rss
 
 
 async def references(url: str, max_tokens: int) -> list[str]:
@@ -184,7 +193,8 @@ def run_one(args, kind: str, clients: int, log_dir: Path) -> Run:
     try:
         run.reference = asyncio.run(references(url, args.max_tokens))
         run.rss_start_mib = rss_mib(proc.pid)
-        run.results, run.seconds = asyncio.run(load(url, clients, args.duration, args.max_tokens))
+        run.results, run.seconds, run.rss_warm_mib = asyncio.run(load(url, clients, args.duration, args.max_tokens,
+                                                                      proc.pid))
         run.rss_end_mib = rss_mib(proc.pid)
     finally:
         proc.terminate()
@@ -209,8 +219,8 @@ def report(runs: list[Run], args) -> None:
     print(f"\nmodel {args.model.name}, {args.duration:.0f} s per run, chat prompts of {len(PROMPTS)} topics, "
           f"greedy, max_tokens {args.max_tokens}, {args.ctx} tokens per slot, {args.threads} threads\n")
     print("| server | clients | requests | failed | differ from alone | generated tok/s | TTFT median s "
-          "| TTFT p95 s | RSS start MiB | RSS end MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| TTFT p95 s | RSS start MiB | RSS at 1/5 MiB | RSS end MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for run in runs:
         ok = [r for r in run.results if r.ok]
         differ = sum(r.text != run.reference[r.prompt] for r in ok)
@@ -218,7 +228,7 @@ def report(runs: list[Run], args) -> None:
         tps = tokens_per_s(run)
         print(f"| {run.server} | {run.clients} | {len(run.results)} | {len(run.results) - len(ok)} | {differ} "
               f"| {tps:.1f} | {statistics.median(ttft):.3f} | {percentile(ttft, 0.95):.3f} "
-              f"| {run.rss_start_mib:.0f} | {run.rss_end_mib:.0f} |")
+              f"| {run.rss_start_mib:.0f} | {run.rss_warm_mib:.0f} | {run.rss_end_mib:.0f} |")
     base = {r.clients: r for r in runs if r.server.startswith("llama-server")}
     for run in runs:
         ref = base.get(run.clients)

@@ -256,6 +256,15 @@ def test_bad_flag_value(smollm2_path):
     assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", "many"), "-n/--n-predict", "many", code=2)
 
 
+def test_serve_refuses_bad_slot_settings(smollm2_path):
+    assert_one_line_error(cli("serve", smollm2_path, "--parallel", "auto"), "--kv-memory")
+    assert_one_line_error(cli("serve", smollm2_path, "--kv-memory", "lots"), "--kv-memory", "lots", code=2)
+    assert_one_line_error(cli("serve", smollm2_path, "--parallel", "0"), "--parallel", code=2)
+    # the budget holds no slot of 4096 f16 tokens (90 MiB each)
+    assert_one_line_error(cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"),
+                          "16.0 MiB holds no slot")
+
+
 def test_missing_perplexity_text(smollm2_path, tmp_path):
     assert_one_line_error(cli("perplexity", smollm2_path, "-f", tmp_path / "absent.txt"), "absent.txt")
 

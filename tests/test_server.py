@@ -22,6 +22,7 @@ import pytest
 from openai import APIStatusError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+import ott_gguf
 from ott_gguf.model import Context, Weights
 from ott_gguf.reference.config import preset
 from ott_gguf.sampling import SamplingParams
@@ -29,7 +30,8 @@ from ott_gguf.server.capacity import plan_slots
 from ott_gguf.server.engine import Delta, Done, Engine, Failed, Job, Request
 from ott_gguf.server.stops import StopScanner
 
-REPO = Path(__file__).resolve().parent.parent
+# The server process imports the same ott_gguf as this test process (as in test_cli.py).
+PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
 N_SLOTS, N_CTX, MAX_QUEUE = 3, 384, 2
 SYSTEM = ("You are a helpful assistant. Answer in full sentences, explain your reasoning step by step, "
           "and mention one related fact the user may find interesting. ") * 4
@@ -52,7 +54,8 @@ class Server:
         self.log = tmp / f"serve-{self.port}.log"
         cmd = [sys.executable, "-m", "ott_gguf", "serve", str(model), "--port", str(self.port), "-t", "1", *args]
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+            env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            self.proc = subprocess.Popen(cmd, cwd=PACKAGE_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -50,6 +50,7 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
     """The app serving `engine`'s context as model `model_id`; /health is open, the other
     routes need `Authorization: Bearer <api_key>` when api_key is set."""
     ctx = engine.ctx
+    created = int(ctx.path.stat().st_mtime)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
 
@@ -70,7 +71,7 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
 
     @api.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(ctx.path.stat().st_mtime),
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
                                             "owned_by": "ott-gguf"}]}
 
     @api.get("/metrics")

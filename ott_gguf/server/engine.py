@@ -165,7 +165,13 @@ class Engine:
             if job.cancelled:
                 self.stats.record_request("cancelled")
                 continue
-            self._active.append(Slot(self._free.pop(), job, self.ctx.tokenizer))
+            try:
+                self._active.append(Slot(self._free[-1], job, self.ctx.tokenizer))
+            except Exception as e:
+                self.stats.record_request("error")
+                _tell(job, Failed(e))
+                continue
+            self._free.pop()
 
     def _release_cancelled(self) -> None:
         for slot in [s for s in self._active if s.job.cancelled]:
