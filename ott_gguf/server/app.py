@@ -83,13 +83,13 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
         _check_model(body, model_id)
         messages = [m.as_template_input() for m in body.messages]
         prompt = await run_in_threadpool(chat_prompt_ids, ctx, messages)
-        return await _respond(engine, body, body.token_limit(), prompt, ChatFormat(model_id), request)
+        return await _respond(engine, body, prompt, ChatFormat(model_id), request)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body, model_id)
         prompt = await run_in_threadpool(_completion_prompt_ids, ctx, body.prompt)
-        return await _respond(engine, body, body.token_limit(), prompt, TextFormat(model_id), request)
+        return await _respond(engine, body, prompt, TextFormat(model_id), request)
 
     app.include_router(api)
     return app
@@ -112,26 +112,26 @@ def _completion_prompt_ids(ctx, prompt: str | list[int] | list[str]) -> list[int
     return ctx.tokenize(text, add_special=True, parse_special=True)
 
 
-def _engine_request(body: GenerationFields, max_tokens: int | None, prompt: list[int], n_ctx: int) -> EngineRequest:
+def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int) -> EngineRequest:
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompt) >= n_ctx:
-        raise APIError(400, f"the prompt has {len(prompt)} tokens; a slot holds {n_ctx}, with room for at least "
-                            f"one generated token", param="messages" if hasattr(body, "messages") else "prompt",
+        raise APIError(400, f"the prompt has {len(prompt)} tokens but a slot holds {n_ctx}, prompt and reply "
+                            f"together", param="messages" if hasattr(body, "messages") else "prompt",
                        code="context_length_exceeded")
     try:
         sampling = body.sampling()
     except InvalidArgumentError as e:
         raise APIError(400, str(e)) from None
-    return EngineRequest(prompt, max_tokens or n_ctx - len(prompt), sampling, body.stops())
+    return EngineRequest(prompt, body.token_limit() or n_ctx - len(prompt), sampling, body.stops())
 
 
-async def _respond(engine: Engine, body: GenerationFields, max_tokens: int | None, prompt: list[int],
-                   fmt: ResponseFormat, request: Request) -> Response:
+async def _respond(engine: Engine, body: GenerationFields, prompt: list[int], fmt: ResponseFormat,
+                   request: Request) -> Response:
     """Submit the job; stream its events, or wait for them and answer with one object."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = Job(_engine_request(body, max_tokens, prompt, engine.ctx.n_ctx),
+    job = Job(_engine_request(body, prompt, engine.ctx.n_ctx),
               emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
     try:
         engine.submit(job)

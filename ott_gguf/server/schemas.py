@@ -63,6 +63,9 @@ class GenerationFields(BaseModel):
                                                         "presence_penalty") if getattr(self, name) is not None}
         return SamplingParams(**given)
 
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
@@ -105,9 +108,6 @@ class CompletionRequest(GenerationFields):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) != 1:
             raise ValueError(f"only one prompt per request is supported, got {len(prompt)}")
         return prompt
-
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
 
 # ---- responses --------------------------------------------------------------------------------
