@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,7 +255,8 @@ def main() -> None:
     ap.add_argument("--device", help="our device: cpu, cuda, cuda:N")
     ap.add_argument("--llama-server", help="llama-server binary; omitted: ours only")
     ap.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '-ngl 99'")
-    ap.add_argument("--logs", type=Path, default=Path("serve_load_logs"), help="server logs (default ./serve_load_logs)")
+    ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "serve_load_logs",
+                    help="folder for the servers' logs (default: serve_load_logs in the temp folder)")
     args = ap.parse_args()
 
     args.logs.mkdir(parents=True, exist_ok=True)
