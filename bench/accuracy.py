@@ -22,20 +22,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ott_gguf.model import Model  # noqa: E402
+from ott_gguf.model import Context, Weights  # noqa: E402
 from ott_gguf.perplexity import event_chunks, perplexity  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
 
 
-def ppl_rows(path, text, modes, n_ctx, chunks, threads, configs=None):
-    """One row per mode (or per named KVConfig in `configs`)."""
-    reference = Model(path, n_ctx=n_ctx, n_threads=threads)
+def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
+    """One row per mode (or per named KVConfig in `configs`), each a context on the same weights."""
+    reference = Context(weights, n_ctx=n_ctx, n_threads=threads)
     rows = []
     entries = [(m, m) for m in modes] + list((configs or {}).items())
     for name, kv in entries:
-        model = Model(path, n_ctx=n_ctx, n_threads=threads, kv=kv)
+        model = Context(weights, n_ctx=n_ctx, n_threads=threads, kv=kv)
         t0 = time.perf_counter()
         r = perplexity(model, text, n_ctx, n_chunks=chunks, progress=False,
                        reference=None if name == "f16" else reference)
@@ -72,11 +72,11 @@ def passkey_prompt(model, n_tokens, rng):
     return model.tokenize(text), key
 
 
-def passkey(path, modes, lengths, trials, threads, seed=0):
+def passkey(weights, modes, lengths, trials, threads, seed=0):
     rows = []
     for n in lengths:
         for mode in modes:
-            model = Model(path, n_ctx=n + 64, n_threads=threads, kv=mode)
+            model = Context(weights, n_ctx=n + 64, n_threads=threads, kv=mode)
             rng = random.Random(seed)  # the same keys and depths for every mode
             ok = 0
             for _ in range(trials):
@@ -118,11 +118,12 @@ def main():
     args = ap.parse_args()
 
     text = args.file.read_text(encoding="utf-8")
+    weights = Weights(args.model)
     modes = [m for m in args.modes.split(",") if m]
     if modes:
         print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
         print_ppl_table("Perplexity, KL and top-1 by KV mode",
-                        ppl_rows(args.model, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
+                        ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
     if args.ablate:
         ott2 = preset("ott2")
         configs = {f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
@@ -132,10 +133,10 @@ def main():
         configs["ott2 window 128"] = ott2.with_overrides(window=128)
         configs["ott2 group_k 32, window 128"] = ott2.with_overrides(group_k=32, window=128)
         print_ppl_table("Ablation: ott2 pool size, value group, key group and window",
-                        ppl_rows(args.model, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
+                        ppl_rows(weights, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
                         args.ctx)
     if args.passkey:
-        passkey(args.model, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")],
+        passkey(weights, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")],
                 args.trials, args.threads)
 
 

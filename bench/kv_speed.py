@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from speed_vs_llamacpp import DEFAULT_LLAMA_BENCH, llama_bench, require_llama_bench  # noqa: E402
 
-from ott_gguf.model import Model  # noqa: E402
+from ott_gguf.model import Context, Weights  # noqa: E402
 from ott_gguf.resolve import resolve_model  # noqa: E402
 
 LLAMA_SETTINGS = {  # name: (flash attention, cache type)
@@ -42,14 +42,14 @@ LLAMA_SETTINGS = {  # name: (flash attention, cache type)
 }
 
 
-def fill(model: Model, seq: int, n: int, rng: np.random.Generator) -> None:
+def fill(model: Context, seq: int, n: int, rng: np.random.Generator) -> None:
     """Sequence seq := n random tokens, fed in the model's ubatches (not timed)."""
     ids = rng.integers(0, model.n_vocab, n).tolist()
     for i in range(0, n, 512):
         model.eval(ids[i:i + 512], seq)
 
 
-def decode_from(model: Model, src: int, n_gen: int, rng: np.random.Generator, profile: bool) -> float:
+def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool) -> float:
     """Copy sequence src to the scratch sequence (the last one) and decode n_gen tokens
     there, one per step; seconds (profile: the attention op's ms per token)."""
     scratch = model.n_seq_max - 1
@@ -84,8 +84,10 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     n_ctx = max(depths) + 2 * args.n_gen + 256
-    # sequence i holds depths[i] tokens, the last one is the scratch sequence
-    models = {m: Model(path, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m) for m in modes}
+    # one context per mode on the same weights; sequence i holds depths[i] tokens, the last one is the scratch
+    weights = Weights(path)
+    models = {m: Context(weights, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m)
+              for m in modes}
     for model in models.values():
         for i, d in enumerate(depths):
             fill(model, i, d, rng)
@@ -108,7 +110,7 @@ def main() -> int:
 
     med = {k: statistics.median(v) for k, v in tps.items()}
     amed = {k: statistics.median(v) for k, v in attn.items()}
-    print(f"ours: {', '.join(modes)} caches, Model(n_threads={args.threads}), "
+    print(f"ours: {', '.join(modes)} caches, Context(n_threads={args.threads}), "
           f"{args.n_gen} decode steps per depth and round")
     for name, cmd in cmds.items():
         print(f"{name}: {cmd}")

@@ -52,12 +52,7 @@ class ChatSession:
         first_turn = 1 if self.messages[0]["role"] == "system" else 0
         messages = list(self.messages)  # trimmed here; kept only if the new message fits
         while True:
-            text = model.chat_template.render(messages, add_generation_prompt=True)
-            # The template writes its own special tokens (as transformers assumes); BOS is
-            # added only when the vocabulary wants one and the template did not write it.
-            ids = model.tokenize(text, add_special=False, parse_special=True)
-            if model.tokenizer.add_bos and ids[:1] != [model.tokenizer.bos_id]:
-                ids.insert(0, model.tokenizer.bos_id)
+            ids = chat_prompt_ids(model, messages)
             if len(ids) + self.max_reply <= model.n_ctx:
                 self.messages = messages
                 return ids
@@ -65,3 +60,14 @@ class ChatSession:
                 raise ContextFullError(f"chat: the message needs {len(ids)} tokens plus {self.max_reply} for the "
                                        f"reply, the context holds {model.n_ctx} (raise -c or lower -n)")
             del messages[first_turn:first_turn + 2]  # the oldest user message and its reply
+
+
+def chat_prompt_ids(model, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation rendered with the model's chat template, ready for the
+    assistant's reply. The template writes its own special tokens (as transformers assumes);
+    BOS is added only when the vocabulary wants one and the template did not write it."""
+    text = model.chat_template.render(messages, add_generation_prompt=True)
+    ids = model.tokenize(text, add_special=False, parse_special=True)
+    if model.tokenizer.add_bos and ids[:1] != [model.tokenizer.bos_id]:
+        ids.insert(0, model.tokenizer.bos_id)
+    return ids

@@ -1,4 +1,4 @@
-"""Command line: `python -m ott_gguf {run,chat,info,perplexity,bench,tokenize,calibrate,convert} ...`.
+"""Command line: `python -m ott_gguf {run,chat,serve,info,perplexity,bench,tokenize,calibrate,convert} ...`.
 
 MODEL is a GGUF path, a Hub repo id `org/name[:file.gguf]`, or omitted for the default
 SmolLM2-135M-Instruct Q4_1 (see resolve.py). Errors print one line `error: ...` on stderr
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -58,6 +59,23 @@ def _depth_list(text: str) -> list[int]:
     if min(depths) < 0:
         raise argparse.ArgumentTypeError(f"depths must be >= 0, got '{text}'")
     return depths
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
+               "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
+
+
+def _size(text: str) -> int:
+    """Bytes from '2GiB', '512MiB', '1.5G' (K, M, G, T and KiB ... binary; KB, MB, GB, TB decimal)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match[2].lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MiB or 1.5G, got '{text}'")
+    return int(float(match[1]) * _SIZE_UNITS[match[2].lower()])
+
+
+def _slot_count(text: str) -> int | None:
+    """An integer >= 1, or 'auto' (None): as many slots as the KV memory budget fits."""
+    return None if text == "auto" else _int_at_least(1)(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="interactive chat with the model's chat template, one message per stdin line")
     p.add_argument("--system", help="system message")
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", parents=[common, runtime],
+                       help="OpenAI-compatible HTTP server with continuous batching (docs/server.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_int_at_least(0), default=8080, help="port (default 8080)")
+    p.add_argument("--parallel", type=_slot_count, default=4, metavar="N|auto",
+                   help="slots: sequences decoded together (default 4); auto: as many as --kv-memory fits")
+    p.add_argument("-c", "--ctx-size", type=_int_at_least(2), help="tokens per slot (default: the model's context)")
+    p.add_argument("--kv-memory", type=_size, metavar="SIZE",
+                   help="KV cache budget for all slots, e.g. 2GiB (with --parallel auto: picks the slot count)")
+    p.add_argument("-b", "--batch", type=_int_at_least(1), default=512,
+                   help="tokens per step: one per generating slot, then prompt chunks (default 512)")
+    p.add_argument("--max-queue", type=_int_at_least(0), default=64,
+                   help="requests that may wait for a slot; more get 503 (default 64)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route except /health")
+    p.add_argument("--alias", help="model id in the API (default: the file name without .gguf)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("info", parents=[common, kvopts], help="describe a model: architecture, sizes, tensor types, KV bytes")
     p.add_argument("-c", "--ctx-size", type=_int_at_least(1),
@@ -276,6 +311,28 @@ def cmd_chat(args) -> int:
         sys.stdout.flush()
 
 
+def cmd_serve(args) -> int:
+    if args.parallel is None and args.kv_memory is None:
+        raise InvalidArgumentError("serve: --parallel auto needs --kv-memory SIZE")
+    try:
+        from .server import open_slots, serve
+    except ImportError as e:
+        raise ImportError(f"serve needs the 'serve' extra (pip install 'ott-gguf[serve]'): {e}") from None
+    from .model import Weights
+    from .resolve import resolve_model
+
+    kv_cfg = _kv_config(args)
+    weights = Weights(resolve_model(args.model), device=args.device)
+    ctx, plan = open_slots(weights, kv_config=kv_cfg,
+                           n_ctx=args.ctx_size or weights.info.n_ctx_train, parallel=args.parallel,
+                           kv_memory=args.kv_memory, batch=args.batch, n_threads=args.threads,
+                           prefill_fp16=args.prefill_fp16, kv_calib=args.kv_calib)
+    model_id = args.alias or weights.path.name.removesuffix(".gguf")
+    serve(ctx, plan, host=args.host, port=args.port, model_id=model_id, api_key=args.api_key,
+          max_queue=args.max_queue, batch=args.batch)
+    return 0
+
+
 # ---- info / tokenize ------------------------------------------------------------------------
 
 _ROPE_NAMES = {0: "normal", 2: "neox"}
@@ -377,10 +434,9 @@ def cmd_perplexity(args) -> int:
     ubatch = args.ubatch or (None if kv_cfg.quantized else min(512, n_ctx))
     model = _load(args, n_ctx, n_ubatch=min(ubatch or 512, n_ctx))
     reference = None
-    if args.kl:
-        from .model import Model
-        reference = Model(model.path, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads,
-                          device=args.device)
+    if args.kl:  # an f16 cache on the same weights
+        from .model import Context
+        reference = Context(model.weights, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads)
     chunking = f"ubatch {ubatch}" if ubatch else "decode-faithful chunks (to each quantization event)"
     print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
           f"{chunking}, kv {model.kv}{', KL to the f16 cache' if reference else ''}", flush=True)

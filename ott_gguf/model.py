@@ -1,8 +1,9 @@
-"""A loaded GGUF model with one decoding context: the public Python API of the runtime.
+"""Loaded GGUF weights and the decoding contexts that share them: the public Python API.
 
-    model = Model("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048)
+    model = Model("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048)   # weights + one context
     ids = model.tokenize("The capital of France is")
     logits = model.eval(ids)            # F32 [n_vocab], last token
+    f16 = Context(model.weights, n_ctx=2048, kv="f16")              # a second cache, same weights
 
 Weights stay in native memory in their GGUF types; Python reads the metadata (with the
 `gguf` package) only to describe the model and build the tokenizer and chat template.
@@ -80,28 +81,18 @@ def _struct_to(cls, c_struct):
     return cls(**values)
 
 
-class Model:
-    """A GGUF model and its decoding context (KV cache for up to n_seq_max sequences)."""
+class Weights:
+    """A GGUF model loaded once: weights in native memory, description, tokenizer and chat
+    template. Any number of `Context`s decode with the same weights (llama.cpp's model and
+    context); the weights stay loaded until their last context is freed."""
 
-    def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
-                 n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
-                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None,
-                 kv_calib: str | os.PathLike | None = None):
-        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
-        `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
-        full precision and is quantized at the sequence's next single-token step.
-        device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this build has CUDA
-        and one is present, else on the CPU (`self.info.device` says which).
-        kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
-        model's `<model>.kvcalib.gguf`, see calibrate.py)."""
+    def __init__(self, path: str | os.PathLike, *, repack: bool = True, device: str | None = None):
+        """repack: store matmul weights in ggml's faster repacked CPU layout where the type
+        has one. device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this
+        build has CUDA and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
-        kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
-        if prefill_fp16 and not kv_cfg.quantized:
-            raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
-        self.kv_calib = _calibration_for(kv_cfg, self.path, kv_calib)
-
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
         mparams.repack = int(repack)
         if device is not None:
@@ -117,24 +108,6 @@ class Model:
         self.info = _struct_to(ModelInfo, cinfo)
         self.n_vocab = self.info.n_vocab
 
-        cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
-        cparams.n_ctx = n_ctx or 0
-        cparams.n_seq_max = n_seq_max
-        cparams.n_ubatch = n_ubatch
-        cparams.n_threads = n_threads or 0
-        self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
-        _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
-        c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
-        cparams.kv.calib_path = c_calib                     # read during ott_context_init only
-        pctx = ffi.new("ott_context **")
-        check(lib.ott_context_init(self._model, cparams, pctx))
-        self._ctx = ffi.gc(pctx[0], lib.ott_context_free)
-        self.n_ctx = n_ctx or self.info.n_ctx_train
-        self.n_seq_max = n_seq_max
-        self.n_ubatch = n_ubatch
-        self.kv = next((name for name, cfg in PRESETS.items() if cfg == kv_cfg), "custom")
-        self.prefill_fp16 = prefill_fp16
-
         from .chat import ChatTemplate
         from .gguf_meta import read_metadata, read_tensors
         from .tokenizer import Tokenizer
@@ -148,13 +121,80 @@ class Model:
         self.tensors = read_tensors(self._model)
         self.tensor_types = dict(Counter(t.type_name for t in self.tensors))
 
-    # ---- text ---------------------------------------------------------------------------
-
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
+
+    def fingerprint(self) -> int:
+        """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
+        out = ffi.new("uint64_t *")
+        check(lib.ott_model_fingerprint(self._model, out))
+        return out[0]
+
+    def kv_footprint(self, kv: str | KVConfig, n_ctx: int) -> Footprint:
+        """The footprint of a `kv` cache for one sequence of n_ctx tokens of this model,
+        everything counted (reference/footprint.py; the extra pool at the most it can hold)."""
+        i = self.info
+        cfg = kv if isinstance(kv, KVConfig) else preset(kv)
+        return footprint(cfg, n_ctx, i.n_embd_head, i.n_head_kv, i.n_layer)
+
+    def close(self) -> None:
+        """Drop this handle on the weights: they are freed now, or when their last context is."""
+        self._model = None
+
+
+class Context:
+    """A decoding context on loaded `Weights`: a KV cache for up to n_seq_max sequences of
+    n_ctx tokens each, and the calls that evaluate batches in it."""
+
+    def __init__(self, weights: Weights, *, n_ctx: int | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
+                 n_threads: int | None = None, kv: str | KVConfig = "f16", prefill_fp16: bool = False,
+                 kv_calib: str | os.PathLike | None = None):
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
+        `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
+        full precision and is quantized at the sequence's next single-token step.
+        kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
+        model's `<model>.kvcalib.gguf`, see calibrate.py)."""
+        kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
+        if prefill_fp16 and not kv_cfg.quantized:
+            raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
+        if weights._model is None:
+            raise InvalidArgumentError(f"{weights.path}: the weights are closed")
+        self.kv_calib = _calibration_for(kv_cfg, weights.path, kv_calib)
+        self.weights = weights
+        # what the context decodes, described by its weights
+        self.path, self.info, self.n_vocab = weights.path, weights.info, weights.n_vocab
+        self.tokenizer, self.chat_template = weights.tokenizer, weights.chat_template
+        self.metadata, self.tensors, self.tensor_types = weights.metadata, weights.tensors, weights.tensor_types
+
+        cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
+        cparams.n_ctx = n_ctx or 0
+        cparams.n_seq_max = n_seq_max
+        cparams.n_ubatch = n_ubatch
+        cparams.n_threads = n_threads or 0
+        self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
+        _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
+        c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
+        cparams.kv.calib_path = c_calib                     # read during ott_context_init only
+        pctx = ffi.new("ott_context **")
+        check(lib.ott_context_init(weights._model, cparams, pctx))
+        # The destructor holds the weights' handle: the weights are freed after their last context.
+        self._ctx = ffi.gc(pctx[0], lambda ctx, _weights=weights._model: lib.ott_context_free(ctx))
+        self.n_ctx = n_ctx or self.info.n_ctx_train
+        self.n_seq_max = n_seq_max
+        self.n_ubatch = n_ubatch
+        self.kv = kv_mode_name(kv_cfg)
+        self.prefill_fp16 = prefill_fp16
+
+    # ---- text ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.weights.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.weights.detokenize(ids)
 
     # ---- decoding -----------------------------------------------------------------------
 
@@ -230,10 +270,8 @@ class Model:
         check(lib.ott_seq_copy(self._ctx, src, dst))
 
     def fingerprint(self) -> int:
-        """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
-        out = ffi.new("uint64_t *")
-        check(lib.ott_model_fingerprint(self._model, out))
-        return out[0]
+        """The fingerprint of the model file's tensor data (Weights.fingerprint)."""
+        return self.weights.fingerprint()
 
     def set_threads(self, n_threads: int) -> None:
         check(lib.ott_context_set_threads(self._ctx, n_threads))
@@ -256,28 +294,44 @@ class Model:
         return _struct_to(Profile, p)
 
     def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
-        """The cache's footprint for one sequence of n_ctx tokens (default: the context size),
-        everything counted (reference/footprint.py; the extra pool at the most it can hold)."""
-        i = self.info
-        return footprint(self.kv_config, n_ctx or self.n_ctx, i.n_embd_head, i.n_head_kv, i.n_layer)
+        """The cache's footprint for one sequence of n_ctx tokens (default: the context size)."""
+        return self.weights.kv_footprint(self.kv_config, n_ctx or self.n_ctx)
 
     def kv_bytes_per_token(self, n_ctx: int | None = None) -> int:
         """KV bytes one token occupies across all layers, at a context of n_ctx tokens."""
         return int(round(self.kv_footprint(n_ctx).bytes_per_token_per_layer * self.info.n_layer))
 
     def close(self) -> None:
-        """Free the context and the weights now (otherwise when garbage-collected)."""
-        for name in ("_ctx", "_model"):
-            obj = getattr(self, name, None)
-            if obj is not None:
-                ffi.release(obj)
-                setattr(self, name, None)
+        """Free the context now (otherwise when garbage-collected)."""
+        if getattr(self, "_ctx", None) is not None:
+            ffi.release(self._ctx)
+            self._ctx = None
 
-    def __enter__(self) -> Model:
+    def __enter__(self) -> Context:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Model(Context):
+    """Weights and one context of their own, the common case:
+    `Model(path, n_ctx=2048, kv="ott2")`. Further contexts on the same weights:
+    `Context(model.weights, ...)`."""
+
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
+                 n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
+                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None,
+                 kv_calib: str | os.PathLike | None = None):
+        """Arguments as `Weights` (path, repack, device) and `Context` (the rest)."""
+        super().__init__(Weights(path, repack=repack, device=device), n_ctx=n_ctx, n_seq_max=n_seq_max,
+                         n_ubatch=n_ubatch, n_threads=n_threads, kv=kv, prefill_fp16=prefill_fp16,
+                         kv_calib=kv_calib)
+
+    def close(self) -> None:
+        """Free the context and the weights now (otherwise when garbage-collected)."""
+        super().close()
+        self.weights.close()
 
 
 @dataclass
@@ -324,6 +378,11 @@ def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
         c_kv.prefill_fp16 = int(prefill_fp16)
     else:
         c_kv.type = lib.OTT_KV_F16
+
+
+def kv_mode_name(cfg: KVConfig) -> str:
+    """The preset a KVConfig equals (f16, kivi2, ott2 ...), or "custom"."""
+    return next((name for name, preset_cfg in PRESETS.items() if preset_cfg == cfg), "custom")
 
 
 def physical_cores() -> int:

@@ -1,4 +1,4 @@
-"""Token sampling from a logits vector: greedy, repetition penalty, top-k, top-p, min-p, temperature.
+"""Token sampling from a logits vector: greedy, penalties, top-k, top-p, min-p, temperature.
 
 The filters run in the order of llama.cpp's default sampler chain:
 penalties -> top-k -> top-p -> min-p -> temperature -> draw.
@@ -19,9 +19,10 @@ from ott_gguf.errors import InvalidArgumentError
 class SamplingParams:
     """Sampling settings; the defaults are llama.cpp's.
 
-    temperature <= 0 means greedy (argmax after the repetition penalty).
+    temperature <= 0 means greedy (argmax after the penalties).
     top_k = 0, top_p = 1 and min_p = 0 each switch their filter off.
-    repeat_last_n = -1 penalises the whole history, 0 switches the penalty off.
+    repeat_last_n = -1 penalises the whole history, 0 switches the penalties off.
+    frequency_penalty and presence_penalty (OpenAI's, 0 = off) look at the same recent tokens.
     """
 
     temperature: float = 0.8
@@ -30,6 +31,8 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -43,6 +46,9 @@ class SamplingParams:
             raise InvalidArgumentError(f"sampling: min_p must be in [0, 1], got {self.min_p}")
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0.0):
             raise InvalidArgumentError(f"sampling: repeat_penalty must be > 0, got {self.repeat_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidArgumentError(f"sampling: {name} must be in [-2, 2], got {getattr(self, name)}")
         if (isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, (int, np.integer))
                 or self.repeat_last_n < -1):
             raise InvalidArgumentError(
@@ -88,19 +94,22 @@ class Sampler:
         return int(ids[min(pick, ids.size - 1)])
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        """llama.cpp's repetition penalty: each distinct recent token's logit is divided by the
-        penalty when positive and multiplied by it otherwise (in place on the copy it is given)."""
-        penalty, last_n = self.params.repeat_penalty, self.params.repeat_last_n
-        if penalty == 1.0 or last_n == 0 or len(history) == 0:
+        """llama.cpp's penalties over the recent tokens (in place on the copy it is given): each
+        distinct token's logit is divided by repeat_penalty when positive and multiplied by it
+        otherwise, then lowered by count·frequency_penalty + presence_penalty."""
+        p = self.params
+        if ((p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0)
+                or p.repeat_last_n == 0 or len(history) == 0):
             return logits
-        recent = np.asarray(history if last_n == -1 else history[-last_n:], dtype=np.int64)
+        recent = np.asarray(history if p.repeat_last_n == -1 else history[-p.repeat_last_n:], dtype=np.int64)
         if recent.min() < 0 or recent.max() >= logits.size:
             raise InvalidArgumentError(
                 f"sampling: history holds a token id outside [0, {logits.size}) "
                 f"(min {recent.min()}, max {recent.max()})")
-        ids = np.unique(recent)
+        ids, counts = np.unique(recent, return_counts=True)
         seen = logits[ids]
-        logits[ids] = np.where(seen > 0.0, seen / penalty, seen * penalty)
+        seen = np.where(seen > 0.0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        logits[ids] = seen - counts * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
         return logits
 
     def _top_k(self, logits: np.ndarray) -> np.ndarray:

@@ -189,6 +189,28 @@ def test_perplexity_prints_running_values_and_the_estimate(smollm2_path, smollm2
     assert float(running[-1][1]) == pytest.approx(expected.ppl, abs=1e-4)
 
 
+def test_perplexity_kl_matches_two_separate_models(smollm2_path, wikitext_path, tmp_path):
+    """--kl runs the f16 reference as a second context on the same weights: the same KL and
+    top-1 agreement as two models loaded apart."""
+    from ott_gguf.model import Model
+    from ott_gguf.perplexity import perplexity
+
+    text = wikitext_path.read_text(encoding="utf-8")[:20_000]
+    sample = tmp_path / "sample.txt"
+    sample.write_text(text, encoding="utf-8")
+    proc = cli("perplexity", smollm2_path, "-f", sample, "--chunks", 2, "-c", 128, "-t", 2, "--kv", "ott2", "--kl",
+               "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"^KL to f16 cache = (\d+\.\d{6}) nats, top-1 agreement = (\d+\.\d{2}) %$", proc.stdout,
+                      re.MULTILINE)
+    assert found, proc.stdout
+    expected = perplexity(Model(smollm2_path, n_ctx=128, n_threads=2, kv="ott2", device="cpu"), text, 128,
+                          n_chunks=2, progress=False,
+                          reference=Model(smollm2_path, n_ctx=128, n_threads=2, device="cpu"))
+    assert 0 < float(found[1]) == pytest.approx(expected.kl, abs=1e-6)
+    assert float(found[2]) == pytest.approx(100 * expected.top1, abs=0.01)
+
+
 def test_bench_prints_a_row_per_test_and_depth(smollm2_path):
     proc = cli("bench", smollm2_path, "-p", 32, "-n", 4, "-d", "0,64", "-r", 2, "-t", 2)
     assert proc.returncode == 0, proc.stderr
@@ -254,6 +276,15 @@ def test_unknown_flag():
 
 def test_bad_flag_value(smollm2_path):
     assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", "many"), "-n/--n-predict", "many", code=2)
+
+
+def test_serve_refuses_bad_slot_settings(smollm2_path):
+    assert_one_line_error(cli("serve", smollm2_path, "--parallel", "auto"), "--kv-memory")
+    assert_one_line_error(cli("serve", smollm2_path, "--kv-memory", "lots"), "--kv-memory", "lots", code=2)
+    assert_one_line_error(cli("serve", smollm2_path, "--parallel", "0"), "--parallel", code=2)
+    # the budget holds no slot of 4096 f16 tokens (90 MiB each)
+    assert_one_line_error(cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"),
+                          "16.0 MiB holds no slot")
 
 
 def test_missing_perplexity_text(smollm2_path, tmp_path):

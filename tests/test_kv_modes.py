@@ -79,7 +79,7 @@ def test_native_rejects_invalid_knobs(smollm2_path, knobs, message):
     for name, value in knobs.items():
         setattr(params.kv, name, value)
     out = ffi.new("ott_context **")
-    assert lib.ott_context_init(model._model, params, out) == lib.OTT_ERR_INVALID_ARG
+    assert lib.ott_context_init(model.weights._model, params, out) == lib.OTT_ERR_INVALID_ARG
     assert message in ffi.string(lib.ott_last_error()).decode()
 
 

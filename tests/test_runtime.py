@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ott_gguf.errors import ContextFullError, InvalidArgumentError
-from ott_gguf.model import Model
+from ott_gguf.model import Context, Model, Weights
 from reference_forward import ReferenceModel
 
 # "The capital of France is Paris. The capital of Germany is" in SmolLM2's vocabulary
@@ -111,6 +111,24 @@ def test_batch_of_three_prompts_equals_each_alone(smol):
             together[s].append(t)
         logits = smol.decode_batch(step, [smol.seq_len(s) for s in range(3)], [0, 1, 2], [True] * 3)
     assert together == alone
+
+
+def test_contexts_share_one_load_of_the_weights(smollm2_path, smol):
+    """Two contexts on one Weights decode as a Model of their own does, each in its own cache,
+    and keep the weights loaded after the Weights handle is closed."""
+    weights = Weights(smollm2_path, device="cpu")
+    f16 = Context(weights, n_ctx=64, n_threads=2)
+    ott = Context(weights, n_ctx=64, n_threads=2, kv="ott2")
+    smol.truncate(0)
+    want = smol.eval(PROMPT)
+    assert np.array_equal(f16.eval(PROMPT), want)
+    assert f16.seq_len() == len(PROMPT) and ott.seq_len() == 0
+    assert f16.tokenizer is ott.tokenizer is weights.tokenizer and ott.kv == "ott2"
+    weights.close()
+    f16.truncate(0)
+    assert np.array_equal(f16.eval(PROMPT), want)      # the contexts hold the weights
+    with pytest.raises(InvalidArgumentError, match="closed"):
+        Context(weights, n_ctx=64)
 
 
 def test_interleaved_batch_order_is_kept(smol):

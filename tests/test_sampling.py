@@ -126,9 +126,25 @@ def test_repetition_penalty_changes_argmax():
     assert logits[0] == 2.0  # the caller's logits are not modified
 
 
+def test_frequency_and_presence_penalties_subtract_per_count():
+    logits = np.array([2.0, 1.5, 1.0, 0.0], dtype=np.float32)
+    # frequency: token 0 seen twice loses 2 * 0.3 = 0.6 (1.4 < 1.5), token 1 once loses 0.3
+    freq = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.3))
+    assert freq.sample(logits, [0, 0]) == 1
+    assert freq.sample(logits, [0, 0, 0, 1, 1]) == 0         # 2.0 - 0.9 = 1.1 > 1.0 > 1.5 - 0.6
+    # presence: once is enough, the count does not matter
+    pres = Sampler(SamplingParams(temperature=0.0, presence_penalty=0.6))
+    assert pres.sample(logits, [0]) == 1 and pres.sample(logits, [0, 0, 0]) == 1
+    assert pres.sample(logits, [0, 1]) == 0                  # 1.4 vs 0.9 vs 1.0
+    # applied after the repetition penalty, as llama.cpp does: 2.0 / 2 - 0.6 = 0.4 < 1.0
+    both = Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0, presence_penalty=0.6))
+    assert both.sample(logits, [0, 1]) == 2
+
+
 @pytest.mark.parametrize("kwargs", [
     {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"top_k": 2.5}, {"min_p": -0.1}, {"min_p": 1.1},
     {"repeat_penalty": 0.0}, {"repeat_last_n": -2}, {"temperature": float("nan")}, {"seed": -1},
+    {"frequency_penalty": 2.5}, {"presence_penalty": -3.0},
 ])
 def test_invalid_params_raise(kwargs):
     with pytest.raises(InvalidArgumentError, match="sampling: "):

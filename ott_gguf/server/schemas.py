@@ -1,0 +1,183 @@
+"""The OpenAI wire format: request bodies (validated with pydantic) and response objects.
+
+Requests are validated strictly (a string where a number belongs is an error, not coerced);
+fields OpenAI defines that change nothing here (`user`, `logit_bias` ...) are ignored.
+Sampling fields a request leaves out take llama.cpp's defaults (`SamplingParams`), as
+llama-server does.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..sampling import SamplingParams
+
+MAX_STOPS = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationFields(BaseModel):
+    """What /v1/chat/completions and /v1/completions share."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"only n = 1 is supported, got {n}")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop):
+        if isinstance(stop, list) and len(stop) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stop)}")
+        return stop
+
+    def sampling(self) -> SamplingParams:
+        given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
+                                                        "repeat_penalty", "repeat_last_n", "frequency_penalty",
+                                                        "presence_penalty") if getattr(self, name) is not None}
+        return SamplingParams(**given)
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def as_template_input(self) -> dict:
+        """{"role", "content"} with text parts joined, as chat templates expect."""
+        content = self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) != 1:
+            raise ValueError(f"only one prompt per request is supported, got {len(prompt)}")
+        return prompt
+
+
+# ---- responses --------------------------------------------------------------------------------
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class ResponseFormat:
+    """The objects of one response: its id, creation time and model, in chat or text form."""
+
+    object_name = ""        # the non-streamed object
+    chunk_name = ""         # a streamed chunk
+    id_prefix = ""
+
+    def __init__(self, model: str):
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+    def _envelope(self, name: str, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": name, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
+
+    def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
+        choice = {"index": 0, **self._whole(text), "finish_reason": finish_reason}
+        return self._envelope(self.object_name, [choice], usage=usage(prompt_tokens, completion_tokens))
+
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
+        """A streamed piece of text (None: the closing chunk with the finish reason)."""
+        return self._envelope(self.chunk_name, [{"index": 0, **self._piece(text), "finish_reason": finish_reason}])
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return self._envelope(self.chunk_name, [], usage=usage(prompt_tokens, completion_tokens))
+
+    def opening(self) -> dict | None:
+        """The chunk sent before any text, if the format has one."""
+        return None
+
+    def _whole(self, text: str) -> dict:
+        raise NotImplementedError
+
+    def _piece(self, text: str | None) -> dict:
+        raise NotImplementedError
+
+
+class ChatFormat(ResponseFormat):
+    object_name, chunk_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def opening(self) -> dict:
+        return self._envelope(self.chunk_name, [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None}])
+
+    def _whole(self, text: str) -> dict:
+        return {"message": {"role": "assistant", "content": text}}
+
+    def _piece(self, text: str | None) -> dict:
+        return {"delta": {} if text is None else {"content": text}}
+
+
+class TextFormat(ResponseFormat):
+    object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl"
+
+    def _whole(self, text: str) -> dict:
+        return {"text": text, "logprobs": None}
+
+    def _piece(self, text: str | None) -> dict:
+        return {"text": text or "", "logprobs": None}

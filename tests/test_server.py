@@ -1,0 +1,415 @@
+"""The OpenAI-compatible server: real server processes on free loopback ports, talked to
+with the official `openai` client and, for the error cases, raw HTTP (httpx). Servers run
+one thread: on a loaded 2-core machine ggml's spinning thread barriers cost a scheduler
+time slice each when the threads outnumber the free cores.
+
+The main server runs SmolLM2 with the 2-bit ott2 cache in 3 slots of 384 tokens (two
+quantization events per slot, at 160 and 288 tokens) and a queue of 2. Tests leave it idle.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import APIStatusError, OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+import ott_gguf
+from ott_gguf.model import Context, Weights
+from ott_gguf.reference.config import preset
+from ott_gguf.sampling import SamplingParams
+from ott_gguf.server.capacity import plan_slots
+from ott_gguf.server.engine import Delta, Done, Engine, Failed, Job, Request
+from ott_gguf.server.stops import StopScanner
+
+# The server process imports the same ott_gguf as this test process (as in test_cli.py).
+PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
+N_SLOTS, N_CTX, MAX_QUEUE = 3, 384, 2
+SYSTEM = ("You are a helpful assistant. Answer in full sentences, explain your reasoning step by step, "
+          "and mention one related fact the user may find interesting. ") * 4
+GREEDY = {"temperature": 0.0}
+COUNTING = "1, 2, 3, 4, 5,"   # greedy SmolLM2 goes on counting: no early end
+
+
+# ---- server processes ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Path, tmp: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        cmd = [sys.executable, "-m", "ott_gguf", "serve", str(model), "--port", str(self.port), "-t", "1", *args]
+        with open(self.log, "w") as log:
+            env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            self.proc = subprocess.Popen(cmd, cwd=PACKAGE_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server did not come up: {self.log.read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def metrics(self, headers=None) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", headers=headers, timeout=10).text
+        return {f"{s.name}{_labels(s.labels)}": s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def wait_idle(self, timeout: float = 60) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            if m["ott_slots_active"] == 0 and m["ott_queue_depth"] == 0:
+                return m
+            time.sleep(0.2)
+        raise AssertionError(f"server still busy after {timeout} s: {m}")
+
+
+def _labels(labels: dict) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "reason") + "}" if labels else ""
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    srv = Server(smollm2_path, tmp_path_factory.mktemp("serve"), "--kv", "ott2", "-c", str(N_CTX),
+                 "--parallel", str(N_SLOTS), "--max-queue", str(MAX_QUEUE))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(client, text: str, **kw):
+    return client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": text}], **kw)
+
+
+# ---- the OpenAI routes --------------------------------------------------------------------------
+
+def test_chat_completion(client):
+    r = chat(client, "What is the capital of France?", max_tokens=24, **GREEDY)
+    assert r.object == "chat.completion" and r.model == "SmolLM2-135M-Instruct.Q4_1"
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 100 and 0 < r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streamed_chat_equals_whole_and_counts_usage(client):
+    whole = chat(client, "Name three colours.", max_tokens=20, **GREEDY)
+    chunks = list(chat(client, "Name three colours.", max_tokens=20, stream=True,
+                       stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completion_length_and_stop(client):
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12,
+                                  **GREEDY)
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12 and r.choices[0].text.startswith(" 6, 7")
+    stopped = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING,
+                                        max_tokens=12, stop=[" 8", "never"], **GREEDY)
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == r.choices[0].text[:r.choices[0].text.index(" 8")]
+    streamed = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING,
+                                         max_tokens=12, stop=" 8", stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+
+
+def test_seeded_sampling_repeats(client):
+    kw = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": 7, "extra_body": {"top_k": 0, "min_p": 0.0}}
+    a, b = (chat(client, "Tell me a story.", **kw).choices[0].message.content for _ in range(2))
+    assert a == b
+    others = {chat(client, "Tell me a story.", **{**kw, "seed": s}).choices[0].message.content for s in (8, 9, 10)}
+    assert len(others | {a}) > 1
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+# ---- continuous batching ------------------------------------------------------------------------
+
+def test_greedy_output_does_not_depend_on_the_batch(server, client):
+    """A request served alone and the same request while others run (generating, reading
+    their prompts in chunks, sampling) give the same greedy text. Its prompt (~190 tokens)
+    and reply cross the cache's quantization event at 288 tokens."""
+    question = "Explain how a refrigerator keeps food cold."
+    alone = chat(client, question, max_tokens=110, **GREEDY).choices[0].message.content
+    server.wait_idle()
+
+    started = threading.Barrier(3)
+    results = {}
+
+    def other(name, text, **kw):
+        stream = chat(client, text, stream=True, **kw)
+        first = True
+        parts = []
+        for c in stream:
+            if first:
+                started.wait(timeout=60)
+                first = False
+            parts.append(c.choices[0].delta.content or "")
+        results[name] = "".join(parts)
+
+    threads = [threading.Thread(target=other, args=("a", "Write a poem about the sea."),
+                                kwargs={"max_tokens": 150, "temperature": 0.9, "seed": 1}),
+               threading.Thread(target=other, args=("b", "List ten animals and describe each one."),
+                                kwargs={"max_tokens": 150, **GREEDY})]
+    for t in threads:
+        t.start()
+    started.wait(timeout=60)                      # both others are generating
+    busy = chat(client, question, max_tokens=110, **GREEDY).choices[0].message.content
+    for t in threads:
+        t.join(timeout=300)
+    assert busy == alone
+    assert len(results) == 2
+    server.wait_idle()
+
+
+def test_disconnect_cancels_and_frees_the_slot(server):
+    before = server.wait_idle()["ott_requests_total{outcome=\"cancelled\"}"]
+    body = {"prompt": COUNTING, "max_tokens": 300, "stream": True, **GREEDY}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # held: a dropped iterator closes the response
+        assert next(line for line in lines if line.startswith("data:"))
+        assert server.metrics()["ott_slots_active"] == 1
+    # a request that is not streamed: the client gives up before the reply
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=1.5)
+    m = server.wait_idle(timeout=20)
+    assert m["ott_requests_total{outcome=\"cancelled\"}"] == before + 2
+    assert m["ott_kv_bytes_used"] == 0
+
+
+def test_full_queue_answers_503_with_retry_after(server):
+    server.wait_idle()
+
+    async def flood():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            body = {"prompt": COUNTING, "max_tokens": 300, **GREEDY}
+            running = [asyncio.create_task(http.post("/v1/completions", json=body))
+                       for _ in range(N_SLOTS + MAX_QUEUE)]
+            deadline = time.monotonic() + 30
+            while (m := server.metrics())["ott_slots_active"] < N_SLOTS or m["ott_queue_depth"] < MAX_QUEUE:
+                assert time.monotonic() < deadline, m
+                await asyncio.sleep(0.1)
+            refused = await http.post("/v1/completions", json=body)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            return refused
+
+    refused = asyncio.run(flood())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "unavailable_error"
+    m = server.wait_idle()
+    assert m["ott_requests_total{outcome=\"rejected\"}"] >= 1
+
+
+# ---- bad requests -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
+    ({"messages": "hello"}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model"),
+    ({"messages": [{"role": "user", "content": "word " * 500}]}, 400, "messages"),
+])
+def test_bad_chat_requests_get_openai_errors(server, body, status, param):
+    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else \
+        {"json": body}
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, **kw)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_bad_completion_requests_and_routes(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 10**7]}, timeout=30)
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x " * 400}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a", "b"]}, timeout=30)
+    assert r.status_code == 400
+    r = httpx.get(server.url + "/v1/nothing-here", timeout=30)
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_server_survives_bad_requests(server, client):
+    assert chat(client, "Say hello.", max_tokens=8, **GREEDY).choices[0].message.content
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+def test_metrics_while_a_request_runs(server, client, smollm2_path):
+    before = server.wait_idle()
+    body = {"prompt": COUNTING, "max_tokens": 300, "stream": True, **GREEDY}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # held: a dropped iterator closes the response
+        assert next(line for line in lines if line.startswith("data:"))
+        live = server.metrics()
+    assert live["ott_slots_active"] == 1 and live["ott_kv_bytes_used"] > 0
+    assert live["ott_kv_bytes_allocated"] >= live["ott_kv_bytes_used"]
+    assert 0 < live["ott_kv_bits_per_element"] <= 16
+    mid = server.wait_idle()
+    assert mid["ott_requests_total{outcome=\"cancelled\"}"] == before["ott_requests_total{outcome=\"cancelled\"}"] + 1
+
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12, **GREEDY)
+    after = server.wait_idle()
+    assert after["ott_requests_total{outcome=\"length\"}"] == mid["ott_requests_total{outcome=\"length\"}"] + 1
+    assert after["ott_prompt_tokens_total"] - mid["ott_prompt_tokens_total"] == r.usage.prompt_tokens
+    assert after["ott_generated_tokens_total"] - mid["ott_generated_tokens_total"] == r.usage.completion_tokens
+    assert after["ott_generated_tokens_per_second"] > 0
+    assert after["ott_slots"] == N_SLOTS and after["ott_slot_context_tokens"] == N_CTX
+    assert after["ott_queue_capacity"] == MAX_QUEUE
+    full = Weights(smollm2_path).kv_footprint("ott2", N_CTX)
+    assert after["ott_kv_slot_bytes"] == full.total_bytes
+    assert after["ott_kv_slot_bits_per_element"] == pytest.approx(full.bits_per_element)
+    assert 'ott_slots_info{kv="ott2",reason="3 slots as asked' in httpx.get(server.url + "/metrics").text
+
+
+# ---- a second server: slots from a memory budget, an API key ----------------------------------
+
+def test_auto_slots_and_api_key(smollm2_path, tmp_path):
+    budget, n_ctx = 48 * 2**20, 2048
+    weights = Weights(smollm2_path)
+    want = plan_slots(weights, preset("ott2"), n_ctx, None, budget)
+    srv = Server(smollm2_path, tmp_path, "--kv", "ott2", "-c", str(n_ctx), "--parallel", "auto",
+                 "--kv-memory", "48MiB", "--api-key", "s3cret", "-b", "64")
+    try:
+        startup = srv.log.read_text()
+        assert f"{want.n_slots} slots fit the KV budget of 48.0 MiB" in startup
+        assert f"an f16 cache would fit {want.f16_slots})" in startup
+        assert want.n_slots > 2 * want.f16_slots
+        assert httpx.get(srv.url + "/health").status_code == 200
+        denied = httpx.get(srv.url + "/v1/models")
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url + "/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        m = srv.metrics(headers={"Authorization": "Bearer s3cret"})
+        assert m["ott_slots"] == want.n_slots and m["ott_kv_memory_budget_bytes"] == budget
+        assert m["ott_kv_f16_slots"] == want.f16_slots
+        keyed = OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0, timeout=120)
+        # a prompt longer than a step's 64 tokens is read in several chunks
+        r = chat(keyed, "What is the capital of France?", max_tokens=16, **GREEDY)
+        assert "Paris" in r.choices[0].message.content
+        with pytest.raises(APIStatusError) as err:
+            chat(OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0), "hi", max_tokens=4)
+        assert err.value.status_code == 401
+    finally:
+        srv.stop()
+
+
+def test_slot_plan_errors(smollm2_path):
+    weights = Weights(smollm2_path)
+    per_slot = weights.kv_footprint("f16", 1024).total_bytes
+    assert plan_slots(weights, preset("f16"), 1024, None, 3 * per_slot + 1).n_slots == 3
+    with pytest.raises(ValueError, match="holds no slot"):
+        plan_slots(weights, preset("f16"), 1024, None, per_slot - 1)
+    with pytest.raises(ValueError, match="more than the budget"):
+        plan_slots(weights, preset("f16"), 1024, 4, 3 * per_slot)
+
+
+# ---- the engine in process ----------------------------------------------------------------------
+
+def run_jobs(engine: Engine, requests: list[Request], emit_wrappers=None) -> list[list]:
+    """Submit every request, wait for each to end; the events each got."""
+    events = [[] for _ in requests]
+    ended = [threading.Event() for _ in requests]
+
+    def emitter(i):
+        def emit(event):
+            if emit_wrappers and emit_wrappers[i]:
+                emit_wrappers[i](event)
+            events[i].append(event)
+            if isinstance(event, (Done, Failed)):
+                ended[i].set()
+        return emit
+
+    for i, r in enumerate(requests):
+        engine.submit(Job(r, emitter(i)))
+    for e in ended:
+        assert e.wait(timeout=120)
+    return events
+
+
+def text_of(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, Delta))
+
+
+def test_a_failing_request_fails_alone(smollm2_path):
+    """An exception while serving one request (here: its consumer raises on the first piece
+    of text) fails that request only; the others finish as they would alone."""
+    ctx = Context(Weights(smollm2_path, device="cpu"), n_ctx=256, n_seq_max=3, n_ubatch=64 + 3, n_threads=1)
+    engine = Engine(ctx, batch=64, chunk=64, max_queue=4)
+    engine.start()
+    try:
+        greedy = SamplingParams(temperature=0)
+        reqs = [Request(ctx.tokenize(p), 20, greedy) for p in ("The sky is", "Water boils at", "One plus one is")]
+        alone = [text_of(run_jobs(engine, [r])[0]) for r in reqs]
+
+        def explode(event):
+            if isinstance(event, Delta):
+                raise RuntimeError("consumer failed")
+        together = run_jobs(engine, reqs, [None, explode, None])
+        assert isinstance(together[1][-1], Failed) and "consumer failed" in str(together[1][-1].error)
+        assert [text_of(together[0]), text_of(together[2])] == [alone[0], alone[2]]
+        assert all(isinstance(ev[-1], Done) for ev in (together[0], together[2]))
+        assert engine.stats.requests["error"] == 1
+        assert ctx.kv_stats().n_tokens == 0        # every slot freed
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("pieces, stops, shown, stopped", [
+    (["Hello", " wor", "ld"], [], "Hello world", False),
+    (["Hello", " wor", "ld"], ["world"], "Hello ", True),
+    (["a<", "|e", "nd|>b"], ["<|end|>"], "a", True),
+    (["a<", "|x"], ["<|end|>"], "a<|x", False),            # a false start is released
+    (["ab", "c"], ["bc", "abx"], "a", True),               # the earliest stop wins
+])
+def test_stop_scanner(pieces, stops, shown, stopped):
+    scanner = StopScanner(stops)
+    out = "".join(scanner.feed(p) for p in pieces)
+    if not scanner.stopped:
+        out += scanner.flush()
+    assert (out, scanner.stopped) == (shown, stopped)
