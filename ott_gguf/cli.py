@@ -26,7 +26,8 @@ _KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
              "block": "tokens quantized together", "window": "fp16 window R",
              "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
              "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16",
-             "clip": "clipped group ranges (1) or min-max (0)"}
+             "clip": "clipped group ranges (1) or min-max (0)",
+             "param_bits": "bits of a group's scale and min: 16 or 8"}
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}
 
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="GGUF path, Hub repo id org/name[:file.gguf], or omitted for SmolLM2-135M-Instruct Q4_1")
 
     kvopts = argparse.ArgumentParser(add_help=False)
-    kvopts.add_argument("--kv", default="f16", choices=list(_KV_PRESETS), help="KV cache mode (default f16)")
+    kvopts.add_argument("--kv", default="f16", choices=[*_KV_PRESETS, "auto"],
+                        help="KV cache mode (default f16; auto: the recommended quantized cache)")
     for knob, what in _KV_KNOBS.items():
         kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", type=_int_at_least(0),
                             metavar="N", help=f"override the mode's {what}")

@@ -178,6 +178,9 @@ CASES = [
     ("hd64-gqa3-clip", 64, 3, SMALL.with_overrides(clip=1), 150, [1, 4]),
     ("hd64-gqa3-rot-kv", 64, 3, SMALL.with_overrides(rot_k=HADAMARD, rot_v=HADAMARD), 120, [1, 4]),
     ("hd128-gqa1-rot-v-clip", 128, 1, SMALL.with_overrides(rot_v=HADAMARD, clip=1), 100, [3]),
+    ("hd64-gqa3-params8", 64, 3, SMALL.with_overrides(param_bits=8), 150, [1, 4]),
+    ("hd128-gqa1-params8-4bit-rot", 128, 1, SMALL.with_overrides(param_bits=8, bits_k=4, bits_v=4, group_v=32,
+                                                                rot_v=HADAMARD), 100, [4]),
     ("hd128-gqa1-clip-4bit", 128, 1, SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
 ]
 

@@ -105,6 +105,60 @@ def test_clipped_ranges_halve_the_error_of_gaussian_groups():
     assert [a.tobytes() for a in quantize_groups(flat, 2, clip=True)] == [a.tobytes() for a in quantize_groups(flat, 2)]
 
 
+def scalar_params8(x, bits):
+    """The 8-bit parameter recipe of quant.py one scalar at a time (kv_quant.c's shape)."""
+    from ott_gguf.reference.quant import decode_scale8
+    f = [np.float32(e) for e in x]
+    mn, mx = min(f), max(f)
+    levels = np.float32(2**bits - 1)
+    t = np.float32(np.float32(mx - mn) / levels)
+    h = int(np.float16(t).view(np.uint16))
+    if np.float32(np.uint16(h).view(np.float16)) < t:
+        h += 1
+    s8 = max(1, (h + 127) >> 7)
+    while True:
+        s = decode_scale8(np.uint8(s8))
+        z = np.floor(np.float32(np.float32(mn / s) * np.float32(4)))
+        if -128 <= z <= 127:
+            break
+        s8 += 1
+    m = np.float32(np.float32(np.float32(z) * np.float32(0.25)) * s)
+    inv = np.float32(1) / s
+    codes = [int(min(max(np.rint(np.float32(np.float32(e - m) * inv)), 0), levels)) for e in f]
+    return codes, np.uint8(s8), np.int8(z)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_params8_match_scalar_recipe_and_never_clip(bits):
+    x = rng(13).standard_normal((300, 32)) * rng(14).uniform(0.001, 30, (300, 1)) + rng(15).uniform(-200, 200, (300, 1))
+    x[:5] = 3.5                                                       # constant groups
+    x[5] = 0.0
+    x = x.astype(np.float16)
+    codes, s8, z = quantize_groups(x, bits, param_bits=8)
+    assert s8.dtype == np.uint8 and z.dtype == np.int8
+    for g in range(len(x)):
+        c, s, m = scalar_params8(x[g], bits)
+        assert codes[g].tolist() == c and s8[g] == s and z[g] == m
+    from ott_gguf.reference.quant import decode_min8, decode_scale8
+    scale = decode_scale8(s8).astype(np.float64)
+    lo = decode_min8(z, decode_scale8(s8)).astype(np.float64)
+    xf = x.astype(np.float64)
+    # the levels span the group: the minimum at most a quarter step below, the top level at
+    # most a quarter step short of the maximum; so every error is within half a step
+    assert (lo <= xf.min(axis=1) + 1e-12).all() and (xf.min(axis=1) - lo < scale / 4 + 1e-9).all()
+    assert (lo + (2**bits - 1) * scale >= xf.max(axis=1) - scale / 4 - 1e-9).all()
+    err = np.abs(dequantize_groups(codes, s8, z) - xf)
+    assert (err <= scale[:, None] / 2 * (1 + 2**-9) + 1e-9).all()
+    # a constant group keeps its value to 1/128 of it, zeros exactly
+    assert np.abs(dequantize_groups(codes[:6], s8[:6], z[:6]) - xf[:6]).max() <= 3.5 / 128
+    assert (dequantize_groups(codes[5:6], s8[5:6], z[5:6]) == 0).all()
+
+
+def test_params8_and_clip_do_not_combine():
+    with pytest.raises(InvalidArgumentError, match="param_bits=16"):
+        preset("ott2").with_overrides(clip=1, param_bits=8)
+
+
 def test_rounding_is_half_to_even():
     # scale = (3 - 0)/3 = 1 exactly, so t = x and the ties are real ties
     x = np.array([[0, 0.5, 1.5, 2.5, 3]], dtype=np.float16)

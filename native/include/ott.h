@@ -124,6 +124,8 @@ typedef struct {
                                  in several chunks attends in full precision throughout */
     int32_t clip;             /* 1: each group is quantized over the best of a fixed set of
                                  clipped ranges (least squared error), 0: over min .. max */
+    int32_t param_bits;       /* a group's scale and min: 16 (fp16; 0 means 16) or 8 (a ufp8
+                                 scale and an int8 min, native/src/kv/kv_layout.h)         */
     int32_t rot_k;            /* rotation of keys (and queries) before the cache: 0 none,
                                  1 Hadamard with fixed signs (head_dim a power of two),
                                  2 calibrated (from calib_path)                           */

@@ -280,20 +280,25 @@ struct attn_case {
     int32_t n_splits;
 };
 
+// code·scale + min of parameter i of arrays sc, mn (fp16, or 8-bit: kv_layout.h)
+double dequant_code(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i) {
+    if (g.param_bits == 8) {
+        const float s = ott_kv_scale8(sc[i]);
+        return code * (double) s + ott_kv_min8((int8_t) mn[i], s);
+    }
+    return code * (double) ott_fp16_to_fp32_ref(((const ott_fp16 *) sc)[i]) + ott_fp16_to_fp32_ref(((const ott_fp16 *) mn)[i]);
+}
+
 double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     if (key) {
         const uint8_t byte = hb[L.k_codes + (size_t) c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
         const int code = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
-        const int32_t gi = t / g.group_k;
-        const ott_fp16 * sc = (const ott_fp16 *) (hb + L.k_scale), * mn = (const ott_fp16 *) (hb + L.k_min);
-        return code * (double) ott_fp16_to_fp32_ref(sc[gi * g.head_dim + c]) + ott_fp16_to_fp32_ref(mn[gi * g.head_dim + c]);
+        return dequant_code(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c);
     }
     const uint8_t byte = hb[L.v_codes + (size_t) t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
     const int code = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
-    const int32_t n_gv = g.head_dim / g.group_v, gi = c / g.group_v;
-    const ott_fp16 * sc = (const ott_fp16 *) (hb + L.v_scale), * mn = (const ott_fp16 *) (hb + L.v_min);
-    return code * (double) ott_fp16_to_fp32_ref(sc[t * n_gv + gi]) + ott_fp16_to_fp32_ref(mn[t * n_gv + gi]);
+    return dequant_code(g, code, hb + L.v_scale, hb + L.v_min, t * (g.head_dim / g.group_v) + c / g.group_v);
 }
 
 // tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h)
@@ -478,7 +483,9 @@ int run_checks() {
     const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
     const ott_kv_geom v32_128 = { 128, 128, 2, 2, 128, 32 };
     const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
-    const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1 };
+    const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1, 16 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1, 16 };
+    const ott_kv_geom p8_128 = { 128, 128, 2, 2, 128, 128, 0, 8 }, p8_64 = { 64, 16, 4, 4, 8, 16, 0, 8 };
+    const ott_kv_geom k4v2_64 = { 64, 128, 4, 2, 128, 64, 0, 8 }, k4v2_128 = { 128, 128, 4, 2, 128, 128, 0, 16 };
     const event_case events[] = {
         { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
         { "ott2-hd128-pool-full",       ott2_128, 3, 32, 3, 10, true },
@@ -491,6 +498,9 @@ int run_checks() {
         { "small4-hd128",               small4, 2, 5, 2, 2, false },
         { "clip2-hd128-pool-full",      clip2_128, 3, 32, 3, 10, true },
         { "clip4-hd64-kivi",            clip4_64, 0, 0, 0, 0, false },
+        { "p8-hd128-pool-full",         p8_128, 3, 32, 3, 10, true },
+        { "p8-hd64-4bit-kivi",          p8_64, 0, 0, 0, 0, false },
+        { "k4v2-hd64-pool-full",        k4v2_64, 3, 32, 3, 10, true },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);
@@ -513,6 +523,11 @@ int run_checks() {
         { "kivi2-hd128-rep2-decode",    kivi2_128, 2, 1, { 4, 5 }, 0, 0, 0, 60, 3 },
         { "g16-hd128-rep1-decode",      g16_128, 1, 1, { 5, 1 }, 0, 3, 8, 30, 2 },
         { "v32-hd128-rep1-decode",      v32_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
+        { "p8-hd128-rep1-decode",       p8_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
+        { "p8-hd128-rep2-chunk3",       p8_128, 2, 3, { 5, 2 }, 4, 3, 32, 30, 3 },
+        { "p8-hd64-rep3-chunk2",        p8_64, 3, 2, { 9, 4 }, 2, 2, 5, 7, 2 },
+        { "k4v2-hd64-rep3-decode",      k4v2_64, 3, 1, { 7, 2 }, 0, 3, 32, 60, 2 },
+        { "k4v2-hd128-rep1-chunk4",     k4v2_128, 1, 4, { 5, 3 }, 0, 3, 32, 20, 3 },
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
@@ -569,11 +584,17 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     CHECK_CUDA(cudaFree(src));
     CHECK_CUDA(cudaFree(dst));
 
-    // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1), ott2
-    const ott_kv_geom g = { 128, 128, 2, 2, 128, 64 };
-    const int32_t H = 32, hd = 128, window = 32, pool = 3, extra = 32;
-    const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
+    // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1): ott2,
+    // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block)
+    struct perf_mode { const char * name; ott_kv_geom g; int32_t window; bool variants; };
+    const perf_mode modes[] = { { "ott2", { 128, 128, 2, 2, 128, 64, 0, 16 }, 32, true },
+                                { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false } };
+    const int32_t H = 32, hd = 128, pool = 3, extra = 32;
+    for (const perf_mode & mode : modes)
     for (const auto & [ctx, only] : contexts) {
+        const ott_kv_geom & g = mode.g;
+        const int32_t window = mode.window;
+        const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
         for (int B : { 1, 4, 8, 16, 32, 64 }) {
             if (only && B != only) continue;
             const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
@@ -652,9 +673,10 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
             const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);
             const int ffma = ott_cuda_attn_splits(g, 1, 0, a.n_tiles, n_sm, n_blocks);
             struct variant { int splits, prefetch, tc; };
-            std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 }, { ffma, 16, 0 } };
+            std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 } };
+            if (mode.variants) variants.push_back({ ffma, 16, 0 });
             for (int sp : { 1, 2, 4, 8, 16, 32 }) {
-                if (sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0, 1 });
+                if (mode.variants && sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0, 1 });
             }
             int most = 0;
             for (const auto & v : variants) most = std::max(most, v.splits);
@@ -675,10 +697,10 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
                                      + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
-                printf("{\"op\": \"attn\", \"mode\": \"ott2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
+                printf("{\"op\": \"attn\", \"mode\": \"%s\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
                        "\"splits\": %d, \"prefetch\": %d, \"tensor_cores\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, "
                        "\"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                       ctx, B, H, hd, sp, pf ? pf : 8, tc, sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs,
+                       mode.name, ctx, B, H, hd, sp, pf ? pf : 8, tc, sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs,
                        gbs / copy_gbs);
                 fflush(stdout);
             }

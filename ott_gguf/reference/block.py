@@ -11,7 +11,7 @@ Byte layout (all arrays C-contiguous, row-major):
                                                 LSB-first along slots (2 bits: byte j of row c
                                                 holds slots 4j..4j+3 of channel c)
     k_scale  fp16  [block/group_k, head_dim]    [g, c] = group g (slots g·group_k ..) of channel c
-    k_min    fp16  [block/group_k, head_dim]
+    k_min    fp16  [block/group_k, head_dim]    (scales uint8 and mins int8 with param_bits 8)
     v_codes  uint8 [block, head_dim·bits_v/8]   row t = slot t; its head_dim codes packed
                                                 LSB-first along channels
     v_scale  fp16  [block, head_dim/group_v]    [t, g] = channels g·group_v .. of slot t
@@ -36,7 +36,7 @@ from .quant import dequantize_groups, pack_codes, quantize_groups, unpack_codes
 class QuantBlock:
     pos0: int              # position of slot 0
     k_codes: np.ndarray    # uint8 [head_dim, block*bits_k/8]
-    k_scale: np.ndarray    # fp16  [block/group_k, head_dim]
+    k_scale: np.ndarray    # fp16  [block/group_k, head_dim] (uint8 / int8 with param_bits 8)
     k_min: np.ndarray      # fp16  [block/group_k, head_dim]
     v_codes: np.ndarray    # uint8 [block, head_dim*bits_v/8]
     v_scale: np.ndarray    # fp16  [block, head_dim/group_v]
@@ -74,9 +74,9 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
     """
     block, head_dim = k.shape
     kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)           # [head_dim, n_gk, group_k]
-    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip))
+    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
     vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)             # [block, n_gv, group_v]
-    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v, bool(cfg.clip))
+    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v, bool(cfg.clip), cfg.param_bits)
     return QuantBlock(
         pos0=pos0,
         k_codes=pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k),

@@ -33,6 +33,7 @@ class KVConfig:
     skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
     sink: int             # first tokens of a sequence kept in fp16 forever
     clip: int = 0         # 1: each group's range is the best of the clipped ones (quant.py)
+    param_bits: int = 16  # a group's scale and min: 16 (fp16) or 8 (ufp8 scale, int8 min; quant.py)
     rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
     rot_v: int = 0        # rotation of values, undone after attention: same kinds
 
@@ -52,7 +53,7 @@ class KVConfig:
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
                 f"keys and values are both fp16 (16) or both quantized")
         for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip", "rot_k", "rot_v"):
+                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v"):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
@@ -81,6 +82,10 @@ class KVConfig:
                 f"kv config: pool={self.pool} must be smaller than block={self.block}")
         if self.clip > 1:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
+        if self.param_bits not in (8, 16):
+            raise InvalidArgumentError(f"kv config: param_bits={self.param_bits} is not 16 (fp16) or 8")
+        if self.param_bits == 8 and self.clip:
+            raise InvalidArgumentError("kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)")
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) >= len(ROTATIONS):
                 raise InvalidArgumentError(
@@ -134,19 +139,29 @@ _OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32
             skip_layers=2, sink=0)
 _KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0,
              skip_layers=0, sink=0)
+# This project's caches (docs/results.md says how they were chosen): OTT's per-channel keys
+# and pools, values Hadamard-rotated in one group per head (capped at 128 channels), 8-bit
+# group parameters, no fp16 window beyond the block being filled.
+_OTTR = dict(_OTT, group_v=128, window=0, param_bits=8, rot_v=HADAMARD)
 
 PRESETS: dict[str, KVConfig] = {
     "f16": KVConfig(bits_k=16, bits_v=16, group_k=0, group_v=0, block=0, window=0, pool=0,
-                    extra_pool=0, skip_layers=0, sink=0),
+                    extra_pool=0, skip_layers=0, sink=0, param_bits=0),
     "kivi2": KVConfig(bits_k=2, bits_v=2, **_KIVI),
     "kivi4": KVConfig(bits_k=4, bits_v=4, **_KIVI),
     "ott2": KVConfig(bits_k=2, bits_v=2, **_OTT),
     "ott4": KVConfig(bits_k=4, bits_v=4, **_OTT),
+    "ottr2": KVConfig(bits_k=2, bits_v=2, **_OTTR),
+    "ottr3": KVConfig(bits_k=4, bits_v=2, **_OTTR),
 }
+# --kv auto: the recommended cache, the one near f16 quality (4-bit keys, 2-bit values)
+AUTO = "ottr3"
 
 
 def preset(name: str) -> KVConfig:
-    """The named KV mode (f16, kivi2, kivi4, ott2, ott4)."""
+    """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr3, or auto: AUTO's)."""
+    if name == "auto":
+        name = AUTO
     if name not in PRESETS:
-        raise InvalidArgumentError(f"kv mode {name!r} is not one of {', '.join(PRESETS)}")
+        raise InvalidArgumentError(f"kv mode {name!r} is not one of {', '.join(PRESETS)}, auto")
     return PRESETS[name]

@@ -44,6 +44,29 @@ candidate, in float32 operations as above:
 The first candidate with the least err wins (ties: the earlier, less narrowed one).
 Candidate 0 (c = 0) is exactly the min-max recipe above.
 
+8-bit parameters (param_bits=8)
+-------------------------------
+Scale and minimum take one byte each instead of two fp16 values:
+
+    scale  ufp8: the top 8 bits of an fp16 bit pattern of a value >= 0 (5 exponent and 3
+           mantissa bits), decode(s8) = f32(fp16 with bits s8 << 7); steps of 6-12 %
+    min    int8 z: min = f32(f32(z) * 0.25) * decode(s8)     (two f32 multiplications)
+
+Encoding from the group's min-max range (clipping does not apply):
+
+    t    = (f32(mx) - f32(mn)) / f32(2^b - 1)
+    h    = fp16(t), then the next fp16 up while f32(h) < t     (the least fp16 >= t)
+    s8   = max(1, ceil(h / 128))                               (the least ufp8 >= h, > 0)
+    z    = floor(f32(f32(mn) / s) * 4.0f)  with s = decode(s8)
+    while z is outside -128 .. 127: s8 += 1, z again           (a wider scale reaches mn)
+    codes as above with min and scale decoded: clamp(rint((f32(x) - min) * (1/s)), 0, 2^b - 1)
+
+Both are rounded outward: the scale up and the minimum down by less than a quarter step, so
+the levels still span [mn, mx] (the top one within a quarter step of mx) and no value is
+clipped; the error stays within half a step of the (slightly wider) scale. A group far from
+zero for its spread (|mn| > 32 steps) widens its scale until z reaches it; a constant group
+v gets the least scale that does, so it is stored to within |v|/128.
+
 Dequantization is `x̂ = code·scale + min`. It is not part of the bit-exact contract (native
 code may use an FMA); this module evaluates it in float64, where it is exact.
 
@@ -81,11 +104,38 @@ def _quantize_range(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.f
     return codes, scale, mn16
 
 
-def quantize_groups(x: np.ndarray, bits: int, clip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quantize each group (last axis) of fp16 `x`; clip: the best of the clipped ranges.
+def decode_scale8(s8: np.ndarray) -> np.ndarray:
+    """ufp8 scales (uint8 [...]) -> float32 [...]: fp16 with bit pattern s8 << 7."""
+    return (s8.astype(np.uint16) << 7).view(np.float16).astype(np.float32)
+
+
+def decode_min8(z: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """int8 minima with their float32 scales -> float32 [...]."""
+    return (z.astype(np.float32) * np.float32(0.25)) * scale
+
+
+def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """The ufp8 scale and int8 minimum of each range [mn, mx] (f32 [...]), by the recipe above."""
+    t = (mx - mn) / levels                                               # f32 [...]
+    h16 = t.astype(np.float16)
+    h = h16.view(np.uint16).astype(np.int64) + (h16.astype(np.float32) < t)        # least fp16 >= t
+    s8 = np.maximum(1, (h + 127) >> 7)                                   # least ufp8 >= h, > 0
+    while True:
+        s = decode_scale8(s8.astype(np.uint8))
+        z = np.floor((mn / s) * np.float32(4.0))
+        out = (z < -128) | (z > 127)
+        if not out.any():
+            return s8.astype(np.uint8), z.astype(np.int8)
+        s8 = s8 + out
+
+
+def quantize_groups(x: np.ndarray, bits: int, clip: bool = False,
+                    param_bits: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize each group (last axis) of fp16 `x`; clip: the best of the clipped ranges;
+    param_bits 8: one-byte scale (ufp8) and minimum (int8) as above.
 
     x:      fp16  [..., group]
-    return: codes uint8 [..., group], scale fp16 [...], min fp16 [...]
+    return: codes uint8 [..., group], scale [...] and min [...] (fp16, or uint8 and int8)
     """
     if x.dtype != np.float16:
         raise InvalidArgumentError(f"quantize_groups: input dtype {x.dtype} is not float16")
@@ -93,6 +143,13 @@ def quantize_groups(x: np.ndarray, bits: int, clip: bool = False) -> tuple[np.nd
     mn = xf.min(axis=-1)                                                 # f32 [...]
     mx = xf.max(axis=-1)                                                 # f32 [...]
     levels = np.float32(2**bits - 1)
+    if param_bits == 8:
+        s8, z = _params8(mn, mx, levels)
+        s32 = decode_scale8(s8)
+        inv = np.zeros_like(s32)
+        np.divide(np.float32(1.0), s32, out=inv, where=s32 != 0)
+        t = (xf - decode_min8(z, s32)[..., None]) * inv[..., None]
+        return np.clip(np.rint(t), 0, levels).astype(np.uint8), s8, z
     if not clip:
         return _quantize_range(xf, mn, mx, levels)
     width = mx - mn                                                      # f32 [...]
@@ -115,8 +172,12 @@ def quantize_groups(x: np.ndarray, bits: int, clip: bool = False) -> tuple[np.nd
 def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> np.ndarray:
     """x̂ = code·scale + min in float64 (exact).
 
-    codes uint8 [..., group], scale fp16 [...], mn fp16 [...] -> float64 [..., group]
+    codes uint8 [..., group], scale and mn fp16 [...] (or uint8 and int8: 8-bit parameters,
+    decoded as above) -> float64 [..., group]
     """
+    if scale.dtype == np.uint8:
+        s = decode_scale8(scale)
+        scale, mn = s, decode_min8(mn, s)
     return (codes.astype(np.float64) * scale.astype(np.float64)[..., None]
             + mn.astype(np.float64)[..., None])
 

@@ -118,6 +118,20 @@ OTT_INLINE float exp_nonpos(float x) {
     return x < -87.0f ? 0.0f : p * scale;
 }
 
+// n scales and minimums of a head-block's parameter arrays sc and mn from group i0, as floats
+// into s and m: fp16, or ufp8 and int8 (param_bits 8, kv_layout.h).
+void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n, float * s, float * m) {
+    if (g.param_bits == 8) {
+        for (int64_t j = 0; j < n; ++j) {
+            s[j] = ott_kv_scale8(sc[i0 + j]);
+            m[j] = ott_kv_min8((int8_t) mn[i0 + j], s[j]);
+        }
+        return;
+    }
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) sc + i0, s, n);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) mn + i0, m, n);
+}
+
 // ---- per-thread work memory -------------------------------------------------------------
 
 struct attn_ws {
@@ -299,15 +313,13 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
     const ott_kv_geom & g = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
-    const ott_fp16 * k_scale = (const ott_fp16 *) (hb + L.k_scale), * k_min = (const ott_fp16 *) (hb + L.k_min);
     const uint8_t * kcodes = hb + L.k_codes;
     const size_t krow = ott_kv_k_row_bytes(&g);
 
     // scores, one key group segment at a time: qs = q·scale, qm = q·min
     for (int32_t ta = t0; ta < t0 + n_t;) {
         const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
-        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k_scale + (size_t) gi * hd, w.ksc, hd);
-        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k_min + (size_t) gi * hd, w.kmn, hd);
+        params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t) gi * hd, hd, w.ksc, w.kmn);
         for (int32_t r = 0; r < rows; ++r) {
             const float * q = w.q + (size_t) r * hdp;
             float * qs = w.qs + (size_t) r * hdp;
@@ -327,8 +339,7 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
     softmax_tile(w, rows, n_t, dead, false);
 
     // values, one value group at a time: pw = p·scale, mt = Σ p·min
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
+    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t) t0 * n_gv, (int64_t) n_t * n_gv, w.vsc, w.vmn);
     const uint8_t * vcodes = hb + L.v_codes + (size_t) t0 * ott_kv_v_row_bytes(&g);
     for (int32_t gi = 0; gi < n_gv; ++gi) {
         for (int32_t r = 0; r < rows; ++r) {
@@ -358,8 +369,7 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
 
     // keys: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c]
     const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_scale) + (size_t) g0 * hd, w.ksc, (int64_t) (g1 - g0) * hd);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.k_min) + (size_t) g0 * hd, w.kmn, (int64_t) (g1 - g0) * hd);
+    params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t) g0 * hd, (int64_t) (g1 - g0) * hd, w.ksc, w.kmn);
     const size_t krow = ott_kv_k_row_bytes(&g);
     const uint8_t * kcodes = hb + L.k_codes + (size_t) t0 * g.bits_k / 8;
     for (int32_t c = 0; c < hd; ++c) {
@@ -373,8 +383,7 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
     }
 
     // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_scale) + (size_t) t0 * n_gv, w.vsc, (int64_t) n_t * n_gv);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (hb + L.v_min) + (size_t) t0 * n_gv, w.vmn, (int64_t) n_t * n_gv);
+    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t) t0 * n_gv, (int64_t) n_t * n_gv, w.vsc, w.vmn);
     const size_t vrow = ott_kv_v_row_bytes(&g);
     for (int32_t t = 0; t < n_t; ++t) {
         float * vt = w.vc + (size_t) t * w.hdp;

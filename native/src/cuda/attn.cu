@@ -39,6 +39,16 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 __device__ __forceinline__ float h2f(ott_fp16 x) { return __half2float(__ushort_as_half(x)); }
 
+// Scale and minimum i of a head-block's parameter arrays sc and mn: fp16, or a ufp8 scale
+// and an int8 minimum (param_bits 8, kv_layout.h).
+__device__ __forceinline__ float2 param_at(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
+    if (g.param_bits == 8) {
+        const float s = ott_kv_scale8(sc[i]);
+        return make_float2(s, ott_kv_min8((int8_t) mn[i], s));
+    }
+    return make_float2(h2f(((const ott_fp16 *) sc)[i]), h2f(((const ott_fp16 *) mn)[i]));
+}
+
 // acc[u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the 32/BITS codes u of word w (i: u's
 // index in its byte, gi: the group of u's byte among the word's NGW groups, 1 or 4). Each
 // byte is shifted to bits 15..22; one AND-OR per code makes the float.
@@ -170,39 +180,39 @@ __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const o
     return (size_t) nr * g.block * sizeof(float) + L.k_codes;
 }
 
-template <int HD, int BITS, int NR, int NGW, int PF>
+template <int HD, int BK, int BV, int NR, int NGW, int PF>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                               uint8_t * dyn) {
-    constexpr int TPW = 32 / BITS, CPB = 8 / BITS;   // codes per 32-bit word, per byte
-    constexpr int WV = HD * BITS / 32, NPHV = 32 / WV;  // words per value row, lanes per word
+    constexpr int TPK = 32 / BK, CPBK = 8 / BK;      // key codes per 32-bit word, per byte
+    constexpr int TPV = 32 / BV, CPBV = 8 / BV;      // value codes per 32-bit word, per byte
+    constexpr int WV = HD * BV / 32, NPHV = 32 / WV;    // words per value row, lanes per word
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
     const ott_kv_geom & g = L.geom;
     const int block = g.block, n_gv = HD / g.group_v;
-    const int Wk = block * BITS / 32, nphk = 32 / Wk;   // words per key row, lanes per word
+    const int Wk = block * BK / 32, nphk = 32 / Wk;     // words per key row, lanes per word
     const int jk = lane % Wk, phk = lane / Wk, cplk = HD / nphk;       // a lane's key word, its channels
     const int jv = lane % WV, phv = lane / WV, tplv = block / NPHV;    // a lane's value word, its slots
     const int c_first = phk * cplk, t_first = phv * tplv;
     int gk[NGW], gv[NGW];                            // groups of the lane's key slots / value channels
 #pragma unroll
     for (int gi = 0; gi < NGW; ++gi) {
-        const int first = gi * (TPW / NGW);
-        gk[gi] = (jk * TPW + first) / g.group_k;
-        gv[gi] = (jv * TPW + first) / g.group_v;
+        gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
+        gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
     }
     uint8_t * wsm = dyn + (size_t) warp * warp_smem_bytes(g, L.layout, NR);
     float * p_s = (float *) wsm;                     // [NR][block] this warp's probabilities
     uint8_t * sc_s = wsm + (size_t) NR * block * sizeof(float);
-    const ott_fp16 * ksc = (const ott_fp16 *) (sc_s + L.layout.k_scale);   // [block/group_k][HD]
-    const ott_fp16 * kmn = (const ott_fp16 *) (sc_s + L.layout.k_min);
-    const ott_fp16 * vsc = (const ott_fp16 *) (sc_s + L.layout.v_scale);   // [block][n_gv]
-    const ott_fp16 * vmn = (const ott_fp16 *) (sc_s + L.layout.v_min);
+    const uint8_t * ksc = sc_s + L.layout.k_scale;   // [block/group_k][HD] parameters
+    const uint8_t * kmn = sc_s + L.layout.k_min;
+    const uint8_t * vsc = sc_s + L.layout.v_scale;   // [block][n_gv]
+    const uint8_t * vmn = sc_s + L.layout.v_min;
 
     const int2 range = split_blocks(a, T);
     const int b0 = range.x, b1 = range.y;
 
     softmax_rows<NR> sm;
-    float accv[TPW][NR], sv[NGW][NR], mv[NGW][NR];
+    float accv[TPV][NR], sv[NGW][NR], mv[NGW][NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
         sm.m[r] = -INFINITY;
@@ -210,7 +220,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 #pragma unroll
         for (int gi = 0; gi < NGW; ++gi) sv[gi][r] = mv[gi][r] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < TPW; ++u) accv[u][r] = 0.0f;
+        for (int u = 0; u < TPV; ++u) accv[u][r] = 0.0f;
     }
 
     for (int b = b0 + warp; b < b1; b += WARPS) {
@@ -218,14 +228,14 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         const uint32_t * kc = (const uint32_t *) (hb + L.layout.k_codes);   // [HD][Wk]
         const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);   // [block][WV]
 
-        // keys: scores of slots jk*TPW .. jk*TPW+TPW-1 over the lane's channels, in s
-        float s[TPW][NR], off[NGW][NR], base[NGW][NR];
+        // keys: scores of slots jk*TPK .. jk*TPK+TPK-1 over the lane's channels, in s
+        float s[TPK][NR], off[NGW][NR], base[NGW][NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
 #pragma unroll
             for (int gi = 0; gi < NGW; ++gi) off[gi][r] = base[gi][r] = 0.0f;
 #pragma unroll
-            for (int u = 0; u < TPW; ++u) s[u][r] = 0.0f;
+            for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
         }
 #pragma unroll 1
         for (int c0 = 0; c0 < cplk; c0 += PF) {
@@ -244,7 +254,8 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 float qs[NGW][NR];
 #pragma unroll
                 for (int gi = 0; gi < NGW; ++gi) {
-                    const float ks = h2f(ksc[gk[gi] * HD + c]), km = h2f(kmn[gk[gi] * HD + c]);
+                    const float2 kp = param_at(g, ksc, kmn, gk[gi] * HD + c);
+                    const float ks = kp.x, km = kp.y;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
                         qs[gi][r] = S.q[r][c] * ks;
@@ -252,7 +263,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                         base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
                     }
                 }
-                fma_word<BITS, NR, NGW>(w[i], qs, s);
+                fma_word<BK, NR, NGW>(w[i], qs, s);
             }
         }
         const uint8_t * mask = hb + L.layout.mask;
@@ -264,12 +275,12 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 warp_sum_from(base[gi][r], Wk);
             }
 #pragma unroll
-            for (int u = 0; u < TPW; ++u) {
-                const int gi = group_of_byte<NGW>(u / CPB);
+            for (int u = 0; u < TPK; ++u) {
+                const int gi = group_of_byte<NGW>(u / CPBK);
                 warp_sum_from(s[u][r], Wk);
-                const int t = jk * TPW + u;
+                const int t = jk * TPK + u;
                 const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
-                s[u][r] = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BITS>(u) + base[gi][r];
+                s[u][r] = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
             }
         }
 
@@ -278,13 +289,13 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         for (int r = 0; r < NR; ++r) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < TPW; ++u) mx = fmaxf(mx, s[u][r]);
+            for (int u = 0; u < TPK; ++u) mx = fmaxf(mx, s[u][r]);
             for (int o = 1; o < Wk; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(sm.m[r], mx);
             const float corr = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
             float psum = 0.0f;
 #pragma unroll
-            for (int u = 0; u < TPW; ++u) {
+            for (int u = 0; u < TPK; ++u) {
                 s[u][r] = m_new == -INFINITY ? 0.0f : exp2f(s[u][r] - m_new);
                 psum += s[u][r];
             }
@@ -297,18 +308,18 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 mv[gi][r] *= corr;
             }
 #pragma unroll
-            for (int u = 0; u < TPW; ++u) accv[u][r] *= corr;
+            for (int u = 0; u < TPV; ++u) accv[u][r] *= corr;
         }
         if (phk == 0) {
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
 #pragma unroll
-                for (int u = 0; u < TPW; ++u) p_s[(size_t) r * block + jk * TPW + u] = s[u][r];
+                for (int u = 0; u < TPK; ++u) p_s[(size_t) r * block + jk * TPK + u] = s[u][r];
             }
         }
         __syncwarp();
 
-        // values: the lane's slots t_first .., channels jv*TPW .. jv*TPW+TPW-1
+        // values: the lane's slots t_first .., channels jv*TPV .. jv*TPV+TPV-1
 #pragma unroll 1
         for (int t0 = 0; t0 < tplv; t0 += PF) {
             uint32_t w[PF];
@@ -321,7 +332,8 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 float pv[NGW][NR];
 #pragma unroll
                 for (int gi = 0; gi < NGW; ++gi) {
-                    const float vs = h2f(vsc[t * n_gv + gv[gi]]), vm = h2f(vmn[t * n_gv + gv[gi]]);
+                    const float2 vp = param_at(g, vsc, vmn, t * n_gv + gv[gi]);
+                    const float vs = vp.x, vm = vp.y;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
                         const float p = p_s[(size_t) r * block + t];
@@ -330,7 +342,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                         mv[gi][r] = fmaf(p, vm, mv[gi][r]);
                     }
                 }
-                fma_word<BITS, NR, NGW>(w[i], pv, accv);
+                fma_word<BV, NR, NGW>(w[i], pv, accv);
             }
         }
         __syncwarp();
@@ -342,11 +354,11 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
-        for (int u = 0; u < TPW; ++u) {
-            const int gi = group_of_byte<NGW>(u / CPB);
-            float x = (accv[u][r] - sv[gi][r]) * code_weight<BITS>(u) + mv[gi][r];
+        for (int u = 0; u < TPV; ++u) {
+            const int gi = group_of_byte<NGW>(u / CPBV);
+            float x = (accv[u][r] - sv[gi][r]) * code_weight<BV>(u) + mv[gi][r];
             warp_sum_from(x, WV);
-            if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPW + u] = x;
+            if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPV + u] = x;
         }
     }
     put_state<HD, NR>(S, warp, sm);
@@ -526,11 +538,11 @@ __device__ __forceinline__ void wait_for_partials() {
 #endif
 }
 
-// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BITS 2)
+// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, 2 bits)
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower.
-template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
 __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
@@ -558,7 +570,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
-    else attend_blocks<HD, BITS, NR, NGW, PF>(a, T, S, dyn);
+    else attend_blocks<HD, BK, BV, NR, NGW, PF>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     write_partial<HD, NR>(a, S, (const float *) dyn, fv, T);
 }
@@ -603,12 +615,12 @@ size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
-template <int HD, int BITS, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
-    if constexpr (HD * BITS > 32 * 32) {             // a value row of more than 32 words: unsupported
+    if constexpr (HD * BV > 32 * 32) {             // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const auto kernel = attn_partial_kernel<HD, BITS, NR, NGW, PF, GKM, GVM>;
+        const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM>;
         const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
         if (smem > 48 * 1024) {
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
@@ -634,47 +646,50 @@ int kernel_rows(int32_t rows_per_tile) {
 }
 
 // one group per code word (groups of at least 32 bits of codes), else a group per byte
-template <int HD, int BITS, int NR>
+template <int HD, int BK, int BV, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
-    if constexpr (HD == imma::HD && BITS == 2) {
+    if constexpr (HD == imma::HD && BK == 2 && BV == 2) {
         if (imma_applies(g, a.tensor_cores, NR)) {
             // one key row and up to two or four value rows (decode with DESIGN's groups), else up to 8 each
             if constexpr (NR == 1) {
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2) return launch_partial<HD, BITS, 1, 1, 8, 1, 2>(a, stream, occ);
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4) return launch_partial<HD, BITS, 1, 1, 8, 1, 4>(a, stream, occ);
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2) return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4) return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4>(a, stream, occ);
             }
-            return launch_partial<HD, BITS, NR, 1, 8, 8, 8>(a, stream, occ);
+            return launch_partial<HD, BK, BV, NR, 1, 8, 8, 8>(a, stream, occ);
         }
     }
-    if (g.group_k * BITS >= 32 && g.group_v * BITS >= 32) {
+    if (g.group_k * BK >= 32 && g.group_v * BV >= 32) {
         if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
             switch (a.prefetch) {
-                case 16: return launch_partial<HD, BITS, 1, 1, 16>(a, stream, occ);
-                case 32: return launch_partial<HD, BITS, 1, 1, 32>(a, stream, occ);
-                default: return launch_partial<HD, BITS, 1, 1, 8>(a, stream, occ);
+                case 16: return launch_partial<HD, BK, BV, 1, 1, 16>(a, stream, occ);
+                case 32: return launch_partial<HD, BK, BV, 1, 1, 32>(a, stream, occ);
+                default: return launch_partial<HD, BK, BV, 1, 1, 8>(a, stream, occ);
             }
         }
-        return launch_partial<HD, BITS, NR, 1, 16>(a, stream, occ);
+        return launch_partial<HD, BK, BV, NR, 1, 16>(a, stream, occ);
     }
-    return launch_partial<HD, BITS, NR, 4, 16>(a, stream, occ);
+    return launch_partial<HD, BK, BV, NR, 4, 16>(a, stream, occ);
 }
 
-template <int HD, int BITS>
+template <int HD, int BK, int BV>
 cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
     switch (nr) {
-        case 1:  return launch_groups<HD, BITS, 1>(a, stream, occ);
-        case 2:  return launch_groups<HD, BITS, 2>(a, stream, occ);
-        default: return launch_groups<HD, BITS, 4>(a, stream, occ);
+        case 1:  return launch_groups<HD, BK, BV, 1>(a, stream, occ);
+        case 2:  return launch_groups<HD, BK, BV, 2>(a, stream, occ);
+        default: return launch_groups<HD, BK, BV, 4>(a, stream, occ);
     }
 }
 
+// Key and value widths: equal, or 4-bit keys with 2-bit values (ott_cuda_attn_unsupported).
 template <int HD>
 cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
-    switch (a.L.geom.bits_k) {
-        case 2:  return launch_rows<HD, 2>(a, nr, stream, occ);
-        case 4:  return launch_rows<HD, 4>(a, nr, stream, occ);
-        default: return launch_rows<HD, 8>(a, nr, stream, occ);
+    const ott_kv_geom & g = a.L.geom;
+    if (g.bits_k == 4 && g.bits_v == 2) return launch_rows<HD, 4, 2>(a, nr, stream, occ);
+    switch (g.bits_k) {
+        case 2:  return launch_rows<HD, 2, 2>(a, nr, stream, occ);
+        case 4:  return launch_rows<HD, 4, 4>(a, nr, stream, occ);
+        default: return launch_rows<HD, 8, 8>(a, nr, stream, occ);
     }
 }
 
@@ -692,7 +707,7 @@ cudaError_t dispatch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, 
 
 const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
     if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return "head_dim must be 64, 128 or 256";
-    if (g.bits_k != g.bits_v) return "bits_k and bits_v must be equal";
+    if (g.bits_k != g.bits_v && !(g.bits_k == 4 && g.bits_v == 2)) return "bits_k and bits_v must be equal, or 4 and 2";
     if (g.bits_k != 2 && g.bits_k != 4 && g.bits_k != 8) return "bits must be 2, 4 or 8";
     if (g.block * g.bits_k % 32 || !pow2_upto_32(g.block * g.bits_k / 32)) return "block*bits/32 must be a power of two up to 32";
     if (!pow2_upto_32(g.head_dim * g.bits_v / 32)) return "head_dim*bits/32 must be a power of two up to 32";

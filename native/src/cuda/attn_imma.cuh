@@ -2,7 +2,7 @@
 // head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
 // sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by attn.cu
 // after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
-// head_block, WARPS, h2f).
+// head_block, WARPS, param_at).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
 //  - Each warp copies its head-blocks into shared memory with cp.async in two parts: the
@@ -346,10 +346,10 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         copy_part(wsm, head_block(L, T, blk), L.layout, false, lane);
         wait_all_but_newest();                       // the keys' part
         __syncwarp();
-        const ott_fp16 * ksc = (const ott_fp16 *) (hb + L.layout.k_scale);   // [n_gk][HD]
-        const ott_fp16 * kmn = (const ott_fp16 *) (hb + L.layout.k_min);
-        const ott_fp16 * vsc = (const ott_fp16 *) (hb + L.layout.v_scale);   // [BLOCK][n_gv]
-        const ott_fp16 * vmn = (const ott_fp16 *) (hb + L.layout.v_min);
+        const uint8_t * ksc = hb + L.layout.k_scale;   // [n_gk][HD] parameters
+        const uint8_t * kmn = hb + L.layout.k_min;
+        const uint8_t * vsc = hb + L.layout.v_scale;   // [BLOCK][n_gv]
+        const uint8_t * vmn = hb + L.layout.v_min;
 
         // keys: A row c = (r, group) is q_r·scale over channels lane + 32i; kbase[c] its sum q_r·min
         float x[8][4], kbase[8];
@@ -365,8 +365,9 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             for (int i = 0; i < 4; ++i) {
                 const int ch = lane + 32 * i;
                 const float qc = S.q[r][ch];
-                x[c][i] = qc * h2f(ksc[gi * HD + ch]);
-                kbase[c] = fmaf(qc, h2f(kmn[gi * HD + ch]), kbase[c]);
+                const float2 kp = param_at(L.geom, ksc, kmn, gi * HD + ch);
+                x[c][i] = qc * kp.x;
+                kbase[c] = fmaf(qc, kp.y, kbase[c]);
                 E[c] = max(E[c], exp_bits(x[c][i]));
             }
         }
@@ -455,8 +456,9 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int t = lane + 32 * i;
-                x[c][i] = pr[i] * h2f(vsc[t * n_gv + gi]);
-                pm = fmaf(pr[i], h2f(vmn[t * n_gv + gi]), pm);
+                const float2 vp = param_at(L.geom, vsc, vmn, t * n_gv + gi);
+                x[c][i] = pr[i] * vp.x;
+                pm = fmaf(pr[i], vp.y, pm);
                 E[c] = max(E[c], exp_bits(x[c][i]));
             }
             vmin[c] = fmaf(vmin[c], pick<NR>(corr, r), pm);

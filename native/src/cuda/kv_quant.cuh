@@ -66,8 +66,26 @@ static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
     return (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
 }
 
+static __device__ void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s, float * m) {
+    const float t = __fdiv_rn(__fsub_rn(mx, mn), levels);
+    uint32_t h = ott_fp32_to_fp16_ref(t);
+    if (ott_fp16_to_fp32_ref((ott_fp16) h) < t) h++;                   /* the least fp16 >= t */
+    uint32_t s8 = (h + 127) >> 7;                                      /* the least ufp8 >= h */
+    if (s8 == 0) s8 = 1;
+    for (;; ++s8) {                                                    /* widen until z reaches mn */
+        *s = ott_kv_scale8((uint8_t) s8);
+        const float z = floorf(__fmul_rn(__fdiv_rn(mn, *s), 4.0f));
+        if (z >= -128.0f && z <= 127.0f) {
+            *s8_out = (uint8_t) s8;
+            *z_out = (int8_t) z;
+            *m = __fmul_rn(__fmul_rn((float) (int8_t) z, 0.25f), *s);
+            return;
+        }
+    }
+}
+
 static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                                              uint8_t * codes, ott_fp16 * scale, ott_fp16 * min) {
+                                              int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min) {
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
         const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
@@ -75,6 +93,13 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
         mx = xi > mx ? xi : mx;
     }
     const float levels = (float) ((1 << bits) - 1);
+    if (param_bits == 8) {
+        float s, m;
+        params8(mn, mx, levels, scale, (int8_t *) min, &s, &m);
+        const float inv = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+        for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m, inv, levels);
+        return;
+    }
     const float width = __fsub_rn(mx, mn);
     ott_fp16 s16, m16;
     float inv;
@@ -105,8 +130,8 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
     range_params(lo, hi, levels, &s16, &m16, &inv);
     const float m32 = ott_fp16_to_fp32_ref(m16);
     for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
-    *scale = s16;
-    *min = m16;
+    scale[0] = (uint8_t) (s16 & 0xff); scale[1] = (uint8_t) (s16 >> 8);
+    min[0] = (uint8_t) (m16 & 0xff);   min[1] = (uint8_t) (m16 >> 8);
 }
 
 static __device__ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
@@ -172,30 +197,29 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
                                               const uint8_t * masked, uint8_t * out, uint8_t * codes) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
-    ott_fp16 * k_scale = (ott_fp16 *) (out + L.k_scale);
-    ott_fp16 * k_min   = (ott_fp16 *) (out + L.k_min);
-    ott_fp16 * v_scale = (ott_fp16 *) (out + L.v_scale);
-    ott_fp16 * v_min   = (ott_fp16 *) (out + L.v_min);
+    const uint32_t pb = ott_kv_param_bytes(g);
 
     for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *) out)[i] = 0;
     __syncthreads();
-    /* keys: row c = channel c, groups of group_k slots */
+    /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
     for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
         uint8_t * row = codes + (size_t) c * block;
         for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                   row + gk * g->group_k, &k_scale[gk * hd + c], &k_min[gk * hd + c]);
+            const size_t at = ((size_t) gk * hd + c) * pb;
+            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip, g->param_bits,
+                                   row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
         }
         ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t) c * ott_kv_k_row_bytes(g));
     }
     __syncthreads();
-    /* values: row t = slot t, groups of group_v channels */
+    /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
     const int32_t n_gv = hd / g->group_v;
     for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
         uint8_t * row = codes + (size_t) t * hd;
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
-                                   row + gv * g->group_v, &v_scale[t * n_gv + gv], &v_min[t * n_gv + gv]);
+            const size_t at = ((size_t) t * n_gv + gv) * pb;
+            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip, g->param_bits,
+                                   row + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
         }
         ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t) t * ott_kv_v_row_bytes(g));
     }

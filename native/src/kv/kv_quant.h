@@ -17,6 +17,11 @@
  *        err   = sum over the group, in element order, of double(e)*double(e) in double,
  *                e = (code * f32(scale) + f32(min)) - f32(x)   (three float operations)
  *    and the first candidate of least err is kept; candidate 0 is the min-max recipe.
+ *  - 8-bit parameters (geom param_bits = 8), from the min-max range:
+ *        t = (mx - mn) / f32(2^b - 1);  h = fp16(t), +1 while f32(h) < t
+ *        s8 = max(1, ceil(h / 128));  s = ott_kv_scale8(s8)
+ *        z = floor((mn / s) * 4.0f), and while z is outside -128..127: s8 += 1, again
+ *        m = ott_kv_min8(z, s);  code = clamp(rint((f32(x) - m) * (1.0f / s)), 0, 2^b - 1)
  *  - L1 score of a key: the exact sum of |k_c|, as an integer count of 2^-24 (every fp16
  *    value is one), so any summation order gives the same number.
  *  - Pool selection: the `capacity` candidates with the smallest score; equal scores go to
@@ -41,9 +46,11 @@ float    ott_fp16_to_fp32_ref(ott_fp16 h);
 ott_fp16 ott_fp32_to_fp16_ref(float f);
 
 /* Quantize one group of n fp16 values read at x[i*stride] over its whole range (clip = 0)
- * or the best clipped one (clip = 1): codes uint8 [n] (unpacked), *scale and *min fp16. */
-void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                            uint8_t * codes, ott_fp16 * scale, ott_fp16 * min);
+ * or the best clipped one (clip = 1, fp16 parameters only): codes uint8 [n] (unpacked); the
+ * scale and min written at scale and min: fp16 (param_bits 16) or one byte each, a ufp8
+ * scale and an int8 z (param_bits 8, kv_layout.h). */
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip, int32_t param_bits,
+                            uint8_t * codes, uint8_t * scale, uint8_t * min);
 
 /* Pack n codes LSB-first: code i goes to byte i*bits/8 at bit (i % (8/bits))*bits.
  * out: uint8 [n*bits/8]; n*bits must be a multiple of 8. */
