@@ -309,7 +309,8 @@ def tiny_llama_checkpoint(directory: Path, rng: np.random.Generator, rope_scalin
 # Weights are drawn here (numpy, fixed seeds), so a checkpoint is the same wherever it is built
 # and its llama.cpp results can be kept as fixtures. Projections ~ N(0, 1/n_in) and embeddings
 # ~ N(0, 1) keep activations at unit scale, so attention is far from uniform and the logits
-# differ between positions; norm weights ~ 1 (Gemma's ~ 0: it multiplies by 1 + w).
+# differ between positions (Gemma's embedding ~ N(0, 1/n_embd): it is scaled by sqrt(n_embd)
+# and tied to the output); norm weights ~ 1 (Gemma's ~ 0: it multiplies by 1 + w).
 
 GEMMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
@@ -335,15 +336,16 @@ GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}
                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def _random_weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], norm_mean: float) -> dict[str, np.ndarray]:
+def _random_weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], norm_mean: float,
+                    embed_std: float = 1.0) -> dict[str, np.ndarray]:
     """HF name -> float32 values exact in bfloat16: 1-D tensors are norms around norm_mean,
-    the embedding ~ N(0, 1), matrices ~ N(0, 1/n_in)."""
+    the embedding ~ N(0, embed_std²), matrices ~ N(0, 1/n_in)."""
     out = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
             a = norm_mean + 0.1 * rng.standard_normal(shape)
         elif "embed_tokens" in name:
-            a = rng.standard_normal(shape)
+            a = embed_std * rng.standard_normal(shape)
         else:
             a = rng.standard_normal(shape) / np.sqrt(shape[1])
         out[name] = (np.asarray(a, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
@@ -412,7 +414,7 @@ def tiny_gemma3_checkpoint(directory: Path, seed: int = 4, sliding_window: int =
               "final_logit_softcapping": None, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
               "pad_token_id": 0, "torch_dtype": "bfloat16"}
     turns = {str(i): {"content": t, "special": True} for i, (t, _, _) in enumerate(GEMMA3_SPM_PIECES) if "_of_turn" in t}
-    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 0.0), config, {
+    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 0.0, 1 / np.sqrt(e)), config, {
         "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
         "pad_token": "<pad>", "added_tokens_decoder": turns, "chat_template": GEMMA3_TEMPLATE}, bf16=True)
     write_sentencepiece_model(directory / "tokenizer.model", GEMMA3_SPM_PIECES)

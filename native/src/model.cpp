@@ -203,11 +203,14 @@ ott_status read_swa(ott_model * m) {
         hp.swa_layers.assign(hp.n_layer, 1);
     } else if (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_ARRAY) {
         const gguf_type t = gguf_get_arr_type(g, id);
-        if ((t != GGUF_TYPE_BOOL && t != GGUF_TYPE_UINT8 && t != GGUF_TYPE_INT8) || (int64_t) gguf_get_arr_n(g, id) != hp.n_layer) {
+        const bool wide = t == GGUF_TYPE_INT32 || t == GGUF_TYPE_UINT32;
+        if ((t != GGUF_TYPE_BOOL && !wide) || (int64_t) gguf_get_arr_n(g, id) != hp.n_layer) {
             return ott_fail(OTT_ERR_FORMAT, "%s: '%s' must be an array of %d booleans", m->path.c_str(), key.c_str(), hp.n_layer);
         }
-        const uint8_t * flags = (const uint8_t *) gguf_get_arr_data(g, id);
-        for (int il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = flags[il] != 0;
+        const void * flags = gguf_get_arr_data(g, id);
+        for (int il = 0; il < hp.n_layer; ++il) {
+            hp.swa_layers[il] = wide ? ((const int32_t *) flags)[il] != 0 : ((const int8_t *) flags)[il] != 0;
+        }
     } else {
         int32_t n_pattern = 6;
         if (id >= 0) OTT_TRY(require_int(m, key, 0, hp.n_layer, n_pattern));
@@ -567,5 +570,15 @@ extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * o
     out->weight_bytes    = m->weight_bytes;
     if (m->cuda_device >= 0) snprintf(out->device, sizeof(out->device), "cuda:%d", m->cuda_device);
     else snprintf(out->device, sizeof(out->device), "cpu");
+    out->n_swa           = hp.n_swa;
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_model_layer_window(const ott_model * m, int32_t il, int32_t * out) {
+    if (!m || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_model_layer_window: null argument");
+    if (il < 0 || il >= m->hparams.n_layer) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "layer %d is outside [0, %d)", il, m->hparams.n_layer);
+    }
+    *out = m->hparams.is_swa(il) ? m->hparams.n_swa : 0;
     return OTT_OK;
 }

@@ -14,10 +14,11 @@
 #include <vector>
 
 // A ring of `rows` rows per sequence, holding the last `rows` positions of a sequence of
-// n_held tokens, still holds every position that a query at `pos` attends to with a window of
-// n_swa positions (n_swa = 0: no window, and nothing is ever overwritten).
+// n_held tokens, still holds every earlier position that a query at `pos` attends to with a
+// window of n_swa positions: pos - n_swa + 1 .. pos - 1 (none at pos 0; n_swa = 0: no window,
+// and nothing is ever overwritten).
 inline bool ott_kv_ring_holds(int32_t n_swa, int32_t rows, int32_t n_held, int32_t pos) {
-    return n_swa == 0 || std::max(0, pos - n_swa + 1) >= n_held - rows;
+    return pos == 0 || n_swa == 0 || std::max(0, pos - n_swa + 1) >= n_held - rows;
 }
 
 // Rows per sequence of the fp16 cache for a shape: shape.n_ctx, padded on a GPU.
