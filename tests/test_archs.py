@@ -5,11 +5,16 @@ same GGUF files (fixtures/llamacpp_tiny_archs.json); every KV mode on each; the 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from ott_gguf.errors import UnsupportedError
+from gguf import GGUFValueType
+
+import convert
+from make_gguf import write_copy
+from ott_gguf.errors import ModelFileError, UnsupportedError
 from ott_gguf.model import Model, Weights
 from ott_gguf.perplexity import perplexity
 from ott_gguf.reference.config import PRESETS
@@ -140,6 +145,39 @@ def test_ring_cannot_truncate_into_dropped_positions(ggufs):
     assert model.seq_len(0) == N_PROMPT - 4
     model.truncate(0, 0)
     assert model.seq_len(0) == 0
+
+
+@pytest.mark.parametrize("name, keys, drop, words", [
+    ("gemma3", {"gemma3.attention.sliding_window_pattern": ([True, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)}, (),
+     "'gemma3.attention.sliding_window_pattern' must be an array of 4 booleans"),
+    ("gemma3", {}, ("blk.1.attn_q_norm.weight",), "tensor 'blk.1.attn_q_norm.weight' is missing"),
+    ("gemma3", {"gemma3.rope.scaling.type": ("longrope", GGUFValueType.STRING, None)}, (),
+     "rope scaling type 'longrope' is not supported"),
+    ("phi3", {}, ("rope_factors_short.weight",), "tensor 'rope_factors_short.weight' is missing"),
+])
+def test_unsupported_file_is_one_error_naming_it(ggufs, tmp_path, name, keys, drop, words):
+    bad = write_copy(ggufs[0][name], tmp_path / "bad.gguf", keys=keys, drop=drop)
+    with pytest.raises((ModelFileError, UnsupportedError)) as e:
+        Weights(bad)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, change, error, words", [
+    ("gemma3", {"query_pre_attn_scalar": 256}, UnsupportedError, "query_pre_attn_scalar = 256 is not supported"),
+    ("gemma3", {"hidden_activation": "gelu"}, UnsupportedError, "hidden_activation 'gelu' is not supported"),
+    ("phi3", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, ModelFileError,
+     "expected 4 (half the rotated dimensions)"),
+])
+def test_converter_refuses_what_gguf_cannot_say(ggufs, tmp_path, name, change, error, words):
+    directory = ggufs[1] / name
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **change}))
+    try:
+        with pytest.raises(error, match=re.escape(words)):
+            convert.convert(str(directory), tmp_path / "out.gguf")
+    finally:
+        (directory / "config.json").write_text(json.dumps(config))
+    assert not (tmp_path / "out.gguf").exists()
 
 
 @pytest.mark.slow
