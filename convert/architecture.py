@@ -22,13 +22,13 @@ class Architecture:
     gguf_arch: MODEL_ARCH
     # values transformers' config class assumes for keys config.json may leave out
     config_defaults: dict[str, Any] = {}
+    # the weights of every layer
+    layer_tensors: tuple[MODEL_TENSOR, ...] = (T.ATTN_NORM, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_NORM,
+                                               T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
     # biases that every layer must have (besides the weights)
     required_biases: tuple[MODEL_TENSOR, ...] = ()
     # rope_scaling types of config.json this architecture converts
     rope_scaling_types: tuple[str, ...] = ("linear", "yarn")
-    # llama.cpp writes tokenizer.ggml.add_space_prefix from tokenizer_config's add_prefix_space
-    # for llama-family models only
-    writes_add_space_prefix = False
 
     def __init__(self, hparams: HParams):
         self.hparams = hparams
@@ -37,9 +37,19 @@ class Architecture:
             raise UnsupportedError(f"{hparams.path}: rope scaling '{rope_type}' is not supported for "
                                    f"{hparams.architecture} (supported: {', '.join(self.rope_scaling_types)})")
 
+    @classmethod
+    def prepare_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """config.json over the defaults, in the flat form parse_hparams reads."""
+        return {**cls.config_defaults, **config}
+
     @property
     def name(self) -> str:
         return MODEL_ARCH_NAMES[self.gguf_arch]
+
+    def space_prefix(self, stated: bool | None, vocab_model: str) -> bool | None:
+        """tokenizer.ggml.add_space_prefix to write (None: none), given tokenizer_config's
+        add_prefix_space (None when it says nothing) and tokenizer.ggml.model."""
+        return None
 
     # ---- metadata -------------------------------------------------------------------------
 
@@ -84,6 +94,8 @@ class Architecture:
         n_q = hp.n_head * hp.n_embd_head       # rows of Wq
         n_kv = hp.n_head_kv * hp.n_embd_head   # rows of Wk, Wv
         if suffix == ".weight":
+            if kind not in self.layer_tensors and kind not in (T.TOKEN_EMBD, T.OUTPUT, T.OUTPUT_NORM):
+                return None
             return {
                 T.TOKEN_EMBD: (hp.n_vocab, hp.n_embd),
                 T.OUTPUT: (hp.n_vocab, hp.n_embd),
@@ -92,12 +104,20 @@ class Architecture:
                 T.ATTN_Q: (n_q, hp.n_embd),
                 T.ATTN_K: (n_kv, hp.n_embd),
                 T.ATTN_V: (n_kv, hp.n_embd),
+                T.ATTN_QKV: (n_q + 2 * n_kv, hp.n_embd),
                 T.ATTN_OUT: (hp.n_embd, n_q),
+                T.ATTN_Q_NORM: (hp.n_embd_head,),
+                T.ATTN_K_NORM: (hp.n_embd_head,),
+                T.ATTN_POST_NORM: (hp.n_embd,),
                 T.FFN_NORM: (hp.n_embd,),
+                T.FFN_PRE_NORM: (hp.n_embd,),
+                T.FFN_POST_NORM: (hp.n_embd,),
                 T.FFN_GATE: (hp.n_ff, hp.n_embd),
                 T.FFN_UP: (hp.n_ff, hp.n_embd),
                 T.FFN_DOWN: (hp.n_embd, hp.n_ff),
             }.get(kind)
+        if kind not in self.required_biases:
+            return None
         return {T.ATTN_Q: (n_q,), T.ATTN_K: (n_kv,), T.ATTN_V: (n_kv,), T.ATTN_OUT: (hp.n_embd,)}.get(kind)
 
     def required_tensors(self) -> list[str]:
@@ -105,14 +125,14 @@ class Architecture:
         names = ["token_embd.weight", "output_norm.weight"]
         if not self.hparams.tie_word_embeddings:
             names.append("output.weight")
-        per_layer = [T.ATTN_NORM, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_NORM, T.FFN_GATE, T.FFN_UP, T.FFN_DOWN]
         for il in range(self.hparams.n_layer):
-            names += [TENSOR_NAMES[k].format(bid=il) + ".weight" for k in per_layer]
+            names += [TENSOR_NAMES[k].format(bid=il) + ".weight" for k in self.layer_tensors]
             names += [TENSOR_NAMES[k].format(bid=il) + ".bias" for k in self.required_biases]
         return names
 
     def transform(self, kind: MODEL_TENSOR, data: np.ndarray) -> np.ndarray:
-        """Rearrange one source tensor (any dtype, shape kept) before it is encoded."""
+        """Rearrange or change one source tensor before it is encoded: float32, float16, or
+        uint16 bfloat16 bits in, the same or float32 out (outtype.source_dtype); shape kept."""
         return data
 
     def extra_tensors(self) -> dict[str, np.ndarray]:

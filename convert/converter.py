@@ -44,7 +44,7 @@ def convert(src: str, out: str | Path, outtype: str = "f16", revision: str | Non
     def add_metadata(w) -> None:
         add_general(w, name, OUTTYPES[outtype][1], tensors, directory)
         arch.add_parameters(w)
-        add_vocab(w, vocab, arch.writes_add_space_prefix)
+        add_vocab(w, vocab, arch.space_prefix(vocab.add_space_prefix, vocab.model))
 
     write_gguf(out, arch.name, add_metadata, tensors, lambda t: t.produce(arch))
     return out

@@ -53,7 +53,9 @@ class Llama(Architecture):
     gguf_arch = MODEL_ARCH.LLAMA
     config_defaults = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048}
     rope_scaling_types = ("linear", "yarn", "llama3")
-    writes_add_space_prefix = True
+
+    def space_prefix(self, stated: bool | None, vocab_model: str) -> bool | None:
+        return stated   # llama.cpp writes tokenizer_config's add_prefix_space for llama-family models
 
     def add_parameters(self, w: GGUFWriter) -> None:
         super().add_parameters(w)

@@ -38,6 +38,20 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+# numpy dtype of a loaded source array -> the dtype name it stands for (source.py)
+SOURCE_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.uint16): "BF16"}
+
+
+def source_dtype(data: np.ndarray) -> str:
+    """"F32", "F16" or "BF16" (raw uint16 bits) for an array as source.py loads them."""
+    return SOURCE_DTYPES[data.dtype.newbyteorder("=")]
+
+
+def to_f32(data: np.ndarray) -> np.ndarray:
+    """A loaded source array (float32, float16 or bfloat16 bits) as float32."""
+    return bf16_bits_to_f32(data) if source_dtype(data) == "BF16" else data.astype(np.float32)
+
+
 # elements encoded per step: the float32 temporaries of a conversion stay at a few MiB
 CHUNK_ELEMENTS = 1 << 22
 

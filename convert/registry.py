@@ -25,11 +25,11 @@ def register(*hf_names: str) -> Callable[[A], A]:
 def architecture_for(config: dict[str, Any], path: Path) -> Architecture:
     """The architecture named by config.json (at `path`), with its hyperparameters."""
     # the modules register themselves on import
-    from . import llama, qwen2  # noqa: F401
+    from . import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401
 
     name = config["architectures"][0]
     cls = ARCHITECTURES.get(name)
     if cls is None:
         raise UnsupportedError(f"{path}: architecture {name} is not supported "
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return cls(parse_hparams({**cls.config_defaults, **config}, path))
+    return cls(parse_hparams(cls.prepare_config(config), path))

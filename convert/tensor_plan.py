@@ -14,7 +14,7 @@ from gguf import MODEL_TENSOR, GGMLQuantizationType, get_tensor_name_map
 from ott_gguf.errors import ModelFileError, UnsupportedError
 
 from .architecture import Architecture
-from .outtype import encode, tensor_nbytes, tensor_type
+from .outtype import encode, source_dtype, tensor_nbytes, tensor_type
 from .source import TensorRef
 
 # recomputed by every runtime from the rope base; HF stores them as buffers in old checkpoints
@@ -39,7 +39,7 @@ class PlannedTensor:
         if self.source is None:
             return encode(self.computed, "F32", self.qtype)
         data = arch.transform(self.kind, self.source.load())
-        return encode(data, self.source.dtype, self.qtype)
+        return encode(data, source_dtype(data), self.qtype)
 
 
 def plan_tensors(arch: Architecture, tensors: dict[str, TensorRef], outtype: str, where: Path) -> list[PlannedTensor]:

@@ -53,7 +53,8 @@ def load_vocab(directory: Path, n_vocab: int, config: dict[str, Any]) -> Vocab:
     return Vocab("gpt2", pre, tokens, types, None, merges, special, add_space_prefix)
 
 
-def add_vocab(w: GGUFWriter, vocab: Vocab, with_add_space_prefix: bool) -> None:
+def add_vocab(w: GGUFWriter, vocab: Vocab, add_space_prefix: bool | None) -> None:
+    """add_space_prefix: the tokenizer.ggml.add_space_prefix to write (None: none)."""
     w.add_tokenizer_model(vocab.model)
     w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
@@ -62,8 +63,8 @@ def add_vocab(w: GGUFWriter, vocab: Vocab, with_add_space_prefix: bool) -> None:
     w.add_token_types(vocab.types)
     if vocab.merges:
         w.add_token_merges(vocab.merges)
-    if with_add_space_prefix and vocab.add_space_prefix is not None:
-        w.add_add_space_prefix(vocab.add_space_prefix)
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
     for typ, tid in vocab.special.ids.items():
         getattr(w, f"add_{typ}_token_id")(tid)
     for typ, add in vocab.special.add.items():

@@ -60,12 +60,13 @@ class _Sums:
     def __init__(self, n_layer: int, n_head_kv: int, d: int):
         self.x = np.zeros((n_layer, n_head_kv, d))
         self.xx = np.zeros((n_layer, n_head_kv, d, d))
-        self.n = 0
+        self.n = np.zeros((n_layer, n_head_kv), dtype=np.int64)  # vectors summed (a local layer's ring holds fewer)
 
     def add(self, il: int, h: int, rows: np.ndarray) -> None:
         r = rows.astype(np.float64)                               # [n, d]
         self.x[il, h] += r.sum(axis=0)
         self.xx[il, h] += r.T @ r
+        self.n[il, h] += len(r)
 
 
 def collect(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs: int = 16,
@@ -105,7 +106,7 @@ def collect(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs:
             rots, centres = np.empty((L, H, d, d)), np.empty((L, H, d))
             for il in range(L):
                 for h in range(H):
-                    rots[il, h], centres[il, h] = principal_rotation(s.x[il, h], s.xx[il, h], n,
+                    rots[il, h], centres[il, h] = principal_rotation(s.x[il, h], s.xx[il, h], int(s.n[il, h]),
                                                                      hadamard(d, il, h, kind == "v"))
             out[kind] = (rots.astype(np.float32), centres.astype(np.float32))
         return Calibration(info.arch, f"{model.fingerprint():016x}", n, text_name, *out["k"], *out["v"])

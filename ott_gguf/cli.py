@@ -252,10 +252,22 @@ def _kv_config(args):
     return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS}, **rotations)
 
 
-def _kv_description(model, n_ctx: int | None = None) -> str:
-    fp = model.kv_footprint(n_ctx)
-    return (f"{model.kv}: {fp.bytes_per_token_per_layer:.1f} bytes per token per layer, "
+def _kv_description(kv: str, fp) -> str:
+    return (f"{kv}: {fp.bytes_per_token_per_layer:.1f} bytes per token per layer, "
             f"{fp.bits_per_element:.2f} bits per element at {fp.n_ctx} tokens (everything counted)")
+
+
+def _layer_kinds(weights, n_ctx: int) -> str:
+    """The layer count, and which layers are local (an fp16 ring of their window) at n_ctx."""
+    local = weights.local_layers(n_ctx)
+    n = weights.info.n_layer
+    if not local:
+        window = weights.info.n_swa
+        return f"{n}" + (f" (sliding window of {window} tokens, not shorter than the context: all global)" if window else "")
+    glob = [il for il in range(n) if il not in local]
+    listed = ", ".join(map(str, glob)) if glob else "none"
+    return (f"{n}: {len(local)} local (sliding window of {weights.info.n_swa} tokens, fp16 ring), "
+            f"{len(glob)} global ({listed})")
 
 
 def _sampling(args):
@@ -341,11 +353,15 @@ _ROPE_NAMES = {0: "normal", 2: "neox"}
 
 
 def cmd_info(args) -> int:
+    from .reference.footprint import ring_rows
+
     model = _load(args, _NO_EVAL_CTX)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size
     n_ctx = args.ctx_size or info.n_ctx_train
-    kv_per_token = model.kv_bytes_per_token(n_ctx)
+    fp = model.weights.kv_footprint(model.kv_config, n_ctx, n_ctx, model.n_ubatch)   # a context of n_ctx tokens
+    kv_per_token = int(round(fp.bytes_per_token_per_layer * info.n_layer))
+    local = model.weights.local_layers(n_ctx)
     rows = [
         ("file", f"{model.path} ({file_bytes / 2**20:.1f} MiB)"),
         ("name", meta.get("general.name", "-")),
@@ -353,7 +369,7 @@ def cmd_info(args) -> int:
         ("parameters", f"{info.n_params / 1e6:.2f} M (weights {info.weight_bytes / 2**20:.1f} MiB, "
                        f"{8 * info.weight_bytes / info.n_params:.2f} bits per weight)"),
         ("context", f"{info.n_ctx_train} tokens (trained)"),
-        ("layers", str(info.n_layer)),
+        ("layers", _layer_kinds(model.weights, n_ctx)),
         ("embedding", str(info.n_embd)),
         ("feed-forward", str(info.n_ff)),
         ("heads", f"{info.n_head} query, {info.n_head_kv} key/value, head size {info.n_embd_head}"),
@@ -367,8 +383,11 @@ def cmd_info(args) -> int:
                        f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}"),
         ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
         (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
-                                 f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"),
-        ("KV footprint", _kv_description(model, n_ctx)),
+                                 f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"
+                                 + (f"; {model.kv} on the {info.n_layer - len(local)} global layers, an fp16 ring of "
+                                    f"{ring_rows(info.n_swa, n_ctx, model.n_ubatch)} tokens on the {len(local)} local"
+                                    if local else "")),
+        ("KV footprint", _kv_description(model.kv, fp)),
         ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
                                    sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
     ]
@@ -461,5 +480,5 @@ def cmd_bench(args) -> int:
     print(f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
           f"ubatch {args.ubatch} | {args.reps} repetitions")
     print(format_table(rows))
-    print(f"KV footprint {_kv_description(model)}")
+    print(f"KV footprint {_kv_description(model.kv, model.kv_footprint())}")
     return 0

@@ -21,7 +21,7 @@ import numpy as np
 from ._native import check, ffi, lib
 from .errors import InvalidArgumentError, ModelFileError
 from .reference.config import PRESETS, KVConfig, preset
-from .reference.footprint import Footprint, footprint
+from .reference.footprint import Footprint, footprint, ring_rows
 
 # Where a model's calibration sidecar is looked for when none is given: beside the model.
 CALIB_SUFFIX = ".kvcalib.gguf"
@@ -52,6 +52,7 @@ class ModelInfo:
     n_params: int
     weight_bytes: int
     device: str                   # where the model runs: "cpu" or "cuda:N"
+    n_swa: int                    # sliding window of the local layers (tokens); 0: all layers global
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,11 @@ class Weights:
         check(lib.ott_model_get_info(self._model, cinfo))
         self.info = _struct_to(ModelInfo, cinfo)
         self.n_vocab = self.info.n_vocab
+        window = ffi.new("int32_t *")
+        self.layer_windows: list[int] = []     # per layer: its sliding window, 0 for a global layer
+        for il in range(self.info.n_layer):
+            check(lib.ott_model_layer_window(self._model, il, window))
+            self.layer_windows.append(window[0])
 
         from .chat import ChatTemplate
         from .gguf_meta import read_metadata, read_tensors
@@ -133,12 +139,22 @@ class Weights:
         check(lib.ott_model_fingerprint(self._model, out))
         return out[0]
 
-    def kv_footprint(self, kv: str | KVConfig, n_ctx: int) -> Footprint:
-        """The footprint of a `kv` cache for one sequence of n_ctx tokens of this model,
-        everything counted (reference/footprint.py; the extra pool at the most it can hold)."""
+    def local_layers(self, n_ctx: int) -> frozenset[int]:
+        """The layers a context of n_ctx tokens keeps in an fp16 ring of their sliding window:
+        those whose window is shorter than the context (ott.h: ott_model_layer_window)."""
+        return frozenset(il for il, w in enumerate(self.layer_windows) if 0 < w < n_ctx)
+
+    def kv_footprint(self, kv: str | KVConfig, n_tokens: int, n_ctx: int | None = None,
+                     n_ubatch: int = 512) -> Footprint:
+        """The footprint of a `kv` cache for one sequence of n_tokens tokens of this model in a
+        context of n_ctx (default: n_tokens) and n_ubatch, everything counted
+        (reference/footprint.py; the extra pool at the most it can hold). Local layers count
+        their fp16 ring."""
         i = self.info
         cfg = kv if isinstance(kv, KVConfig) else preset(kv)
-        return footprint(cfg, n_ctx, i.n_embd_head, i.n_head_kv, i.n_layer)
+        n_ctx = n_ctx or n_tokens
+        return footprint(cfg, n_tokens, i.n_embd_head, i.n_head_kv, i.n_layer, self.local_layers(n_ctx),
+                         ring_rows(i.n_swa, n_ctx, n_ubatch))
 
     def close(self) -> None:
         """Drop this handle on the weights: they are freed now, or when their last context is."""
@@ -295,7 +311,7 @@ class Context:
 
     def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
         """The cache's footprint for one sequence of n_ctx tokens (default: the context size)."""
-        return self.weights.kv_footprint(self.kv_config, n_ctx or self.n_ctx)
+        return self.weights.kv_footprint(self.kv_config, n_ctx or self.n_ctx, self.n_ctx, self.n_ubatch)
 
     def kv_bytes_per_token(self, n_ctx: int | None = None) -> int:
         """KV bytes one token occupies across all layers, at a context of n_ctx tokens."""

@@ -34,6 +34,13 @@ LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
          r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# OpenAI's o200k (GPT-4o, Phi-4-mini): a word is an optional leading non-letter/non-digit,
+# a run of upper-case-ish letters then lower-case-ish ones (or the reverse), with an optional
+# contraction; digits in groups of at most 3; symbols with trailing newlines or slashes.
+GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 # The fallback of llama.cpp for pre-tokenizer "default": punctuation runs, GPT-2,
 # digit runs, then groups of three ASCII digits.
 DEFAULT = (r"[\p{P}$+<=>^~|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -86,6 +93,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
                           "midm-2.0", "lfm2"), ignore_merges=True, add_bos=True),
     **_family((QWEN2,), ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan",
                          "solar-open", "kormo")),
+    **_family((GPT4O,), ("gpt-4o", "llama4", "kanana2")),
 }
 
 

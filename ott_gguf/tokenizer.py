@@ -10,7 +10,9 @@ Two vocabulary kinds, named by `tokenizer.ggml.model`:
   merged lowest merge rank first.
 
 Before either runs, the text is cut at the texts of special tokens, longest first:
-user-defined tokens always, control and unknown tokens only with parse_special=True.
+user-defined tokens always, control and unknown tokens only with parse_special=True. For
+Phi-3 models (general.name naming phi-3) whitespace after a special token is dropped, as
+llama.cpp's vocabulary loader sets for them (Phi-3's tokenizer.json rstrips those tokens).
 Token types, default special ids, add_bos/add_eos and the end-of-generation set follow
 llama.cpp's vocabulary loader, including its detection of control tokens by their text.
 """
@@ -60,6 +62,11 @@ _EOG_TEXTS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|
                         "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>"))
 
 _SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
+_ASCII_SPACE = " \t\n\v\f\r"  # C's isspace, which llama.cpp strips with
+# Models whose special tokens eat the whitespace after them, by general.name (llama.cpp's
+# list), except the tokens named here
+_RSTRIP_NAMES = ("phi-3", "phi3")
+_RSTRIP_EXCEPT = ("<unk>", "<s>", "<|endoftext|>")
 _WORD_CACHE_LIMIT = 200_000  # BPE results kept per pre-token word before the cache is emptied
 
 _KEY = "tokenizer.ggml."
@@ -135,6 +142,11 @@ class Tokenizer:
 
         # Texts cut out before tokenizing, longest first: (text, id, only with parse_special).
         ids = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)).tolist()
+        name = str(fields.get("general.name", "")).lower()
+        self._rstrip: frozenset[int] = frozenset(
+            [i for i in ids if self._tokens[i] not in _RSTRIP_EXCEPT] +
+            [self._token_to_id[t] for t in ("</s>",) if t in self._token_to_id]
+        ) if any(n in name for n in _RSTRIP_NAMES) else frozenset()
         ids.sort(key=lambda i: -len(self._tokens[i]))
         self._specials: list[tuple[str, int, bool]] = [
             (self._tokens[i], i, bool(self._attrs[i] & (Attr.CONTROL | Attr.UNKNOWN))) for i in ids]
@@ -188,13 +200,14 @@ class Tokenizer:
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> Tokenizer:
         """From GGUF metadata already read: full key name -> Python value (str, int, bool,
-        list or numpy array). Keys other than tokenizer.ggml.* are ignored."""
+        list or numpy array). Keys other than tokenizer.ggml.* and general.name are ignored."""
         return cls(fields)
 
     @classmethod
     def from_reader(cls, reader) -> Tokenizer:
         """From an open gguf.GGUFReader."""
-        return cls({name: field.contents() for name, field in reader.fields.items() if name.startswith(_KEY)})
+        return cls({name: field.contents() for name, field in reader.fields.items()
+                    if name.startswith(_KEY) or name == "general.name"})
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
@@ -283,6 +296,14 @@ class Tokenizer:
                     if part:
                         cut.append(part)
             fragments = cut
+        if self._rstrip:
+            stripped: list[str | int] = []
+            for fragment in fragments:
+                if isinstance(fragment, str) and stripped and stripped[-1] in self._rstrip:
+                    fragment = fragment.lstrip(_ASCII_SPACE)
+                if fragment != "":
+                    stripped.append(fragment)
+            fragments = stripped
         return fragments
 
     def _encode_bpe(self, text: str, out: list[int]) -> None:

@@ -46,6 +46,11 @@ def qwen05_path(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path(models_dir) -> Path:
+    return _require(models_dir / "gemma-3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
 def fixtures_dir(shared_dir) -> Path:
     return _require(shared_dir / "fixtures")
 

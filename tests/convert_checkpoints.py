@@ -184,8 +184,9 @@ def bf16_exact(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 
     return (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
 
 
-def tiny_byte_bpe_tokenizer() -> tuple[dict, list[str]]:
-    """A byte-level BPE tokenizer.json with Qwen2's pre-tokenizer; returns it and its token list."""
+def tiny_byte_bpe_tokenizer(split: str = QWEN2_SPLIT) -> tuple[dict, list[str]]:
+    """A byte-level BPE tokenizer.json with Qwen2's pre-tokenizer (or the regex `split`); returns
+    it and its token list."""
     tokens = list(bytes_to_unicode().values()) + ["".join(m) for m in TINY_MERGES] + TINY_SPECIALS
     tokenizer = {
         "version": "1.0",
@@ -193,7 +194,7 @@ def tiny_byte_bpe_tokenizer() -> tuple[dict, list[str]]:
                           "normalized": False, "special": True} for s in TINY_SPECIALS],
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
         "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
@@ -301,3 +302,169 @@ def tiny_llama_checkpoint(directory: Path, rng: np.random.Generator, rope_scalin
         "torch_dtype": "float16",
     })
     return tensors
+
+
+# ---- tiny random Qwen3, Gemma 3 and Phi-3 checkpoints ---------------------------------------
+#
+# Weights are drawn here (numpy, fixed seeds), so a checkpoint is the same wherever it is built
+# and its llama.cpp results can be kept as fixtures. Projections ~ N(0, 1/n_in) and embeddings
+# ~ N(0, 1) keep activations at unit scale, so attention is far from uniform and the logits
+# differ between positions (Gemma's embedding ~ N(0, 1/n_embd): it is scaled by sqrt(n_embd)
+# and tied to the output); norm weights ~ 1 (Gemma's ~ 0: it multiplies by 1 + w).
+
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Gemma's SentencePiece vocabulary in small: its four specials first, bytes, a few merges, and
+# the chat-turn tokens that tokenizer_config marks special
+GEMMA3_SPM_PIECES = [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)] + \
+    [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)] + \
+    [("▁t", -1.0, 1), ("he", -2.0, 1), ("▁the", -3.0, 1), ("in", -4.0, 1), ("▁a", -5.0, 1), ("at", -6.0, 1),
+     ("▁c", -7.0, 1), ("▁cat", -8.0, 1), ("▁▁", -9.0, 1), ("<start_of_turn>", 0.0, 4), ("<end_of_turn>", 0.0, 4)]
+PHI3_SPM_ADDED = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"]
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _random_weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], norm_mean: float,
+                    embed_std: float = 1.0) -> dict[str, np.ndarray]:
+    """HF name -> float32 values exact in bfloat16: 1-D tensors are norms around norm_mean,
+    the embedding ~ N(0, embed_std²), matrices ~ N(0, 1/n_in)."""
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            a = norm_mean + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            a = embed_std * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[1])
+        out[name] = (np.asarray(a, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    return out
+
+
+def _save(directory: Path, tensors: dict[str, np.ndarray], config: dict, tokenizer_config: dict, bf16: bool) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if bf16:
+        write_bf16_safetensors(directory / "model.safetensors", tensors)
+    else:
+        save_file(tensors, str(directory / "model.safetensors"))
+    write_json(directory / "config.json", config)
+    write_json(directory / "tokenizer_config.json", tokenizer_config)
+
+
+def tiny_qwen3_checkpoint(directory: Path, seed: int = 3) -> dict:
+    """Qwen3ForCausalLM: head_dim 32 (not n_embd/n_head), separate lm_head, byte-level BPE with
+    Qwen2's pre-tokenizer, BF16 weights. Returns config.json."""
+    e, h, kv, ff, hd, n_layer = 64, 4, 2, 96, 32, 2
+    tokenizer, tokens = tiny_byte_bpe_tokenizer()
+    n_vocab = len(tokens)
+    shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,), "lm_head.weight": (n_vocab, e)}
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.q_proj.weight": (h * hd, e),
+                   p + "self_attn.k_proj.weight": (kv * hd, e), p + "self_attn.v_proj.weight": (kv * hd, e),
+                   p + "self_attn.o_proj.weight": (e, h * hd), p + "self_attn.q_norm.weight": (hd,),
+                   p + "self_attn.k_norm.weight": (hd,), p + "post_attention_layernorm.weight": (e,),
+                   p + "mlp.gate_proj.weight": (ff, e), p + "mlp.up_proj.weight": (ff, e), p + "mlp.down_proj.weight": (e, ff)}
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": e, "intermediate_size": ff,
+              "num_hidden_layers": n_layer, "num_attention_heads": h, "num_key_value_heads": kv, "head_dim": hd,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": n_vocab,
+              "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": tokens.index("<|endoftext|>"),
+              "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": "bfloat16", "use_sliding_window": False}
+    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 1.0), config, {
+        "add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "chat_template": QWEN3_TEMPLATE}, bf16=True)
+    write_json(directory / "tokenizer.json", tokenizer)
+    return config
+
+
+def tiny_gemma3_checkpoint(directory: Path, seed: int = 4, sliding_window: int = 16) -> dict:
+    """Gemma3ForCausalLM (text only): 4 layers, the third global and the others local with a
+    window of `sliding_window`, head_dim 32, tied embeddings, Gemma's SentencePiece layout,
+    BF16 weights. Returns config.json."""
+    e, h, kv, ff, hd = 64, 4, 2, 96, 32
+    layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    n_vocab = len(GEMMA3_SPM_PIECES)
+    shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,)}
+    for il in range(len(layer_types)):
+        p = f"model.layers.{il}."
+        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.q_proj.weight": (h * hd, e),
+                   p + "self_attn.k_proj.weight": (kv * hd, e), p + "self_attn.v_proj.weight": (kv * hd, e),
+                   p + "self_attn.o_proj.weight": (e, h * hd), p + "self_attn.q_norm.weight": (hd,),
+                   p + "self_attn.k_norm.weight": (hd,), p + "post_attention_layernorm.weight": (e,),
+                   p + "pre_feedforward_layernorm.weight": (e,), p + "post_feedforward_layernorm.weight": (e,),
+                   p + "mlp.gate_proj.weight": (ff, e), p + "mlp.up_proj.weight": (ff, e), p + "mlp.down_proj.weight": (e, ff)}
+    config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": e,
+              "intermediate_size": ff, "num_hidden_layers": len(layer_types), "num_attention_heads": h,
+              "num_key_value_heads": kv, "head_dim": hd, "query_pre_attn_scalar": hd, "max_position_embeddings": 2048,
+              "rms_norm_eps": 1e-6, "sliding_window": sliding_window, "layer_types": layer_types,
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+              "vocab_size": n_vocab, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+              "final_logit_softcapping": None, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+              "pad_token_id": 0, "torch_dtype": "bfloat16"}
+    turns = {str(i): {"content": t, "special": True} for i, (t, _, _) in enumerate(GEMMA3_SPM_PIECES) if "_of_turn" in t}
+    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 0.0, 1 / np.sqrt(e)), config, {
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
+        "pad_token": "<pad>", "added_tokens_decoder": turns, "chat_template": GEMMA3_TEMPLATE}, bf16=True)
+    write_sentencepiece_model(directory / "tokenizer.model", GEMMA3_SPM_PIECES)
+    return config
+
+
+def tiny_phi3_checkpoint(directory: Path, seed: int = 5, sliding_window: int | None = 24,
+                         long_rope: bool = True, bpe: bool = False) -> dict:
+    """Phi3ForCausalLM: fused qkv_proj and gate_up_proj, rope over half of each head
+    (partial_rotary_factor 0.5), LongRoPE factors with original context 32 (long factors beyond
+    it), F32 weights. Tokenizer: Phi-3's SentencePiece with its added chat tokens, or (bpe)
+    Phi-4-mini's byte-level BPE with the o200k pre-tokenizer. Returns config.json."""
+    e, h, kv, ff, n_layer = 64, 4, 2, 96, 2
+    hd = e // h
+    if bpe:
+        tokenizer, tokens = tiny_byte_bpe_tokenizer(GPT4O_SPLIT)
+        n_vocab = len(tokens)
+    else:
+        n_vocab = len(TINY_SPM_PIECES) + len(PHI3_SPM_ADDED)
+    shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,), "lm_head.weight": (n_vocab, e)}
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.qkv_proj.weight": ((h + 2 * kv) * hd, e),
+                   p + "self_attn.o_proj.weight": (e, h * hd), p + "post_attention_layernorm.weight": (e,),
+                   p + "mlp.gate_up_proj.weight": (2 * ff, e), p + "mlp.down_proj.weight": (e, ff)}
+    rng = np.random.default_rng(seed)
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if long_rope:
+        n = hd // 2 // 2   # half of the rotated dimensions
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": (1.0 + 3.0 * rng.random(n)).round(4).tolist(),
+                "short_factor": (1.0 + 0.2 * rng.random(n)).round(4).tolist()}
+    config = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": e, "intermediate_size": ff,
+              "num_hidden_layers": n_layer, "num_attention_heads": h, "num_key_value_heads": kv,
+              "max_position_embeddings": 256, "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5,
+              "rms_norm_eps": 1e-5, "rope_scaling": rope if long_rope else None, "rope_theta": 10000.0,
+              "sliding_window": sliding_window, "vocab_size": n_vocab, "tie_word_embeddings": False,
+              "hidden_act": "silu", "torch_dtype": "float32", "pad_token_id": None}
+    if bpe:
+        config |= {"bos_token_id": tokens.index("<|endoftext|>"), "eos_token_id": tokens.index("<|im_end|>")}
+        tok_config = {"add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": "<|endoftext|>",
+                      "eos_token": "<|im_end|>", "tokenizer_class": "GPT2Tokenizer", "chat_template": QWEN3_TEMPLATE}
+    else:
+        config |= {"bos_token_id": 1, "eos_token_id": len(TINY_SPM_PIECES) + PHI3_SPM_ADDED.index("<|endoftext|>")}
+        tok_config = {"add_bos_token": False, "add_eos_token": False, "bos_token": "<s>", "eos_token": "<|endoftext|>",
+                      "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizer", "chat_template": PHI3_TEMPLATE,
+                      "added_tokens_decoder": {str(len(TINY_SPM_PIECES) + i): {"content": t, "special": True}
+                                               for i, t in enumerate(PHI3_SPM_ADDED)}}
+    _save(directory, _random_weights(rng, shapes, 1.0), config, tok_config, bf16=False)
+    if bpe:
+        write_json(directory / "tokenizer.json", tokenizer)
+    else:
+        write_sentencepiece_model(directory / "tokenizer.model", TINY_SPM_PIECES)
+    return config

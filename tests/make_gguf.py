@@ -134,9 +134,12 @@ def write_random_model(path, arch: str = "qwen2", n_embd: int = 64, n_layer: int
     return Path(path)
 
 
-def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False) -> Path:
+def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False, keys: dict | None = None,
+               drop: tuple[str, ...] = ()) -> Path:
     """Copy the GGUF file `src` to `dst`, keeping its first n_layer blocks (all when None) and
-    with dequantize, storing every quantized matrix as F32 (the same values, unrounded)."""
+    with dequantize, storing every quantized matrix as F32 (the same values, unrounded).
+    keys: metadata to set, name -> (value, GGUFValueType, element type of an array or None);
+    drop: names of tensors to leave out."""
     from gguf import GGUFReader, GGUFValueType
     from gguf.quants import dequantize as dequantized
 
@@ -150,8 +153,13 @@ def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False) -
         if field.name == f"{arch}.block_count" and n_layer is not None:
             value = n_layer
         vtype = field.types[0]
-        writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+        if field.name not in (keys or {}):
+            writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+    for name, (value, vtype, sub_type) in (keys or {}).items():
+        writer.add_key_value(name, value, vtype, sub_type=sub_type)
     for t in reader.tensors:
+        if t.name in drop:
+            continue
         if n_layer is not None and t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layer:
             continue
         if dequantize and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):

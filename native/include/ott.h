@@ -42,7 +42,8 @@ typedef struct {
 } ott_model_params;
 
 typedef struct {
-    char     arch[32];          /* general.architecture: llama, mistral, qwen2     */
+    char     arch[32];          /* general.architecture: llama, mistral, qwen2, qwen3,
+                                   gemma3, phi3                                      */
     int32_t  n_vocab;
     int32_t  n_ctx_train;
     int32_t  n_embd;
@@ -51,7 +52,7 @@ typedef struct {
     int32_t  n_head_kv;
     int32_t  n_embd_head;       /* head_dim                                         */
     int32_t  n_ff;
-    int32_t  rope_type;         /* 0 = normal (llama), 2 = neox (qwen2)              */
+    int32_t  rope_type;         /* 0 = normal (llama), 2 = neox (qwen2 and later)    */
     float    rope_freq_base;
     float    rope_freq_scale;
     float    norm_rms_eps;
@@ -59,6 +60,8 @@ typedef struct {
     int64_t  n_params;
     int64_t  weight_bytes;
     char     device[16];        /* where the model runs: "cpu" or "cuda:N"           */
+    int32_t  n_swa;             /* sliding window of the local layers (tokens); 0: every
+                                   layer is global (ott_model_layer_window)           */
 } ott_model_info;
 
 ott_model_params ott_model_default_params(void);
@@ -68,6 +71,11 @@ ott_status ott_model_fingerprint(const ott_model * model, uint64_t * out);
 ott_status ott_model_load(const char * path, const ott_model_params * params, ott_model ** out);
 void       ott_model_free(ott_model * model);
 ott_status ott_model_get_info(const ott_model * model, ott_model_info * out);
+/* The attention window of layer il: n_swa for a sliding-window (local) layer, 0 for a global
+ * one. A context keeps a local layer in an fp16 ring of its window whatever the KV mode, when
+ * the window is shorter than the context (else the window masks nothing: the layer is global);
+ * the cache's mode applies to the global layers. */
+ott_status ott_model_layer_window(const ott_model * model, int32_t il, int32_t * out);
 
 /* GGUF metadata and tensor list of a loaded model, as the loader parsed them (reading
  * them again in Python is slow for 100k-entry vocabularies). Pointers stay valid until

@@ -4,6 +4,7 @@
 // external, cuda/executor.h) and collects the logits.
 #include "arch/graph.h"
 #include "kv/kv_calib.h"
+#include "kv/kv_layered.h"
 #include "kv/kv_rotation.h"
 #include "kv/kv_schedule.h"
 #ifdef OTT_USE_CUDA
@@ -217,9 +218,9 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     std::unique_ptr<ggml_context, decltype(&ggml_free)> guard(gctx, ggml_free);
     ggml_cgraph * gf = ggml_new_graph_custom(gctx, max_nodes, false);
 
-    ott_graph_builder b{ *c->model, ub, *c->kv, c->rot.get(), gctx, gf };
+    ott_graph_builder b{ *c->model, ub, *c->kv, c->rot.get(), c->model->rope_factors(c->params.n_ctx), gctx, gf };
     b.build_inputs();
-    ggml_tensor * logits = ott_build_llama(b);
+    ggml_tensor * logits = ott_build_graph(b);
     ggml_build_forward_expand(gf, logits);
 
     if (c->model->cuda_device >= 0) {  // ggml-cuda aborts on an op it lacks: refuse it here
@@ -280,7 +281,11 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
 
     const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max,
                                  buft, model->cuda_device };
-    OTT_TRY(ott_kv_cache_create(params->kv, shape, c->kv));
+    // a sliding-window layer is local (an fp16 ring of the window) when its window is shorter
+    // than the context; otherwise the window never masks anything and the layer is global
+    std::vector<uint8_t> local(hp.n_layer, 0);
+    for (int il = 0; il < hp.n_layer; ++il) local[il] = hp.is_swa(il) && hp.n_swa < c->params.n_ctx;
+    OTT_TRY(ott_kv_layered_create(params->kv, shape, local, hp.n_swa, c->params.n_ubatch, c->kv));
     OTT_TRY(make_rotation(c.get(), params->kv, buft));
     *out = c.release();
     return OTT_OK;

@@ -22,13 +22,15 @@ struct arch_desc {
     const char * name;
     ott_arch     arch;
     int          rope_type;
-    bool         qkv_bias;
 };
 
 const arch_desc k_archs[] = {
-    { "llama",   OTT_ARCH_LLAMA,   GGML_ROPE_TYPE_NORMAL, false },
-    { "mistral", OTT_ARCH_MISTRAL, GGML_ROPE_TYPE_NORMAL, false },
-    { "qwen2",   OTT_ARCH_QWEN2,   GGML_ROPE_TYPE_NEOX,   true  },
+    { "llama",   OTT_ARCH_LLAMA,   GGML_ROPE_TYPE_NORMAL },
+    { "mistral", OTT_ARCH_MISTRAL, GGML_ROPE_TYPE_NORMAL },
+    { "qwen2",   OTT_ARCH_QWEN2,   GGML_ROPE_TYPE_NEOX   },
+    { "qwen3",   OTT_ARCH_QWEN3,   GGML_ROPE_TYPE_NEOX   },
+    { "gemma3",  OTT_ARCH_GEMMA3,  GGML_ROPE_TYPE_NEOX   },
+    { "phi3",    OTT_ARCH_PHI3,    GGML_ROPE_TYPE_NEOX   },
 };
 
 struct file_closer { void operator()(FILE * f) const { if (f) fclose(f); } };
@@ -85,6 +87,8 @@ ott_status require_int(const ott_model * m, const std::string & key, int64_t lo,
     return OTT_OK;
 }
 
+ott_status read_swa(ott_model * m);
+
 ott_status read_hparams(ott_model * m) {
     const gguf_context * g = m->gguf;
     ott_hparams & hp = m->hparams;
@@ -95,8 +99,10 @@ ott_status read_hparams(ott_model * m) {
         if (hp.arch_name == a.name) desc = &a;
     }
     if (!desc) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2)",
-                        m->path.c_str(), hp.arch_name.empty() ? "<missing general.architecture>" : hp.arch_name.c_str());
+        std::string names;
+        for (const auto & a : k_archs) names += std::string(names.empty() ? "" : ", ") + a.name;
+        return ott_fail(OTT_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", m->path.c_str(),
+                        hp.arch_name.empty() ? "<missing general.architecture>" : hp.arch_name.c_str(), names.c_str());
     }
     hp.arch      = desc->arch;
     hp.rope_type = desc->rope_type;
@@ -135,10 +141,18 @@ ott_status read_hparams(ott_model * m) {
     hp.rope_freq_base = 10000.0f;
     get_float(g, a + "rope.freq_base", hp.rope_freq_base);
 
-    // rope scaling: none, linear, yarn (llama3-style factors come as the rope_freqs tensor)
+    // rope scaling: none, linear, yarn (llama3-style and LongRoPE factors come as tensors)
     hp.rope_freq_scale = 1.0f;
     hp.rope_ext_factor = 0.0f;
+    hp.rope_attn_factor = 1.0f;
+    get_float(g, a + "rope.scaling.attn_factor", hp.rope_attn_factor);
+    if (!(hp.rope_attn_factor > 0.0f && hp.rope_attn_factor < 100.0f)) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: rope.scaling.attn_factor = %g is not in (0, 100)", m->path.c_str(), hp.rope_attn_factor);
+    }
     hp.rope_n_ctx_orig = hp.n_ctx_train;
+    if (gguf_find_key(g, (a + "rope.scaling.original_context_length").c_str()) >= 0) {
+        OTT_TRY(require_int(m, a + "rope.scaling.original_context_length", 1, 1 << 24, hp.rope_n_ctx_orig));
+    }
     const std::string scaling = get_str(g, a + "rope.scaling.type");
     float factor = 1.0f;
     get_float(g, a + "rope.scaling.factor", factor);
@@ -147,14 +161,64 @@ ott_status read_hparams(ott_model * m) {
             return ott_fail(OTT_ERR_FORMAT, "%s: rope.scaling.factor must be positive", m->path.c_str());
         }
         hp.rope_freq_scale = 1.0f / factor;
-        if (scaling == "yarn") {
-            hp.rope_ext_factor = 1.0f;
-            int64_t orig;
-            if (get_int(g, a + "rope.scaling.original_context_length", orig) && orig > 0) hp.rope_n_ctx_orig = (int32_t) orig;
-        }
+        if (scaling == "yarn") hp.rope_ext_factor = 1.0f;
     } else if (!scaling.empty() && scaling != "none") {
         return ott_fail(OTT_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (none, linear, yarn)",
                         m->path.c_str(), scaling.c_str());
+    }
+
+    hp.kq_scale = 1.0f / sqrtf((float) hp.n_embd_head);
+    hp.logit_softcap = 0.0f;
+    if (hp.arch == OTT_ARCH_GEMMA3) {
+        // Gemma 3 27B scales queries by n_embd/n_head, not head_dim; its files do not say so,
+        // and llama.cpp recognises it by its 62 layers — so do we
+        if (hp.n_layer == 62) hp.kq_scale = 1.0f / sqrtf((float) (hp.n_embd / hp.n_head));
+        get_float(g, a + "final_logit_softcapping", hp.logit_softcap);
+        if (!(hp.logit_softcap >= 0.0f)) {
+            return ott_fail(OTT_ERR_FORMAT, "%s: final_logit_softcapping = %g is negative", m->path.c_str(), hp.logit_softcap);
+        }
+    }
+    return read_swa(m);
+}
+
+// Sliding-window layers: gemma3 interleaves local and global layers (every
+// attention.sliding_window_pattern-th layer global, default 6, or a per-layer array), phi3
+// makes every layer local when its file has a window. Other architectures: all global.
+ott_status read_swa(ott_model * m) {
+    const gguf_context * g = m->gguf;
+    ott_hparams & hp = m->hparams;
+    const std::string a = hp.arch_name + ".";
+    hp.n_swa = 0;
+    hp.swa_layers.assign(hp.n_layer, 0);
+    hp.rope_freq_base_swa  = 10000.0f;
+    hp.rope_freq_scale_swa = 1.0f;
+    if (hp.arch != OTT_ARCH_GEMMA3 && hp.arch != OTT_ARCH_PHI3) return OTT_OK;
+    if (gguf_find_key(g, (a + "attention.sliding_window").c_str()) < 0) return OTT_OK;
+    OTT_TRY(require_int(m, a + "attention.sliding_window", 0, 1 << 24, hp.n_swa));
+    if (hp.n_swa == 0) return OTT_OK;   // phi3's converter writes 0 for "no window"
+
+    const std::string key = a + "attention.sliding_window_pattern";
+    const int64_t id = gguf_find_key(g, key.c_str());
+    if (hp.arch == OTT_ARCH_PHI3) {
+        hp.swa_layers.assign(hp.n_layer, 1);
+    } else if (id >= 0 && gguf_get_kv_type(g, id) == GGUF_TYPE_ARRAY) {
+        const gguf_type t = gguf_get_arr_type(g, id);
+        const bool wide = t == GGUF_TYPE_INT32 || t == GGUF_TYPE_UINT32;
+        if ((t != GGUF_TYPE_BOOL && !wide) || (int64_t) gguf_get_arr_n(g, id) != hp.n_layer) {
+            return ott_fail(OTT_ERR_FORMAT, "%s: '%s' must be an array of %d booleans", m->path.c_str(), key.c_str(), hp.n_layer);
+        }
+        const void * flags = gguf_get_arr_data(g, id);
+        for (int il = 0; il < hp.n_layer; ++il) {
+            hp.swa_layers[il] = wide ? ((const int32_t *) flags)[il] != 0 : ((const int8_t *) flags)[il] != 0;
+        }
+    } else {
+        int32_t n_pattern = 6;
+        if (id >= 0) OTT_TRY(require_int(m, key, 0, hp.n_layer, n_pattern));
+        for (int il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = n_pattern == 0 || il % n_pattern < n_pattern - 1;
+    }
+    get_float(g, a + "rope.freq_base_swa", hp.rope_freq_base_swa);
+    if (!(hp.rope_freq_base_swa > 0.0f)) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: rope.freq_base_swa must be positive", m->path.c_str());
     }
     return OTT_OK;
 }
@@ -288,6 +352,11 @@ ott_status ott_device_resolve(const char * device, ggml_backend_dev_t & dev, int
     return dev ? OTT_OK : ott_fail(OTT_ERR_BACKEND, "ggml has no CPU device");
 }
 
+ggml_tensor * ott_model::rope_factors(int32_t n_ctx) const {
+    if (rope_long) return n_ctx > hparams.rope_n_ctx_orig ? rope_long : rope_short;
+    return rope_freqs;
+}
+
 ott_model::~ott_model() {
     for (auto b : buffers) ggml_backend_buffer_free(b);
     for (auto c : ctxs_w) ggml_free(c);
@@ -344,11 +413,24 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     hp.n_vocab = (int32_t) emb->ne[1];
 
     const int64_t n_embd = hp.n_embd, n_q = (int64_t) hp.n_embd_head * hp.n_head, n_kv = hp.n_embd_gqa();
-    const bool bias = hp.arch == OTT_ARCH_QWEN2;
+    const bool bias     = hp.arch == OTT_ARCH_QWEN2;
+    const bool qk_norm  = hp.arch == OTT_ARCH_QWEN3 || hp.arch == OTT_ARCH_GEMMA3;
+    const bool post_norm = hp.arch == OTT_ARCH_GEMMA3;
+    const bool fused_ffn = hp.arch == OTT_ARCH_PHI3;
+    // phi3's converters write the fused QKV matrix; separate Q, K, V are accepted as well
+    const bool fused_qkv = hp.arch == OTT_ARCH_PHI3 && ggml_get_tensor(meta, "blk.0.attn_qkv.weight");
     OTT_TRY(wl.get("token_embd.weight",  { n_embd, hp.n_vocab }, false, true, &m->tok_embd));
     OTT_TRY(wl.get("output_norm.weight", { n_embd }, false, true, &m->output_norm));
     OTT_TRY(wl.get("output.weight",      { n_embd, hp.n_vocab }, true, false, &m->output));
     OTT_TRY(wl.get("rope_freqs.weight",  { hp.n_rot / 2 }, false, false, &m->rope_freqs));
+    if (hp.arch == OTT_ARCH_PHI3) {
+        OTT_TRY(wl.get("rope_factors_long.weight",  { hp.n_rot / 2 }, false, false, &m->rope_long));
+        OTT_TRY(wl.get("rope_factors_short.weight", { hp.n_rot / 2 }, false, false, &m->rope_short));
+        if (!m->rope_long != !m->rope_short) {
+            return ott_fail(OTT_ERR_FORMAT, "%s: tensor '%s' is missing (LongRoPE needs both factor tensors)", path,
+                            m->rope_long ? "rope_factors_short.weight" : "rope_factors_long.weight");
+        }
+    }
     if (!m->output) {
         if (!wl.multipliable(m->tok_embd)) {
             return ott_fail(OTT_ERR_UNSUPPORTED, "%s: tied output needs token_embd type %s to be multipliable on %s", path,
@@ -370,17 +452,35 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         ott_layer & L = m->layers[il];
         const std::string p = "blk." + std::to_string(il) + ".";
         OTT_TRY(wl.get(p + "attn_norm.weight",   { n_embd },           false, true, &L.attn_norm));
-        OTT_TRY(wl.get(p + "attn_q.weight",      { n_embd, n_q },      true,  true, &L.wq));
-        OTT_TRY(wl.get(p + "attn_k.weight",      { n_embd, n_kv },     true,  true, &L.wk));
-        OTT_TRY(wl.get(p + "attn_v.weight",      { n_embd, n_kv },     true,  true, &L.wv));
+        if (fused_qkv) {
+            OTT_TRY(wl.get(p + "attn_qkv.weight", { n_embd, n_q + 2 * n_kv }, true, true, &L.wqkv));
+        } else {
+            OTT_TRY(wl.get(p + "attn_q.weight",  { n_embd, n_q },      true,  true, &L.wq));
+            OTT_TRY(wl.get(p + "attn_k.weight",  { n_embd, n_kv },     true,  true, &L.wk));
+            OTT_TRY(wl.get(p + "attn_v.weight",  { n_embd, n_kv },     true,  true, &L.wv));
+        }
         OTT_TRY(wl.get(p + "attn_output.weight", { n_q, n_embd },      true,  true, &L.wo));
-        OTT_TRY(wl.get(p + "attn_q.bias",        { n_q },              false, bias, &L.bq));
-        OTT_TRY(wl.get(p + "attn_k.bias",        { n_kv },             false, bias, &L.bk));
-        OTT_TRY(wl.get(p + "attn_v.bias",        { n_kv },             false, bias, &L.bv));
+        if (bias) {
+            OTT_TRY(wl.get(p + "attn_q.bias",    { n_q },              false, true, &L.bq));
+            OTT_TRY(wl.get(p + "attn_k.bias",    { n_kv },             false, true, &L.bk));
+            OTT_TRY(wl.get(p + "attn_v.bias",    { n_kv },             false, true, &L.bv));
+        }
+        if (qk_norm) {
+            OTT_TRY(wl.get(p + "attn_q_norm.weight", { hp.n_embd_head }, false, true, &L.attn_q_norm));
+            OTT_TRY(wl.get(p + "attn_k_norm.weight", { hp.n_embd_head }, false, true, &L.attn_k_norm));
+        }
         OTT_TRY(wl.get(p + "ffn_norm.weight",    { n_embd },           false, true, &L.ffn_norm));
-        OTT_TRY(wl.get(p + "ffn_gate.weight",    { n_embd, hp.n_ff },  true,  true, &L.ffn_gate));
-        OTT_TRY(wl.get(p + "ffn_up.weight",      { n_embd, hp.n_ff },  true,  true, &L.ffn_up));
+        if (fused_ffn) {
+            OTT_TRY(wl.get(p + "ffn_up.weight",  { n_embd, 2 * (int64_t) hp.n_ff }, true, true, &L.ffn_up));
+        } else {
+            OTT_TRY(wl.get(p + "ffn_gate.weight", { n_embd, hp.n_ff }, true, true, &L.ffn_gate));
+            OTT_TRY(wl.get(p + "ffn_up.weight",  { n_embd, hp.n_ff },  true,  true, &L.ffn_up));
+        }
         OTT_TRY(wl.get(p + "ffn_down.weight",    { hp.n_ff, n_embd },  true,  true, &L.ffn_down));
+        if (post_norm) {
+            OTT_TRY(wl.get(p + "post_attention_norm.weight", { n_embd }, false, true, &L.attn_post_norm));
+            OTT_TRY(wl.get(p + "post_ffw_norm.weight", { n_embd },     false, true, &L.ffn_post_norm));
+        }
     }
 
     // allocate one buffer per buffer type, then stream each tensor from the file
@@ -470,5 +570,15 @@ extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * o
     out->weight_bytes    = m->weight_bytes;
     if (m->cuda_device >= 0) snprintf(out->device, sizeof(out->device), "cuda:%d", m->cuda_device);
     else snprintf(out->device, sizeof(out->device), "cpu");
+    out->n_swa           = hp.n_swa;
+    return OTT_OK;
+}
+
+extern "C" ott_status ott_model_layer_window(const ott_model * m, int32_t il, int32_t * out) {
+    if (!m || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_model_layer_window: null argument");
+    if (il < 0 || il >= m->hparams.n_layer) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "layer %d is outside [0, %d)", il, m->hparams.n_layer);
+    }
+    *out = m->hparams.is_swa(il) ? m->hparams.n_swa : 0;
     return OTT_OK;
 }

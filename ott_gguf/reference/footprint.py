@@ -10,6 +10,8 @@ Accounting per KV head (one sequence), by store:
     pool        per token: 2·head_dim fp16 + int32 position
     extra_pool  per token: 2·head_dim fp16 + int32 position
     window      n_window · 2·head_dim fp16; positions implicit
+    local       sliding-window (local) layers: their fp16 ring, min(n_ctx, ring_rows) tokens
+                · 2·head_dim, whatever the mode (native/src/kv/kv_layered.h)
 
 A masked slot keeps its codes, so an outlier token costs its codes plus its pool entry.
 
@@ -30,7 +32,7 @@ from ott_gguf.errors import InvalidArgumentError
 from .cache import LayerCache
 from .config import KVConfig
 
-STORES = ("sink", "codes", "scales", "masks", "pool", "extra_pool", "window")
+STORES = ("sink", "codes", "scales", "masks", "pool", "extra_pool", "window", "local")
 FP16_BYTES = 2
 POS_BYTES = 4
 
@@ -51,8 +53,16 @@ def _summarize(by_store: dict[str, int], n_ctx: int, n_layer: int, n_head_kv: in
                      8 * total / (n_ctx * n_layer * n_head_kv * 2 * head_dim))
 
 
-def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer: int) -> Footprint:
-    """The formula for one sequence of n_ctx tokens."""
+def ring_rows(n_swa: int, n_ctx: int, n_ubatch: int) -> int:
+    """Rows per sequence of a local layer's fp16 ring: the window and the largest chunk a step
+    appends (kv_layered.cpp), at most the context."""
+    return min(n_ctx, n_swa - 1 + n_ubatch)
+
+
+def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer: int,
+              local: frozenset[int] = frozenset(), ring: int = 0) -> Footprint:
+    """The formula for one sequence of n_ctx tokens; the layers in `local` keep an fp16 ring
+    of `ring` rows instead (ring_rows), the others the cache of `cfg`."""
     if n_ctx <= 0 or n_head_kv <= 0 or n_layer <= 0:
         raise InvalidArgumentError(
             f"footprint: n_ctx={n_ctx} n_head_kv={n_head_kv} n_layer={n_layer} must be > 0")
@@ -64,6 +74,10 @@ def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer:
     by_store = dict.fromkeys(STORES, 0)
     for il in range(n_layer):
         head = dict.fromkeys(STORES, 0)
+        if il in local:
+            head["local"] = min(n_ctx, ring) * token
+            by_store["local"] += n_head_kv * head["local"]
+            continue
         head["sink"] = n_sink * token
         head["window"] = n_window * token
         if n_blocks:

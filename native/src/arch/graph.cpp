@@ -45,35 +45,40 @@ ggml_tensor * ott_graph_builder::build_norm(ggml_tensor * cur, ggml_tensor * w, 
     return cur;
 }
 
-ggml_tensor * ott_graph_builder::build_attn(ggml_tensor * cur, const ott_layer & L, int il) {
+ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int il) {
     const ott_hparams & hp = model.hparams;
     const int64_t n_tokens = cur->ne[1];
-
     ggml_tensor * q = ggml_mul_mat(ctx, L.wq, cur);
     ggml_tensor * k = ggml_mul_mat(ctx, L.wk, cur);
     ggml_tensor * v = ggml_mul_mat(ctx, L.wv, cur);
     if (L.bq) q = ggml_add(ctx, q, L.bq);
     if (L.bk) k = ggml_add(ctx, k, L.bk);
     if (L.bv) v = ggml_add(ctx, v, L.bv);
-
     q = ggml_reshape_3d(ctx, q, hp.n_embd_head, hp.n_head,    n_tokens);
     k = ggml_reshape_3d(ctx, k, hp.n_embd_head, hp.n_head_kv, n_tokens);
     v = ggml_reshape_3d(ctx, v, hp.n_embd_head, hp.n_head_kv, n_tokens);
-
-    q = ggml_rope_ext(ctx, q, inp_pos, model.rope_freqs, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
-                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
-    k = ggml_rope_ext(ctx, k, inp_pos, model.rope_freqs, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
-                      hp.rope_freq_base, hp.rope_freq_scale, hp.rope_ext_factor, 1.0f, 32.0f, 1.0f);
-    ggml_format_name(q, "Qcur-%d", il);
-    ggml_format_name(k, "Kcur-%d", il);
     ggml_format_name(v, "Vcur-%d", il);
+    return { q, k, v };
+}
 
+ggml_tensor * ott_graph_builder::build_rope(ggml_tensor * x, const char * name, int il) {
+    const ott_hparams & hp = model.hparams;
+    const bool local = hp.is_swa(il);
+    x = ggml_rope_ext(ctx, x, inp_pos, rope_factors, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
+                      local ? hp.rope_freq_base_swa : hp.rope_freq_base, local ? hp.rope_freq_scale_swa : hp.rope_freq_scale,
+                      hp.rope_ext_factor, hp.rope_attn_factor, 32.0f, 1.0f);
+    ggml_format_name(x, "%s-%d", name, il);
+    return x;
+}
+
+ggml_tensor * ott_graph_builder::build_attn(const ott_qkv & qkv, const ott_layer & L, int il) {
+    ggml_tensor * q = qkv.q, * k = qkv.k, * v = qkv.v;
     if (rot) {
         q = rot->queries(ctx, q, il);
         k = rot->keys_of(ctx, k, il);
         v = rot->values_of(ctx, v, il);
     }
-    cur = kv.build_attn(ctx, gf, il, q, k, v, 1.0f / sqrtf((float) hp.n_embd_head));
+    ggml_tensor * cur = kv.build_attn(ctx, gf, il, q, k, v, model.hparams.kq_scale);
     if (rot) cur = rot->output(ctx, cur, il);
     ggml_format_name(cur, "kqv_out-%d", il);
     cur = ggml_mul_mat(ctx, L.wo, cur);
@@ -81,11 +86,16 @@ ggml_tensor * ott_graph_builder::build_attn(ggml_tensor * cur, const ott_layer &
     return cur;
 }
 
-ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & L, int il) {
+ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & L, ott_ffn_act act, int il) {
     ggml_tensor * gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
     ggml_tensor * up   = ggml_mul_mat(ctx, L.ffn_up, cur);
-    cur = ggml_swiglu_split(ctx, gate, up);
-    ggml_format_name(cur, "ffn_swiglu-%d", il);
+    if (act == OTT_FFN_SILU) {
+        cur = ggml_swiglu_split(ctx, gate, up);
+        ggml_format_name(cur, "ffn_swiglu-%d", il);
+    } else {
+        cur = ggml_geglu_split(ctx, gate, up);
+        ggml_format_name(cur, "ffn_geglu-%d", il);
+    }
     cur = ggml_mul_mat(ctx, L.ffn_down, cur);
     ggml_format_name(cur, "ffn_out-%d", il);
     return cur;
@@ -97,15 +107,31 @@ ggml_tensor * ott_graph_builder::select_outputs(ggml_tensor * cur) {
 }
 
 ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
+    const float softcap = model.hparams.logit_softcap;
     cur = build_norm(cur, model.output_norm, "result_norm", -1);
     cur = ggml_mul_mat(ctx, model.output, cur);
+    if (softcap > 0.0f) {
+        cur = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, cur, 1.0f / softcap)), softcap);
+    }
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     return cur;
 }
 
+ggml_tensor * ott_build_graph(ott_graph_builder & b) {
+    switch (b.model.hparams.arch) {
+        case OTT_ARCH_LLAMA:
+        case OTT_ARCH_MISTRAL:
+        case OTT_ARCH_QWEN2:  return ott_build_llama(b);
+        case OTT_ARCH_QWEN3:  return ott_build_qwen3(b);
+        case OTT_ARCH_GEMMA3: return ott_build_gemma3(b);
+        case OTT_ARCH_PHI3:   return ott_build_phi3(b);
+    }
+    return nullptr;
+}
+
 size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub, bool rotated) {
-    size_t per_layer = 48 + 8 * ub.runs.size() + (rotated ? 24 : 0);
+    size_t per_layer = 64 + 8 * ub.runs.size() + (rotated ? 24 : 0);
     for (const ott_run & r : ub.runs) {
         if (r.n_tokens == 1) per_layer += 10 * (size_t) r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
     }

@@ -11,7 +11,10 @@ ggml_tensor * ott_build_llama(ott_graph_builder & b) {
         const ott_layer & L = m.layers[il];
 
         ggml_tensor * cur = b.build_norm(x, L.attn_norm, "attn_norm", il);
-        cur = b.build_attn(cur, L, il);
+        ott_qkv qkv = b.build_qkv(cur, L, il);
+        qkv.q = b.build_rope(qkv.q, "Qcur", il);
+        qkv.k = b.build_rope(qkv.k, "Kcur", il);
+        cur = b.build_attn(qkv, L, il);
         if (il == m.hparams.n_layer - 1) {                              // only output rows go on
             cur = b.select_outputs(cur);
             x   = b.select_outputs(x);
@@ -20,7 +23,7 @@ ggml_tensor * ott_build_llama(ott_graph_builder & b) {
         ggml_format_name(ffn_inp, "ffn_inp-%d", il);
 
         cur = b.build_norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
-        cur = b.build_ffn(cur, L, il);
+        cur = b.build_ffn(cur, L, OTT_FFN_SILU, il);
         x = ggml_add(ctx, cur, ffn_inp);
         ggml_format_name(x, "l_out-%d", il);
     }

@@ -2,9 +2,9 @@
 #include "kv/kv_cache.h"
 
 #include "kv/kv_config.h"
+#include "kv/kv_layered.h"
 
-ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape & shape,
-                               std::unique_ptr<ott_kv_cache> & out) {
+ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_shape & shape) {
     switch (params.type) {
         case OTT_KV_F16: {
             const int32_t knobs[] = { params.bits_k, params.bits_v, params.group_k, params.group_v, params.block, params.window,
@@ -14,17 +14,25 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
                 if (k != 0) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no quantization knobs (all must be 0)");
             }
             if (params.calib_path) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no calibration sidecar");
-            return ott_kv_f16_create(shape, out);
+            return OTT_OK;
         }
         case OTT_KV_KIVI:
         case OTT_KV_OTT: {
             ott_kv_config cfg;
-            OTT_TRY(ott_kv_config_resolve(params, shape, cfg));
-#ifdef OTT_USE_CUDA
-            if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
-#endif
-            return ott_kv_quant_cpu_create(cfg, shape, out);
+            return ott_kv_config_resolve(params, shape, cfg);
         }
         default: return ott_fail(OTT_ERR_INVALID_ARG, "unknown KV cache type %d", params.type);
     }
+}
+
+ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape & shape,
+                               std::unique_ptr<ott_kv_cache> & out) {
+    OTT_TRY(ott_kv_params_validate(params, shape));
+    if (params.type == OTT_KV_F16) return ott_kv_f16_create(shape, out);
+    ott_kv_config cfg;
+    OTT_TRY(ott_kv_config_resolve(params, shape, cfg));
+#ifdef OTT_USE_CUDA
+    if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
+#endif
+    return ott_kv_quant_cpu_create(cfg, shape, out);
 }

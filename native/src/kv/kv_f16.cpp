@@ -1,7 +1,13 @@
 // kv_f16.cpp — the fp16 KV cache: one row per (sequence, position), attention by ggml's
 // flash-attention op over all sequences of a run at once (on a GPU whose ggml backend has no
 // flash attention for the head size: K·Q, masked softmax and V·P as three ops).
+//
+// With a sliding window of n_swa positions (local layers, kv_layered.h) a query attends to
+// the last n_swa positions, itself included, and the rows of a sequence are a ring: position
+// p lives in row p % seq_rows, so a ring of n_swa - 1 + (largest chunk) rows holds every
+// position a chunk's queries need. Without a window seq_rows >= n_ctx and row = position.
 #include "kv/kv_cache.h"
+#include "kv/kv_layered.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -13,11 +19,8 @@ namespace {
 
 class kv_f16 final : public ott_kv_cache {
 public:
-    // On a GPU a sequence's rows are padded to a multiple of 256: ggml-cuda's fastest
-    // flash-attention kernels want n_kv a multiple of 256 (the extra rows are masked out).
-    explicit kv_f16(const ott_kv_shape & shape)
-        : sh(shape), seq_rows(shape.cuda_device >= 0 ? (shape.n_ctx + 255) / 256 * 256 : shape.n_ctx),
-          len(shape.n_seq_max, 0) {}
+    kv_f16(const ott_kv_shape & shape, int32_t n_swa)
+        : sh(shape), n_swa(n_swa), seq_rows(ott_kv_f16_seq_rows(shape)), len(shape.n_seq_max, 0) {}
 
     ~kv_f16() override {
         if (buf) ggml_backend_buffer_free(buf);
@@ -45,11 +48,19 @@ public:
     }
 
     ott_status begin(const ott_ubatch & batch) override {
+        for (const ott_run & r : batch.runs) {
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) {
+                if (!holds_window(len[s] + r.n_tokens, len[s])) {
+                    return ott_fail(OTT_ERR_INVALID_ARG, "the sliding-window cache of %d rows per sequence takes chunks of at most "
+                                    "%d tokens (sequence %d got %d)", seq_rows, seq_rows - n_swa + 1, s, r.n_tokens);
+                }
+            }
+        }
         ub = &batch;
         plan.clear();
         for (const ott_run & r : batch.runs) {
             int32_t n_kv = 0;
-            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) n_kv = std::max(n_kv, len[s] + r.n_tokens);
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) n_kv = std::max(n_kv, std::min(len[s] + r.n_tokens, seq_rows));
             if (sh.cuda_device >= 0) n_kv = (n_kv + 255) / 256 * 256;
             plan.push_back({ r, n_kv, nullptr });
         }
@@ -141,20 +152,26 @@ public:
     void set_inputs() override {
         std::vector<int64_t> idx(ub->n_tokens());
         for (int32_t i = 0; i < ub->n_tokens(); ++i) {
-            idx[i] = (int64_t) ub->seq_id[i] * seq_rows + ub->pos[i];
+            idx[i] = (int64_t) ub->seq_id[i] * seq_rows + ub->pos[i] % seq_rows;
         }
         ggml_backend_tensor_set(rows, idx.data(), 0, idx.size() * sizeof(int64_t));
 
+        // row c may be attended by a query at qpos when the position it holds once the chunk is
+        // stored is at most qpos and, with a window, less than n_swa positions back
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         std::vector<ggml_fp16_t> m;
         for (const run_plan & p : plan) {
             const ott_run & r = p.run;
             m.assign((size_t) p.n_kv * r.n_tokens * r.n_seqs, ninf);
             for (int32_t j = 0; j < r.n_seqs; ++j) {
+                const int32_t n_held = len[r.seq0 + j] + r.n_tokens;
                 for (int32_t i = 0; i < r.n_tokens; ++i) {
                     const int32_t qpos = ub->pos[r.t0 + j * r.n_tokens + i];
                     ggml_fp16_t * row = m.data() + ((size_t) j * r.n_tokens + i) * p.n_kv;
-                    for (int32_t c = 0; c <= qpos && c < p.n_kv; ++c) row[c] = zero;
+                    for (int32_t c = 0; c < std::min(p.n_kv, seq_rows); ++c) {
+                        const int32_t kpos = held_pos(n_held, c);
+                        if (kpos <= qpos && (n_swa == 0 || qpos - kpos < n_swa)) row[c] = zero;
+                    }
                 }
             }
             ggml_backend_tensor_set(p.mask, m.data(), 0, m.size() * sizeof(ggml_fp16_t));
@@ -170,6 +187,11 @@ public:
     int32_t seq_len(int32_t seq) const override { return len[seq]; }
 
     ott_status seq_truncate(int32_t seq, int32_t n_keep) override {
+        if (n_keep < len[seq] && !holds_window(len[seq], n_keep)) {
+            return ott_fail(OTT_ERR_UNSUPPORTED, "sequence %d: the sliding-window cache no longer holds positions %d.. that "
+                            "keeping %d tokens needs (it holds %d..)", seq, std::max(0, n_keep - n_swa + 1), n_keep,
+                            len[seq] - seq_rows);
+        }
         len[seq] = std::min(len[seq], n_keep);
         return OTT_OK;
     }
@@ -177,7 +199,7 @@ public:
     // The rows of src's tokens, every layer, onto dst's rows (on the device that holds them).
     ott_status seq_copy(int32_t src, int32_t dst) override {
         const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t) seq_rows;
-        const int64_t n_elem = (int64_t) len[src] * n_embd_gqa();
+        const int64_t n_elem = (int64_t) std::min(len[src], seq_rows) * n_embd_gqa();
         ggml_init_params ip = { ggml_tensor_overhead() * 2, nullptr, true };
         ggml_context * vc = ggml_init(ip);
         for (int il = 0; il < sh.n_layer && n_elem > 0; ++il) {
@@ -195,32 +217,39 @@ public:
         return OTT_OK;
     }
 
-    // Every token of a sequence is in its "window": the K and V rows of KV head h, in
-    // position order (no sink, blocks or pools).
+    // Every token the cache holds is in the "window": the K and V rows of KV head h, in
+    // position order (no sink, blocks or pools); a ring holds the last seq_rows positions.
     ott_status export_head(int il, int32_t seq, int32_t h, ott_kv_head_state & out) const override {
-        out.n_tokens = out.n_window = len[seq];
+        out.n_tokens = len[seq];
+        out.n_window = std::min(len[seq], seq_rows);
         out.n_sink = out.n_blocks = out.n_pool = out.n_extra = out.tracing = out.block_bytes = 0;
         std::memset(out.block_offsets, 0, sizeof(out.block_offsets));
         const size_t row_bytes = k_l[il]->nb[1], head_bytes = (size_t) sh.n_embd_head * sizeof(ggml_fp16_t);
-        std::vector<uint8_t> rows((size_t) len[seq] * row_bytes);
+        std::vector<uint8_t> rows((size_t) out.n_window * row_bytes);
         for (auto [t, dst] : { std::pair{ k_l[il], out.window_k }, std::pair{ v_l[il], out.window_v } }) {
             if (!dst || rows.empty()) continue;
             ggml_backend_tensor_get(t, rows.data(), (size_t) seq * seq_rows * row_bytes, rows.size());
-            for (int32_t p = 0; p < len[seq]; ++p) {
-                std::memcpy((uint8_t *) dst + (size_t) p * head_bytes, rows.data() + p * row_bytes + h * head_bytes, head_bytes);
+            for (int32_t i = 0; i < out.n_window; ++i) {
+                const int32_t c = (len[seq] - out.n_window + i) % seq_rows;
+                std::memcpy((uint8_t *) dst + (size_t) i * head_bytes, rows.data() + c * row_bytes + h * head_bytes, head_bytes);
             }
         }
         return OTT_OK;
     }
 
+    // Used bytes: the rows holding tokens (a ring holds at most seq_rows per sequence).
     ott_kv_stats stats() const override {
         ott_kv_stats st{};
         const double per_token_layer = 2.0 * n_embd_gqa() * sizeof(ggml_fp16_t);  // K and V
-        for (int32_t l : len) st.n_tokens += l;
+        int64_t n_held = 0;
+        for (int32_t l : len) {
+            st.n_tokens += l;
+            n_held += std::min(l, seq_rows);
+        }
         st.bytes_allocated       = (int64_t) ggml_backend_buffer_get_size(buf);
-        st.bytes_used            = (int64_t) (per_token_layer * sh.n_layer * (double) st.n_tokens);
-        st.bytes_per_token_layer = per_token_layer;
-        st.bits_per_element      = 16.0;
+        st.bytes_used            = (int64_t) (per_token_layer * sh.n_layer * (double) n_held);
+        st.bytes_per_token_layer = st.n_tokens ? per_token_layer * (double) n_held / (double) st.n_tokens : per_token_layer;
+        st.bits_per_element      = st.n_tokens ? 16.0 * (double) n_held / (double) st.n_tokens : 16.0;
         return st;
     }
 
@@ -232,6 +261,16 @@ private:
     };
 
     int64_t n_embd_gqa() const { return (int64_t) sh.n_embd_head * sh.n_head_kv; }
+
+    // The position row c holds while a sequence holds n_held tokens: of the positions
+    // n_held - seq_rows .. n_held - 1, the one that maps to c (c itself before the ring wraps).
+    int32_t held_pos(int32_t n_held, int32_t c) const {
+        if (n_held <= seq_rows) return c;
+        const int32_t first = n_held - seq_rows;
+        return first + ((c - first) % seq_rows + seq_rows) % seq_rows;
+    }
+
+    bool holds_window(int32_t n_held, int32_t pos) const { return ott_kv_ring_holds(n_swa, seq_rows, n_held, pos); }
 
     // Does the backend's flash attention take this cache's head size?
     bool flash_attn_supported() const {
@@ -249,10 +288,11 @@ private:
     }
 
     ott_kv_shape sh;
+    int32_t n_swa;                    // sliding window in positions; 0: none
     ggml_context * ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
-    int32_t seq_rows;                 // cache rows per sequence (n_ctx, padded on a GPU)
-    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer; row = seq*seq_rows + pos
+    int32_t seq_rows;                 // cache rows per sequence (shape.n_ctx, padded on a GPU)
+    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer; row = seq*seq_rows + pos % seq_rows
     std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer
     std::vector<int32_t> len;         // [n_seq_max] tokens held per sequence
     bool use_fa = true;               // flash attention, else K·Q, softmax, V·P
@@ -264,8 +304,18 @@ private:
 
 } // namespace
 
+// On a GPU a sequence's rows are padded to a multiple of 256: ggml-cuda's fastest
+// flash-attention kernels want n_kv a multiple of 256 (the extra rows are masked out).
+int32_t ott_kv_f16_seq_rows(const ott_kv_shape & shape) {
+    return shape.cuda_device >= 0 ? (shape.n_ctx + 255) / 256 * 256 : shape.n_ctx;
+}
+
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
-    auto c = std::make_unique<kv_f16>(shape);
+    return ott_kv_f16_window_create(shape, 0, out);
+}
+
+ott_status ott_kv_f16_window_create(const ott_kv_shape & shape, int32_t n_swa, std::unique_ptr<ott_kv_cache> & out) {
+    auto c = std::make_unique<kv_f16>(shape, n_swa);
     OTT_TRY(c->init());
     out = std::move(c);
     return OTT_OK;
