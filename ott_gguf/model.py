@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ._native import check, ffi, lib
-from .errors import InvalidArgumentError, ModelFileError
+from .errors import InvalidArgumentError, ModelFileError, UnsupportedError
 from .reference.config import PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
 
@@ -174,6 +174,9 @@ class Context:
         kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
         model's `<model>.kvcalib.gguf`, see calibrate.py)."""
         kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
+        if kv_cfg.kvq:
+            raise UnsupportedError("the KVQuant cache (kvquant2/3/4) runs in the reference and torch evaluation "
+                                   "(bench/kvquant_accuracy.py), not yet in the runtime")
         if prefill_fp16 and not kv_cfg.quantized:
             raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
         if weights._model is None:
@@ -385,12 +388,17 @@ def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike |
     return path
 
 
+# KVConfig knobs of the KVQuant scheme, which ott_kv_params does not have yet
+_KVQ_KNOBS = ("kvq", "pre_rope", "uniform", "outliers")
+
+
 def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
     """Fill an ott_kv_params from a validated KVConfig."""
     if cfg.quantized:
         c_kv.type = lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT
         for f in fields(KVConfig):
-            setattr(c_kv, f.name, getattr(cfg, f.name))
+            if f.name not in _KVQ_KNOBS:
+                setattr(c_kv, f.name, getattr(cfg, f.name))
         c_kv.prefill_fp16 = int(prefill_fp16)
     else:
         c_kv.type = lib.OTT_KV_F16

@@ -6,9 +6,14 @@ import pytest
 
 from ott_gguf import cli
 from ott_gguf._native import ffi, lib
-from ott_gguf.errors import InvalidArgumentError
+from ott_gguf.errors import InvalidArgumentError, UnsupportedError
 from ott_gguf.model import Model
 from ott_gguf.reference import PRESETS, preset
+
+def test_kvquant_modes_are_not_in_the_runtime_yet(smollm2_path):
+    with pytest.raises(UnsupportedError, match="KVQuant"):
+        Model(smollm2_path, n_ctx=256, n_threads=2, kv="kvquant2", device="cpu")
+
 
 PROMPT = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5498, 314]
 
@@ -30,7 +35,7 @@ def test_f16_is_the_default_cache(smollm2_path):
     assert default.tokens_until_event() is None
 
 
-@pytest.mark.parametrize("name", [n for n in PRESETS if n != "f16"])
+@pytest.mark.parametrize("name", [n for n in PRESETS if n != "f16" and not PRESETS[n].kvq])
 def test_modes_by_name(smollm2_path, name):
     model = Model(smollm2_path, n_ctx=256, n_threads=2, kv=name, device="cpu")
     assert model.kv == name and model.kv_config == preset(name).for_head_dim(64)

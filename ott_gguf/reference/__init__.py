@@ -3,8 +3,11 @@
 The oracle the native CPU and CUDA code is checked against: codes, scales, mins, masks and
 pool contents bit for bit; attention output within a budget of the float64 result here.
 
-    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4, validation
+    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4 / kvquant2-4, validation
     quant.py      one group: KIVI asymmetric quantization (exact float32 recipe), LSB-first packing
+    nuq.py        KVQuant's non-uniform codebooks: nearest level, per-token and per-channel ranges
+    kvquant.py    a KVQuant block: pre-RoPE per-channel keys, per-token values, sparse outliers
+    rope.py       RoPE in float64 (attention rotates keys cached before RoPE)
     block.py      QuantBlock: the byte layout of a quantized block of one KV head
     outliers.py   Outlier Token Tracing: L1 scores, pool selection, stop rule, mean substitution
     store.py      fp16 token stores (sink, pool, extra pool, window), float32 -> fp16 input

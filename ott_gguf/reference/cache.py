@@ -22,6 +22,10 @@ Skip layers (il < skip_layers) and configs with pool 0 never trace: they have no
 no extra pool, never substitute, and all their mask bits are 0 (KIVI).
 
 Positions are sequence positions: the n-th token appended has position n (0-based).
+
+The KVQuant scheme (kvq = 1) keeps this schedule and replaces what an event stores: a
+KVQBlock (kvquant.py) from the head's calibrated tables, and no outlier tracing. With
+pre_rope its stores (sink and window too) hold keys before RoPE.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import numpy as np
 from ott_gguf.errors import InvalidArgumentError
 
 from .block import QuantBlock, quantize_block
+from . import kvquant
 from .config import KVConfig
 from .outliers import can_trace, substitute_mean, trace
 from .store import TokenStore, to_fp16
@@ -46,13 +51,16 @@ class HeadCache:
     extra: TokenStore          # fp16 [<= extra_pool, head_dim]
     window: TokenStore         # fp16 [R .. R+block-1, head_dim] once R tokens arrived
     tracing: bool              # OTT active; False for non-tracing layers and after the stop rule
-    blocks: list[QuantBlock] = field(default_factory=list)
+    blocks: list[QuantBlock | kvquant.KVQBlock] = field(default_factory=list)
+    kvq: kvquant.KVQHead | None = None   # calibrated tables of the KVQuant scheme
     n_tokens: int = 0          # tokens appended so far = position of the next one
 
     @classmethod
-    def new(cls, cfg: KVConfig, il: int, head_dim: int) -> HeadCache:
+    def new(cls, cfg: KVConfig, il: int, head_dim: int, kvq: kvquant.KVQHead | None = None) -> HeadCache:
+        if cfg.kvq and kvq is None:
+            raise InvalidArgumentError(f"kv cache: layer {il}: the KVQuant scheme needs its calibrated tables")
         e = TokenStore.empty(head_dim)
-        return cls(cfg.for_head_dim(head_dim), head_dim, e, e, e, e, tracing=cfg.traces(il))
+        return cls(cfg.for_head_dim(head_dim), head_dim, e, e, e, e, tracing=cfg.traces(il), kvq=kvq)
 
     def tokens_until_event(self) -> int | None:
         """Appends until the next quantization event fires (after the last of them); None: never."""
@@ -85,6 +93,9 @@ class HeadCache:
     def _quantize_oldest_block(self) -> None:
         blk = self.window.select(slice(0, self.cfg.block))
         self.window = self.window.select(slice(self.cfg.block, None))
+        if self.cfg.kvq:
+            self.blocks.append(kvquant.quantize_block(blk.k, blk.v, int(blk.pos[0]), self.cfg, self.kvq))
+            return
         masked = np.zeros(self.cfg.block, dtype=bool)
         if self.tracing and not can_trace(self.pool, self.extra, self.cfg.extra_pool):
             self.tracing = False
@@ -99,7 +110,7 @@ class HeadCache:
         extra, window): positions int64 [n], k̂ float64 [n, head_dim], v̂ float64 [n, head_dim]."""
         parts = [(self.sink.pos, self.sink.k, self.sink.v)]
         for b in self.blocks:
-            k, v = b.dequantize(self.cfg)
+            k, v = b.dequantize(self.cfg, self.kvq) if self.cfg.kvq else b.dequantize(self.cfg)
             live = ~b.masked
             parts.append((b.positions[live], k[live], v[live]))
         parts += [(s.pos, s.k, s.v) for s in (self.pool, self.extra, self.window)]
@@ -117,12 +128,15 @@ class LayerCache:
     heads: list[HeadCache]     # [n_head_kv]
 
     @classmethod
-    def new(cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int) -> LayerCache:
+    def new(cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int,
+            kvq: kvquant.KVQLayer | None = None) -> LayerCache:
+        """kvq: the layer's calibrated tables, needed by the KVQuant scheme only."""
         if n_head_kv <= 0:
             raise InvalidArgumentError(f"kv cache: n_head_kv={n_head_kv} must be > 0")
         cfg = cfg.for_head_dim(head_dim)
         return cls(cfg, il, n_head_kv, head_dim,
-                   [HeadCache.new(cfg, il, head_dim) for _ in range(n_head_kv)])
+                   [HeadCache.new(cfg, il, head_dim, kvq.head(h) if cfg.kvq and kvq else None)
+                    for h in range(n_head_kv)])
 
     @property
     def n_tokens(self) -> int:
@@ -139,7 +153,8 @@ class LayerCache:
                 f"layer {self.il} kv: k {k.shape} / v {v.shape} are not [n_tokens, {want[0]}, {want[1]}]")
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
-        """Append new tokens of this layer: k, v float32 [n_tokens, n_head_kv, head_dim], post-RoPE."""
+        """Append new tokens of this layer: k, v float32 [n_tokens, n_head_kv, head_dim], keys
+        post-RoPE (before RoPE with cfg.pre_rope)."""
         k, v = np.asarray(k), np.asarray(v)
         self.check_kv(k, v)
         k16 = to_fp16(k, f"layer {self.il} k")

@@ -15,7 +15,8 @@ from ott_gguf.errors import InvalidArgumentError
 from .rotation import CALIBRATED, HADAMARD, ROTATIONS
 
 F16_BITS = 16                 # bits value that means "stored as fp16, never quantized"
-QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache
+QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache (KIVI / OTT groups)
+KVQ_BITS = (2, 3, 4)          # code widths of the KVQuant scheme (codebook indices)
 MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 sums of
                               # fp16 values exact (outliers.py relies on it)
 
@@ -36,6 +37,10 @@ class KVConfig:
     param_bits: int = 16  # a group's scale and min: 16 (fp16) or 8 (ufp8 scale, int8 min; quant.py)
     rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
     rot_v: int = 0        # rotation of values, undone after attention: same kinds
+    kvq: int = 0          # 1: the KVQuant scheme (kvquant.py): calibrated channel ranges, codebooks
+    pre_rope: int = 0     # 1: keys cached before RoPE, rotated at their position in attention (kvq)
+    uniform: int = 0      # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
+    outliers: int = 0     # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,14 +58,23 @@ class KVConfig:
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
                 f"keys and values are both fp16 (16) or both quantized")
         for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v"):
+                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v",
+                     "kvq", "pre_rope", "uniform", "outliers"):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
                     f"(every token is kept in fp16)")
 
     def _check_quantized(self) -> None:
-        for name in ("bits_k", "bits_v"):
+        if self.kvq > 1:
+            raise InvalidArgumentError(f"kv config: kvq={self.kvq} must be 0 (KIVI / OTT groups) or 1 (KVQuant)")
+        if self.kvq:
+            self._check_kvq()
+        elif self.pre_rope or self.uniform or self.outliers:
+            raise InvalidArgumentError(
+                f"kv config: pre_rope={self.pre_rope} uniform={self.uniform} outliers={self.outliers} "
+                f"apply to the KVQuant scheme only (kvq=1)")
+        for name in () if self.kvq else ("bits_k", "bits_v"):
             if getattr(self, name) not in QUANT_BITS:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} "
@@ -96,6 +110,27 @@ class KVConfig:
                 f"kv config: extra_pool={self.extra_pool} needs pool > 0 "
                 f"(it holds tokens evicted from the pool)")
 
+    def _check_kvq(self) -> None:
+        """KVQuant: no token pools, no groups of its own (keys take calibrated channel ranges,
+        values one range per token), fp16 parameters, no rotation."""
+        for name in ("bits_k", "bits_v"):
+            if getattr(self, name) not in KVQ_BITS:
+                raise InvalidArgumentError(
+                    f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)")
+        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v"):
+            if getattr(self, name):
+                raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
+        if self.param_bits != 16:
+            raise InvalidArgumentError(f"kv config: param_bits={self.param_bits} must be 16 with KVQuant (kvq=1)")
+        if self.group_k != self.block:
+            raise InvalidArgumentError(
+                f"kv config: group_k={self.group_k} must equal block={self.block} with KVQuant "
+                f"(keys take calibrated per-channel ranges)")
+        if self.pre_rope > 1 or self.uniform > 1:
+            raise InvalidArgumentError(f"kv config: pre_rope={self.pre_rope} and uniform={self.uniform} are 0 or 1")
+        if self.outliers > 1000:
+            raise InvalidArgumentError(f"kv config: outliers={self.outliers} per 10000 is more than 10 %")
+
     @property
     def quantized(self) -> bool:
         """False for the fp16 cache (mode f16), True when old tokens are quantized."""
@@ -108,7 +143,7 @@ class KVConfig:
     @property
     def calibrated(self) -> bool:
         """Whether the config needs a calibration sidecar (a calibrated rotation)."""
-        return CALIBRATED in (self.rot_k, self.rot_v)
+        return CALIBRATED in (self.rot_k, self.rot_v) or self.kvq == 1
 
     def for_head_dim(self, head_dim: int) -> KVConfig:
         """This config for a model of width `head_dim`: group_v capped at head_dim, checked."""
@@ -121,6 +156,10 @@ class KVConfig:
                 raise InvalidArgumentError(
                     f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}")
         cfg = replace(self, group_v=min(self.group_v, head_dim))
+        if self.kvq and (cfg.group_v != head_dim or head_dim * self.bits_v % 8 or self.block * head_dim > 65536):
+            raise InvalidArgumentError(
+                f"kv config: KVQuant needs group_v >= head_dim={head_dim} (one range per token), whole bytes per "
+                f"token at bits_v={self.bits_v}, and block·head_dim <= 65536 (16-bit sparse indices)")
         if head_dim % cfg.group_v:
             raise InvalidArgumentError(
                 f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
@@ -144,6 +183,12 @@ _KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0
 # group parameters, no fp16 window beyond the block being filled.
 _OTTR = dict(_OTT, group_v=128, window=0, param_bits=8, rot_v=HADAMARD)
 
+# KVQuant (kvquant.py): pre-RoPE per-channel keys, per-token values, nuq codebooks, 1 %
+# dense-and-sparse outliers, one fp16 sink token. Keys need no per-block ranges, so blocks are
+# short: the fp16 stretch of the block being filled is small.
+_KVQ = dict(group_k=32, group_v=MAX_SUM_TERMS, block=32, window=0, pool=0, extra_pool=0,
+            skip_layers=0, sink=1, kvq=1, pre_rope=1, outliers=100)
+
 PRESETS: dict[str, KVConfig] = {
     "f16": KVConfig(bits_k=16, bits_v=16, group_k=0, group_v=0, block=0, window=0, pool=0,
                     extra_pool=0, skip_layers=0, sink=0, param_bits=0),
@@ -153,13 +198,16 @@ PRESETS: dict[str, KVConfig] = {
     "ott4": KVConfig(bits_k=4, bits_v=4, **_OTT),
     "ottr2": KVConfig(bits_k=2, bits_v=2, **_OTTR),
     "ottr3": KVConfig(bits_k=4, bits_v=2, **_OTTR),
+    "kvquant2": KVConfig(bits_k=2, bits_v=2, **_KVQ),
+    "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),
+    "kvquant4": KVConfig(bits_k=4, bits_v=4, **_KVQ),
 }
 # --kv auto: the recommended cache, the one near f16 quality (4-bit keys, 2-bit values)
 AUTO = "ottr3"
 
 
 def preset(name: str) -> KVConfig:
-    """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr3, or auto: AUTO's)."""
+    """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr3, kvquant2/3/4, or auto: AUTO's)."""
     if name == "auto":
         name = AUTO
     if name not in PRESETS:

@@ -7,6 +7,8 @@ Accounting per KV head (one sequence), by store:
     scales      per block: scale and min for every group, 2 bytes each (fp16) or 1 (param_bits 8),
                 (block/group_k·head_dim + block·head_dim/group_v) · 2 · that
     masks       per block: block/8 bytes, only in layers that trace (no mask needed elsewhere)
+    sparse      KVQuant per block: n_out keys and n_out values (kvquant.n_outliers), each an
+                fp16 value and a uint16 index: 2·n_out·4 bytes
     pool        per token: 2·head_dim fp16 + int32 position
     extra_pool  per token: 2·head_dim fp16 + int32 position
     window      n_window · 2·head_dim fp16; positions implicit
@@ -14,6 +16,12 @@ Accounting per KV head (one sequence), by store:
                 · 2·head_dim, whatever the mode (native/src/kv/kv_layered.h)
 
 A masked slot keeps its codes, so an outlier token costs its codes plus its pool entry.
+
+KVQuant blocks (kvq = 1): codes as above; scales = fp16 zero and scale per token of the
+values, block·2·2 bytes (keys have no per-block parameters: their calibrated channel ranges
+and the codebooks are per model, head_dim·2·4 bytes per layer and KV head plus 2^b·4 per
+codebook, constant in n_ctx and not counted); sparse as above. Sink and window hold fp16
+tokens as in every scheme.
 
 `footprint` is the formula at a context of n_ctx tokens: the schedule fixes the sink, block
 and window counts exactly; after the first event the pool is full; the extra pool is counted
@@ -31,8 +39,10 @@ from ott_gguf.errors import InvalidArgumentError
 
 from .cache import LayerCache
 from .config import KVConfig
+from .kvquant import n_outliers
 
-STORES = ("sink", "codes", "scales", "masks", "pool", "extra_pool", "window", "local")
+STORES = ("sink", "codes", "scales", "masks", "sparse", "pool", "extra_pool", "window", "local")
+SPARSE_BYTES = 4              # one sparse entry: fp16 value + uint16 index
 FP16_BYTES = 2
 POS_BYTES = 4
 
@@ -82,6 +92,10 @@ def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer:
         head["window"] = n_window * token
         if n_blocks:
             head["codes"] = n_blocks * head_dim * cfg.block * (cfg.bits_k + cfg.bits_v) // 8
+        if n_blocks and cfg.kvq:
+            head["scales"] = n_blocks * cfg.block * 2 * FP16_BYTES
+            head["sparse"] = n_blocks * 2 * n_outliers(cfg, head_dim) * SPARSE_BYTES
+        elif n_blocks:
             groups = cfg.block // cfg.group_k * head_dim + cfg.block * head_dim // cfg.group_v
             head["scales"] = n_blocks * groups * 2 * (FP16_BYTES if cfg.param_bits == 16 else 1)
         if n_blocks and cfg.traces(il):
@@ -107,6 +121,10 @@ def measure(layers: list[LayerCache]) -> Footprint:
             by_store["extra_pool"] += len(head.extra) * (token + POS_BYTES)
             for b in head.blocks:
                 by_store["codes"] += b.k_codes.nbytes + b.v_codes.nbytes
+                if layer.cfg.kvq:
+                    by_store["scales"] += b.v_zero.nbytes + b.v_scale.nbytes
+                    by_store["sparse"] += sum(a.nbytes for a in (b.k_out_idx, b.k_out_val, b.v_out_idx, b.v_out_val))
+                    continue
                 by_store["scales"] += b.k_scale.nbytes + b.k_min.nbytes + b.v_scale.nbytes + b.v_min.nbytes
                 by_store["masks"] += b.mask.nbytes if traces else 0
     return _summarize(by_store, first.n_tokens, len(layers), first.n_head_kv, first.head_dim)

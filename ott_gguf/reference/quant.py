@@ -75,9 +75,12 @@ Error bound: for every element |x - x̂| <= scale/2 up to the fp16 rounding of t
 
 Packing
 -------
-`bits` in {2, 4, 8}. Codes are packed LSB-first: code i of a row lands in byte
-i·bits/8 at bit offset (i mod (8/bits))·bits. At 2 bits, byte j holds codes 4j .. 4j+3
-as `c0 | c1<<2 | c2<<4 | c3<<6`; at 4 bits, `c0 | c1<<4`.
+`bits` in 1..8. Codes are packed LSB-first as one bit stream per row: bit k of code i is
+bit i·bits + k of the row, and bit n of the row is bit n mod 8 of byte n/8. For bits that
+divide 8 a code never crosses a byte: code i lands in byte i·bits/8 at bit offset
+(i mod (8/bits))·bits; at 2 bits byte j holds codes 4j .. 4j+3 as `c0 | c1<<2 | c2<<4 |
+c3<<6`, at 4 bits `c0 | c1<<4`. At 3 bits eight codes fill three bytes, code 2 spanning
+bytes 0 and 1.
 """
 from __future__ import annotations
 
@@ -184,19 +187,18 @@ def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> n
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack the last axis LSB-first: uint8 [..., n] -> uint8 [..., n·bits/8]."""
-    per_byte = 8 // bits
     n = codes.shape[-1]
-    if n % per_byte:
+    if not 1 <= bits <= 8 or n * bits % 8:
         raise InvalidArgumentError(f"pack_codes: {n} codes at {bits} bits do not fill whole bytes")
-    c = codes.reshape(*codes.shape[:-1], n // per_byte, per_byte).astype(np.uint16)
-    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)               # [per_byte]
-    return (c << shifts).sum(axis=-1).astype(np.uint8)
+    shifts = np.arange(bits, dtype=np.uint8)                             # [bits]
+    stream = (codes[..., None] >> shifts) & np.uint8(1)                  # [..., n, bits]
+    return np.packbits(stream.reshape(*codes.shape[:-1], n * bits), axis=-1, bitorder="little")
 
 
 def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of pack_codes: uint8 [..., m] -> uint8 [..., m·8/bits]."""
-    per_byte = 8 // bits
-    shifts = (np.arange(per_byte, dtype=np.uint8) * bits)                # [per_byte]
-    mask = np.uint8((1 << bits) - 1)
-    c = (packed[..., None] >> shifts) & mask                             # [..., m, per_byte]
-    return c.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+    m = packed.shape[-1]
+    stream = np.unpackbits(packed, axis=-1, bitorder="little")           # [..., 8m]
+    stream = stream.reshape(*packed.shape[:-1], m * 8 // bits, bits)
+    weights = (np.uint8(1) << np.arange(bits, dtype=np.uint8))           # [bits]
+    return (stream * weights).sum(axis=-1, dtype=np.uint16).astype(np.uint8)
