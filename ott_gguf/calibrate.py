@@ -13,6 +13,9 @@ Uᵀ turns a vector into its principal components; the Hadamard then spreads the
 channel of x' = R (x - c) carries about the same variance and a few large components no
 longer set a whole group's range.
 
+With `kvq` (kvq_calibration.py: a torch pass for Fisher information) the sidecar also holds
+KVQuant's per-channel key thresholds and nuq codebooks.
+
 The keys and values are read back from the runtime itself: each calibration window runs
 through the fp16 cache, whose stores are then exported (Model.kv_head_state). The text is cut into windows of n_ctx tokens (BOS first when the vocabulary
 adds it), at most n_seqs of them; everything is deterministic.
@@ -28,6 +31,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .errors import InvalidArgumentError
+from .kvq_calibration import KVQCalibration, add_to_sidecar
 from .reference.rotation import hadamard
 
 
@@ -42,6 +46,7 @@ class Calibration:
     center_k: np.ndarray          # float32 [n_layer, n_head_kv, d]
     rot_v: np.ndarray
     center_v: np.ndarray
+    kvq: KVQCalibration | None = None   # KVQuant tables (kvq_calibration.py), when computed
 
 
 def principal_rotation(sum_x: np.ndarray, sum_xx: np.ndarray, n: int, hd_rot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +140,8 @@ def write(cal: Calibration, path: str | os.PathLike) -> None:
         w.add_tensor(f"ott.center_k.{il}", np.ascontiguousarray(cal.center_k[il]))
         w.add_tensor(f"ott.rot_v.{il}", np.ascontiguousarray(cal.rot_v[il]))
         w.add_tensor(f"ott.center_v.{il}", np.ascontiguousarray(cal.center_v[il]))
+    if cal.kvq is not None:
+        add_to_sidecar(w, cal.kvq)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

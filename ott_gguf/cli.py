@@ -40,6 +40,17 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _percent(text: str) -> float:
+    """A percentage 0 .. 10 with at most two decimals (KVQuant outliers, per 10000 inside)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got '{text}'") from None
+    if not 0 <= value <= 10 or abs(value * 100 - round(value * 100)) > 1e-9:
+        raise argparse.ArgumentTypeError(f"must be 0 .. 10 in steps of 0.01, got {text}")
+    return value
+
+
 def _int_at_least(low: int):
     def parse(text: str) -> int:
         try:
@@ -100,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     for knob, what in _KV_ROTATIONS.items():
         kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", choices=ROTATIONS,
                             help=f"override the mode's rotation of {what}")
+    kvopts.add_argument("--kv-outliers", dest="kv_outliers", type=_percent, metavar="PCT",
+                        help="override the mode's dense-and-sparse outliers, percent of a block's values (KVQuant)")
     kvopts.add_argument("--kv-calib", type=Path, metavar="FILE",
                         help="calibration sidecar of calibrated rotations (default: MODEL.kvcalib.gguf beside the model)")
     kvopts.add_argument("--prefill-fp16", action="store_true",
@@ -191,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)")
     p.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
     p.add_argument("--device", help="cpu, cuda or cuda:N")
+    p.add_argument("--kvquant", action="store_true",
+                   help="also KVQuant's key thresholds and Fisher-weighted codebooks (needs torch: ott-gguf[calibrate])")
+    p.add_argument("--kv-outliers", type=_percent, nargs="+", metavar="PCT", default=[0.0, 1.0],
+                   help="outlier percentages to calibrate KVQuant thresholds for (default 0 1)")
     p.set_defaults(func=cmd_calibrate)
 
     from convert.cli import add_arguments as add_convert_arguments
@@ -231,15 +248,16 @@ def _fail(message: str, verbose: bool) -> int:
     return 1
 
 
-def _load(args, n_ctx: int | None, n_ubatch: int = 512):
+def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
+    """The model of args with its --kv cache (or the KVConfig kv instead)."""
     # Imported here so that --help and usage errors work without loading the native library.
     from .model import Model
     from .resolve import resolve_model
 
     return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
-                 n_threads=getattr(args, "threads", None), kv=_kv_config(args),
+                 n_threads=getattr(args, "threads", None), kv=kv or _kv_config(args),
                  prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None),
-                 kv_calib=getattr(args, "kv_calib", None))
+                 kv_calib=None if kv else getattr(args, "kv_calib", None))
 
 
 def _kv_config(args):
@@ -249,7 +267,9 @@ def _kv_config(args):
     cfg = preset(getattr(args, "kv", "f16"))
     rotations = {knob: None if getattr(args, f"kv_{knob}", None) is None else ROTATIONS.index(getattr(args, f"kv_{knob}"))
                  for knob in _KV_ROTATIONS}
-    return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS}, **rotations)
+    outliers = getattr(args, "kv_outliers", None)
+    return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS}, **rotations,
+                              outliers=None if outliers is None else round(outliers * 100))
 
 
 def _kv_description(kv: str, fp) -> str:
@@ -353,13 +373,18 @@ _ROPE_NAMES = {0: "normal", 2: "neox"}
 
 
 def cmd_info(args) -> int:
+    from .model import kv_mode_name
+    from .reference.config import preset
     from .reference.footprint import ring_rows
 
-    model = _load(args, _NO_EVAL_CTX)
+    # the runtime has no KVQuant cache yet: its footprint is the formula's, on an f16 context
+    kv_cfg = _kv_config(args)
+    model = _load(args, _NO_EVAL_CTX, kv=preset("f16") if kv_cfg.kvq else None)
+    kv_name = kv_mode_name(kv_cfg)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size
     n_ctx = args.ctx_size or info.n_ctx_train
-    fp = model.weights.kv_footprint(model.kv_config, n_ctx, n_ctx, model.n_ubatch)   # a context of n_ctx tokens
+    fp = model.weights.kv_footprint(kv_cfg, n_ctx, n_ctx, model.n_ubatch)   # a context of n_ctx tokens
     kv_per_token = int(round(fp.bytes_per_token_per_layer * info.n_layer))
     local = model.weights.local_layers(n_ctx)
     rows = [
@@ -382,12 +407,14 @@ def cmd_info(args) -> int:
                        f"BOS {model.tokenizer.bos_id} ({'added' if model.tokenizer.add_bos else 'not added'}), "
                        f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}"),
         ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
-        (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
+        (f"KV cache {kv_name}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
                                  f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"
-                                 + (f"; {model.kv} on the {info.n_layer - len(local)} global layers, an fp16 ring of "
+                                 + (f"; {kv_name} on the {info.n_layer - len(local)} global layers, an fp16 ring of "
                                     f"{ring_rows(info.n_swa, n_ctx, model.n_ubatch)} tokens on the {len(local)} local"
                                     if local else "")),
-        ("KV footprint", _kv_description(model.kv, fp)),
+        ("KV footprint", _kv_description(kv_name, fp)),
+        ("KV stores", ", ".join(f"{store} {fp.bits_per_element * b / fp.total_bytes:.3f}"
+                                for store, b in fp.bytes.items() if b) + " bits per element"),
         ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
                                    sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
     ]
@@ -407,9 +434,16 @@ def cmd_calibrate(args) -> int:
     out = args.output or default_calibration(path)
     cal = collect(path, text, n_ctx=args.ctx_size, n_seqs=args.windows, n_threads=args.threads,
                   device=args.device, text_name=args.file.name)
+    if args.kvquant:
+        from dataclasses import replace
+
+        from .kvq_calibration import collect_kvq
+        cal = replace(cal, kvq=collect_kvq(path, text, n_ctx=args.ctx_size, n_seqs=args.windows,
+                                           outliers=tuple(sorted({round(p * 100) for p in args.kv_outliers})),
+                                           n_threads=args.threads, device=args.device))
     write(cal, out)
-    print(f"wrote {out}: rotations of keys and values, {cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, "
-          f"from {cal.n_tokens} tokens of {args.file.name}")
+    print(f"wrote {out}: rotations of keys and values{', KVQuant tables' if args.kvquant else ''}, "
+          f"{cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, from {cal.n_tokens} tokens of {args.file.name}")
     return 0
 
 
