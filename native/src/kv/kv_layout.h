@@ -132,6 +132,64 @@ static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int
     return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t) g->block / 8 : 0);
 }
 
+/* ---- KVQuant head-blocks (ott_gguf/reference/kvquant.py, byte for byte) ------------------
+ *
+ *   v_zero     fp16   [block]                      per-token zero of the values, slot t
+ *   v_scale    fp16   [block]
+ *   k_codes    uint8  [head_dim][block·bits_k/8]   row c = channel c, codes along slots as one
+ *                                                  LSB-first bit stream (kv_quant.h: ott_pack_codes_ref)
+ *   v_codes    uint8  [block][head_dim·bits_v/8]   row t = slot t, along channels
+ *   k_out_idx  uint16 [n_out]                      sparse keys: ascending t·head_dim + c
+ *   k_out_val  fp16   [n_out]                      their exact values
+ *   v_out_idx  uint16 [n_out]                      sparse values, likewise
+ *   v_out_val  fp16   [n_out]
+ *
+ * Codes index a codebook of 2^bits float levels (kv_kvq.h); keys are normalized by calibrated
+ * per-channel ranges, so a head-block holds no key parameters. */
+typedef struct {
+    int32_t head_dim;    /* n_embd_head; block·head_dim <= 65536 (16-bit sparse indices)  */
+    int32_t block;       /* tokens per block, multiple of 8                              */
+    int32_t bits_k;      /* 2, 3 or 4                                                    */
+    int32_t bits_v;      /* 2, 3 or 4; head_dim·bits_v a multiple of 8                    */
+    int32_t n_out;       /* sparse entries of keys, and of values, per block (even)      */
+} ott_kvq_geom;
+OTT_STATIC_ASSERT(sizeof(ott_kvq_geom) == 20, "ott_kvq_geom is five int32");
+
+typedef struct {
+    uint32_t v_zero;
+    uint32_t v_scale;
+    uint32_t k_codes;
+    uint32_t v_codes;
+    uint32_t k_out_idx;
+    uint32_t k_out_val;
+    uint32_t v_out_idx;
+    uint32_t v_out_val;
+    uint32_t size;       /* total bytes, a multiple of OTT_KV_ALIGN */
+} ott_kvq_block_layout;
+OTT_STATIC_ASSERT(sizeof(ott_kvq_block_layout) == 36, "ott_kvq_block_layout is nine uint32");
+
+/* Sparse entries per block of keys (and of values) at `outliers` per 10000 of its entries:
+ * twice round(outliers/2 per 10000), half up (kvquant.py: n_outliers). */
+static inline OTT_HD int32_t ott_kvq_n_out(int32_t outliers, int32_t block, int32_t head_dim) {
+    return 2 * (int32_t) (((int64_t) outliers * block * head_dim + 10000) / 20000);
+}
+
+static inline OTT_HD ott_kvq_block_layout ott_kvq_block_layout_of(const ott_kvq_geom * g) {
+    const uint32_t sp = (uint32_t) g->n_out * 2u;                       /* bytes of one sparse array */
+    ott_kvq_block_layout L;
+    uint32_t off = 0;
+    L.v_zero    = off; off += ott_kv_align((uint32_t) g->block * 2u);
+    L.v_scale   = off; off += ott_kv_align((uint32_t) g->block * 2u);
+    L.k_codes   = off; off += ott_kv_align((uint32_t) (g->head_dim * g->block * g->bits_k / 8));
+    L.v_codes   = off; off += ott_kv_align((uint32_t) (g->block * g->head_dim * g->bits_v / 8));
+    L.k_out_idx = off; off += ott_kv_align(sp);
+    L.k_out_val = off; off += ott_kv_align(sp);
+    L.v_out_idx = off; off += ott_kv_align(sp);
+    L.v_out_val = off; off += ott_kv_align(sp);
+    L.size      = off;
+    return L;
+}
+
 #ifdef __cplusplus
 }
 #endif

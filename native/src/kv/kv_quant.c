@@ -135,11 +135,12 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
 }
 
 void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
-    const int32_t per_byte = 8 / bits;
-    for (int32_t j = 0; j < n / per_byte; ++j) {
-        uint32_t b = 0;
-        for (int32_t i = 0; i < per_byte; ++i) b |= (uint32_t) codes[j * per_byte + i] << (i * bits);
-        out[j] = (uint8_t) b;
+    memset(out, 0, (size_t) (n * bits / 8));
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t at = i * bits;                                   /* first bit of code i */
+        const uint32_t w = (uint32_t) codes[i] << (at % 8);
+        out[at / 8] |= (uint8_t) w;
+        if (at % 8 + bits > 8) out[at / 8 + 1] |= (uint8_t) (w >> 8);   /* 3 bits: a code may cross a byte */
     }
 }
 

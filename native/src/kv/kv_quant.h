@@ -52,7 +52,9 @@ ott_fp16 ott_fp32_to_fp16_ref(float f);
 void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip, int32_t param_bits,
                             uint8_t * codes, uint8_t * scale, uint8_t * min);
 
-/* Pack n codes LSB-first: code i goes to byte i*bits/8 at bit (i % (8/bits))*bits.
+/* Pack n codes LSB-first as one bit stream: bit k of code i is bit i*bits + k of out, bit m
+ * of out is bit m % 8 of byte m / 8 (bits 2, 4, 8: code i in byte i*bits/8 at bit
+ * (i % (8/bits))*bits; bits 3: eight codes in three bytes).
  * out: uint8 [n*bits/8]; n*bits must be a multiple of 8. */
 void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out);
 

@@ -1,0 +1,55 @@
+// kvq_attn_cpu.h — attention of one KV head's queries over its KVQuant stores, on the CPU
+// (DESIGN §8; ott_gguf/reference/attention.py with cfg.kvq is the float64 specification).
+//
+// Keys are cached before RoPE. Per tile (one head-block, or up to TILE fp16 rows) each key is
+// dequantized from its codes — level L_k[code] of the layer's codebook times its channel's
+// calibrated scale plus zero, the sparse entries put back exactly — then rotated by RoPE at
+// its own position and scored against the queries (already rotated at theirs): exact up to
+// float32 rounding, and the whole cache is never dequantized at once. Values likewise, per
+// token. One online softmax per query row over every store.
+//
+// Why the key and not the query is rotated per position: both cost n_rot/2 rotations per
+// key, but a rotated key serves every query row of the group (GQA heads, chunk tokens).
+#pragma once
+
+#include "kv/kv_kvq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// cos and sin of every (position, pair): cs[(p·n_rot/2 + i)·2 + {0, 1}] for p < n_pos, from
+// θ = p · freq_scale · freq_base^(-2i/n_rot) in double (ott_gguf/reference/rope.py).
+typedef struct {
+    int32_t       n_rot;      // rotated channels
+    int32_t       neox;       // pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])
+    int32_t       n_pos;      // positions covered
+    const float * cs;         // [n_pos][n_rot/2][2]
+} ott_rope_table;
+
+void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
+
+// The stores of one KV head of one sequence.
+typedef struct {
+    const uint8_t  * blocks;       // [n_blocks] head-blocks, block_stride bytes apart
+    int32_t          n_blocks;
+    int64_t          block_stride;
+    int32_t          pos0;         // position of slot 0 of block 0; block j at pos0 + j·block
+    const ott_fp16 * k;            // fp16 rows [n][head_dim]: sink, window, the chunk (keys pre-RoPE)
+    const ott_fp16 * v;
+    const int32_t  * pos;          // [n] their positions
+    int32_t          n;
+} ott_kvq_head_stores;
+
+// Floats of scratch ott_cpu_kvq_attn needs.
+size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q);
+
+// out [n_q][head_dim] = softmax(kq_scale · q · RoPE(k̂)) · v̂ over every key of st, for query
+// rows q [n_q][head_dim] (after RoPE). Every row sees every key (a decode step's query heads).
+void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
+                      const ott_rope_table * rope, const float * q, int32_t n_q, float kq_scale, float * out,
+                      float * scratch);
+
+#ifdef __cplusplus
+}
+#endif
