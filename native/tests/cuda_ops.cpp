@@ -10,7 +10,10 @@
 //                              kernel (7B shape: 32 KV heads of 128, ott2) at each context
 //                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
+#include "cpu/kvq_attn_cpu.h"
+#include "cuda/kvq_cuda.h"
 #include "cuda/ott_cuda.h"
+#include "kv/kv_kvq.h"
 #include "kv/kv_quant.h"
 
 #include <cuda_runtime.h>
@@ -28,6 +31,7 @@ namespace {
 
 constexpr double ATTN_BUDGET = 3e-4;   // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
 constexpr double ATTN_BUDGET_TC = 1e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
+constexpr double KVQ_ATTN_BUDGET = 1e-5; // KVQuant attention vs the CPU op: both float32, other sum orders
 
 #define CHECK_CUDA(expr)                                                                 \
     do {                                                                                 \
@@ -222,6 +226,110 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     snprintf(detail, sizeof(detail), "n_pool %d n_extra %d tracing %d%s%s", st.n_pool[0], st.n_extra[0], st.tracing[0],
              bad.empty() ? "" : " differ: ", bad.c_str());
     report(std::string("event/") + c.name, bad.empty(), detail, n_fail);
+}
+
+// ---- KVQuant: ott_kvq_quantize_block_ref vs ott_cuda_kvq_event, ott_cpu_kvq_attn vs ott_cuda_kvq_attn ----
+
+struct kvq_case {
+    const char * name;
+    ott_kvq_geom g;            // n_out from the outlier share below
+    int32_t outliers;          // per 10000
+    int32_t groups;            // query groups (KV heads of sequences), each with its own tables
+    int32_t n_blocks;          // head-blocks per group
+    int32_t n_fp;              // fp16 rows per group (sink, window, the chunk)
+    int32_t n_q;               // query rows per group
+    int32_t neox;
+};
+
+void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
+    rng_t rng(seed);
+    ott_kvq_geom & g = c.g;
+    g.n_out = ott_kvq_n_out(c.outliers, g.block, g.head_dim);
+    const int32_t hd = g.head_dim, G = c.groups, NB = c.n_blocks, n = g.block * hd;
+    const ott_kvq_block_layout L = ott_kvq_block_layout_of(&g);
+    std::vector<void *> mem;
+
+    // tables per group: thresholds on a grid of quarters, codebooks a warped grid (exact midpoints)
+    std::vector<float> zero((size_t) G * hd), scale((size_t) G * hd), lk((size_t) G << g.bits_k), lv((size_t) G << g.bits_v);
+    for (int32_t i = 0; i < G; ++i) {
+        std::vector<float> lo(hd), hi(hd);
+        for (int32_t ch = 0; ch < hd; ++ch) { lo[ch] = -(float) (1 + rng() % 4) * 0.5f; hi[ch] = (float) (1 + rng() % 4) * 0.5f; }
+        ott_kvq_channel_params_ref(lo.data(), hi.data(), hd, &zero[(size_t) i * hd], &scale[(size_t) i * hd]);
+        for (int32_t j = 0, nl = 1 << g.bits_k; j < nl; ++j) lk[((size_t) i << g.bits_k) + j] = -1.0f + 2.0f * j / (nl - 1) + (j % 2 ? 0.125f : 0.0f) * (j < nl - 1);
+        for (int32_t j = 0, nl = 1 << g.bits_v; j < nl; ++j) lv[((size_t) i << g.bits_v) + j] = -1.0f + 2.0f * j / (nl - 1);
+    }
+    const float * d_zero = upload_to(mem, zero), * d_scale = upload_to(mem, scale), * d_lk = upload_to(mem, lk), * d_lv = upload_to(mem, lv);
+    std::vector<ott_kvq_tables> htab(G), dtab(G);
+    for (int32_t i = 0; i < G; ++i) {
+        htab[i] = { &zero[(size_t) i * hd], &scale[(size_t) i * hd], &lk[(size_t) i << g.bits_k], &lv[(size_t) i << g.bits_v] };
+        dtab[i] = { d_zero + (size_t) i * hd, d_scale + (size_t) i * hd, d_lk + ((size_t) i << g.bits_k), d_lv + ((size_t) i << g.bits_v) };
+    }
+
+    // blocks: half of them ties everywhere (multiples of 1/8), the others spread with large values
+    std::vector<ott_fp16> k((size_t) G * NB * n), v(k.size());
+    for (size_t b = 0; b < (size_t) G * NB; ++b) {
+        for (int32_t i = 0; i < n; ++i) {
+            const size_t at = b * n + i;
+            if (b % 2) {
+                k[at] = ott_fp32_to_fp16_ref((float) ((int) (rng() % 48) - 24) / 8.0f);
+                v[at] = ott_fp32_to_fp16_ref((float) ((int) (rng() % 48) - 24) / 8.0f);
+            } else {
+                k[at] = rand_f16(rng, i % 97 == 5 ? 20.0f : 1.5f);
+                v[at] = rand_f16(rng, i % 89 == 7 ? 30.0f : 1.0f);
+            }
+        }
+    }
+    std::vector<uint8_t> want((size_t) G * NB * L.size), got(want.size());
+    std::vector<uint8_t> scratch(ott_kvq_scratch_bytes(&g));
+    std::vector<ott_kvq_tables> btab((size_t) G * NB);
+    for (size_t b = 0; b < (size_t) G * NB; ++b) {
+        ott_kvq_quantize_block_ref(&g, &htab[b / NB], &k[b * n], &v[b * n], &want[b * L.size], scratch.data());
+        btab[b] = dtab[b / NB];
+    }
+    uint8_t * d_blocks = (uint8_t *) upload_to(mem, std::vector<uint8_t>(want.size(), 0xff));
+    uint8_t * d_scratch = upload_to(mem, std::vector<uint8_t>(ott_cuda_kvq_event_scratch(g) * G * NB, 0));
+    CHECK_CUDA(ott_cuda_kvq_event(g, upload_to(mem, btab), upload_to(mem, k), upload_to(mem, v), G * NB, d_blocks, d_scratch, nullptr));
+    CHECK_CUDA(cudaMemcpy(got.data(), d_blocks, got.size(), cudaMemcpyDeviceToHost));
+    report(std::string("kvq-event/") + c.name, got == want, "n_out " + std::to_string(g.n_out), n_fail);
+
+    // attention: group i holds its NB blocks from position 1, its fp16 rows at 0 (the sink) and after
+    const int32_t n_pos = 1 + NB * g.block + c.n_fp;
+    std::vector<float> cs((size_t) n_pos * hd);
+    ott_rope_table rope = { hd, c.neox, n_pos, cs.data() };
+    ott_rope_table_fill(hd, 10000.0, 1.0, n_pos, cs.data());
+    std::vector<ott_fp16> fk((size_t) G * c.n_fp * hd), fv(fk.size());
+    for (size_t i = 0; i < fk.size(); ++i) { fk[i] = rand_f16(rng, 1.0f); fv[i] = rand_f16(rng, 1.0f); }
+    std::vector<int32_t> fpos((size_t) G * c.n_fp);
+    for (int32_t i = 0; i < G; ++i) {
+        for (int32_t r = 0; r < c.n_fp; ++r) fpos[(size_t) i * c.n_fp + r] = r == 0 ? 0 : NB * g.block + r;
+    }
+    std::vector<float> q((size_t) G * c.n_q * hd), want_o(q.size()), got_o(q.size());
+    for (float & x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+    const ott_fp16 * d_fk = upload_to(mem, fk), * d_fv = upload_to(mem, fv);
+    const int32_t * d_fpos = upload_to(mem, fpos);
+    std::vector<ott_kvq_head_stores> hst(G), dst(G);
+    std::vector<float> ascratch(ott_cpu_kvq_attn_scratch(&g, c.n_q));
+    const float kq_scale = 1.0f / std::sqrt((float) hd);
+    for (int32_t i = 0; i < G; ++i) {
+        const size_t fo = (size_t) i * c.n_fp;
+        hst[i] = { &want[(size_t) i * NB * L.size], NB, (int64_t) L.size, 1, &fk[fo * hd], &fv[fo * hd], &fpos[fo], c.n_fp };
+        dst[i] = { d_blocks + (size_t) i * NB * L.size, NB, (int64_t) L.size, 1, d_fk + fo * hd, d_fv + fo * hd, d_fpos + fo, c.n_fp };
+        ott_cpu_kvq_attn(&g, &htab[i], &hst[i], &rope, &q[(size_t) i * c.n_q * hd], c.n_q, kq_scale,
+                         &want_o[(size_t) i * c.n_q * hd], ascratch.data());
+    }
+    ott_rope_table drope = rope;
+    drope.cs = upload_to(mem, cs);
+    float * d_out = upload_to(mem, std::vector<float>(q.size(), NAN));
+    CHECK_CUDA(ott_cuda_kvq_attn(g, upload_to(mem, dtab), upload_to(mem, dst), G, drope, upload_to(mem, q), c.n_q, kq_scale,
+                                 d_out, nullptr));
+    CHECK_CUDA(cudaMemcpy(got_o.data(), d_out, got_o.size() * 4, cudaMemcpyDeviceToHost));
+    double e2 = 0, w2 = 0;
+    for (size_t i = 0; i < q.size(); ++i) { e2 += std::pow((double) got_o[i] - want_o[i], 2); w2 += std::pow((double) want_o[i], 2); }
+    const double err = std::sqrt(e2 / std::max(w2, 1e-300));
+    char detail[64];
+    snprintf(detail, sizeof(detail), "rel err %.2e (budget %.0e)", err, KVQ_ATTN_BUDGET);
+    report(std::string("kvq-attn/") + c.name, err < KVQ_ATTN_BUDGET, detail, n_fail);
+    for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }
 
 // ---- appends: ott_fp32_to_fp16_ref vs ott_cuda_kv_append -------------------------------------
@@ -536,6 +644,14 @@ int run_checks() {
         }
         ++seed;
     }
+    const kvq_case kvqs[] = {
+        { "kvquant2-hd64-b32-1pct",      { 64, 32, 2, 2, 0 }, 100, 3, 5, 9, 3, 0 },
+        { "kvquant3-hd64-b32-1pct-neox", { 64, 32, 3, 3, 0 }, 100, 2, 4, 33, 7, 1 },
+        { "kvquant4-hd128-b32-2.5pct",   { 128, 32, 4, 4, 0 }, 250, 2, 3, 5, 1, 0 },
+        { "kvquant2-hd128-b64-0pct",     { 128, 64, 2, 2, 0 }, 0, 4, 2, 2, 16, 1 },
+        { "kvquant3-hd64-b16-k3v2",      { 64, 16, 3, 2, 0 }, 100, 2, 6, 40, 2, 0 },
+    };
+    for (const kvq_case & c : kvqs) check_kvq(c, seed++, n_fail);
     printf("%d case(s) failed\n", n_fail);
     return n_fail == 0 ? 0 : 1;
 }

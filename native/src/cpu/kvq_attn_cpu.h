@@ -18,28 +18,8 @@
 extern "C" {
 #endif
 
-// cos and sin of every (position, pair): cs[(p·n_rot/2 + i)·2 + {0, 1}] for p < n_pos, from
-// θ = p · freq_scale · freq_base^(-2i/n_rot) in double (ott_gguf/reference/rope.py).
-typedef struct {
-    int32_t       n_rot;      // rotated channels
-    int32_t       neox;       // pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])
-    int32_t       n_pos;      // positions covered
-    const float * cs;         // [n_pos][n_rot/2][2]
-} ott_rope_table;
-
+// The RoPE table (kv/kvq_types.h: ott_rope_table) of n_pos positions into cs.
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
-
-// The stores of one KV head of one sequence.
-typedef struct {
-    const uint8_t  * blocks;       // [n_blocks] head-blocks, block_stride bytes apart
-    int32_t          n_blocks;
-    int64_t          block_stride;
-    int32_t          pos0;         // position of slot 0 of block 0; block j at pos0 + j·block
-    const ott_fp16 * k;            // fp16 rows [n][head_dim]: sink, window, the chunk (keys pre-RoPE)
-    const ott_fp16 * v;
-    const int32_t  * pos;          // [n] their positions
-    int32_t          n;
-} ott_kvq_head_stores;
 
 // Floats of scratch ott_cpu_kvq_attn needs.
 size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q);

@@ -18,19 +18,11 @@
 #ifndef OTT_KV_KVQ_H
 #define OTT_KV_KVQ_H
 
-#include "kv/kv_layout.h"
+#include "kv/kvq_types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Calibrated tables of one KV head of one layer. */
-typedef struct {
-    const float * k_zero;     /* [head_dim] per-channel key zero  */
-    const float * k_scale;    /* [head_dim] per-channel key scale */
-    const float * levels_k;   /* [2^bits_k] ascending             */
-    const float * levels_v;   /* [2^bits_v] ascending             */
-} ott_kvq_tables;
 
 /* zero and scale of n channels from their thresholds lo, hi (float [n] each). */
 void ott_kvq_channel_params_ref(const float * lo, const float * hi, int32_t n, float * zero, float * scale);
