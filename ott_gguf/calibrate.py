@@ -42,10 +42,10 @@ class Calibration:
     model_hash: str               # ott_model_fingerprint, 16 hex digits
     n_tokens: int                 # tokens the statistics were taken over (per layer and head)
     text: str                     # what the text was (for the sidecar's record)
-    rot_k: np.ndarray             # float32 [n_layer, n_head_kv, d, d]
-    center_k: np.ndarray          # float32 [n_layer, n_head_kv, d]
-    rot_v: np.ndarray
-    center_v: np.ndarray
+    rot_k: np.ndarray | None      # float32 [n_layer, n_head_kv, d, d]; None: KVQuant tables only
+    center_k: np.ndarray | None   # float32 [n_layer, n_head_kv, d]
+    rot_v: np.ndarray | None
+    center_v: np.ndarray | None
     kvq: KVQCalibration | None = None   # KVQuant tables (kvq_calibration.py), when computed
 
 
@@ -125,7 +125,10 @@ def write(cal: Calibration, path: str | os.PathLike) -> None:
 
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
-    L, H, d = cal.rot_k.shape[:3]
+    if cal.rot_k is not None:
+        L, H, d = cal.rot_k.shape[:3]
+    else:
+        L, (H, d) = cal.kvq.n_layer, next(iter(cal.kvq.k_range[0].values())).shape[:2]
     w = GGUFWriter(str(tmp), arch="ott-kvcalib")
     w.add_string("ott.calib.architecture", cal.arch)
     w.add_uint32("ott.calib.block_count", L)
@@ -135,7 +138,7 @@ def write(cal: Calibration, path: str | os.PathLike) -> None:
     w.add_string("ott.calib.text", cal.text)
     w.add_uint64("ott.calib.n_tokens", cal.n_tokens)
     w.add_string("ott.calib.version", __version__)
-    for il in range(L):
+    for il in range(L if cal.rot_k is not None else 0):
         w.add_tensor(f"ott.rot_k.{il}", np.ascontiguousarray(cal.rot_k[il]))
         w.add_tensor(f"ott.center_k.{il}", np.ascontiguousarray(cal.center_k[il]))
         w.add_tensor(f"ott.rot_v.{il}", np.ascontiguousarray(cal.rot_v[il]))

@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.add_argument("--kvquant", action="store_true",
                    help="also KVQuant's key thresholds and Fisher-weighted codebooks (needs torch: ott-gguf[calibrate])")
+    p.add_argument("--kvquant-only", action="store_true",
+                   help="only the KVQuant tables (no rotations: skips the runtime's pass over the text)")
     p.add_argument("--kv-outliers", type=_percent, nargs="+", metavar="PCT", default=[0.0, 1.0],
                    help="outlier percentages to calibrate KVQuant thresholds for (default 0 1)")
     p.set_defaults(func=cmd_calibrate)
@@ -425,6 +427,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from dataclasses import replace
+
     from .calibrate import collect, write
     from .model import default_calibration
     from .resolve import resolve_model
@@ -432,18 +436,30 @@ def cmd_calibrate(args) -> int:
     path = resolve_model(args.model)
     text = _read_text(args.file)
     out = args.output or default_calibration(path)
-    cal = collect(path, text, n_ctx=args.ctx_size, n_seqs=args.windows, n_threads=args.threads,
-                  device=args.device, text_name=args.file.name)
-    if args.kvquant:
-        from dataclasses import replace
-
+    kvq = None
+    if args.kvquant or args.kvquant_only:
         from .kvq_calibration import collect_kvq
-        cal = replace(cal, kvq=collect_kvq(path, text, n_ctx=args.ctx_size, n_seqs=args.windows,
-                                           outliers=tuple(sorted({round(p * 100) for p in args.kv_outliers})),
-                                           n_threads=args.threads, device=args.device))
+        kvq = collect_kvq(path, text, n_ctx=args.ctx_size, n_seqs=args.windows,
+                          outliers=tuple(sorted({round(p * 100) for p in args.kv_outliers})),
+                          n_threads=args.threads, device=args.device)
+    if args.kvquant_only:
+        from .calibrate import Calibration
+        from .model import Weights
+        weights = Weights(path, device="cpu")
+        try:
+            cal = Calibration(weights.info.arch, f"{weights.fingerprint():016x}", kvq.n_tokens, args.file.name,
+                              None, None, None, None, kvq=kvq)
+        finally:
+            weights.close()
+    else:
+        cal = collect(path, text, n_ctx=args.ctx_size, n_seqs=args.windows, n_threads=args.threads,
+                      device=args.device, text_name=args.file.name)
+        cal = replace(cal, kvq=kvq)
     write(cal, out)
-    print(f"wrote {out}: rotations of keys and values{', KVQuant tables' if args.kvquant else ''}, "
-          f"{cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, from {cal.n_tokens} tokens of {args.file.name}")
+    what = ("KVQuant tables" if args.kvquant_only else
+            "rotations of keys and values" + (", KVQuant tables" if kvq else ""))
+    print(f"wrote {out}: {what}, {kvq.n_layer if args.kvquant_only else cal.rot_k.shape[0]} layers, "
+          f"from {cal.n_tokens} tokens of {args.file.name}")
     return 0
 
 

@@ -48,6 +48,7 @@ class KVQCalibration:
     block: int                                        # value blocks the codebooks were fitted on
     outliers: tuple[int, ...]
     k_range: list[dict] = field(default_factory=list)     # [n_layer]
+    n_tokens: int = 0                                     # calibration tokens (windows · n_ctx)
     codebook_k: list[dict] = field(default_factory=list)
     codebook_v: list[dict] = field(default_factory=list)
 
@@ -168,7 +169,7 @@ def collect_kvq(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_s
                 a[name].append(x.detach()[0, sl].cpu().numpy().astype(np.float16))
                 a["f_" + name].append(x.grad[0, sl].cpu().numpy().astype(np.float32) ** 2)
         del logits, loss, seen
-    cal = KVQCalibration(tm.n_layer, block, tuple(outliers))
+    cal = KVQCalibration(tm.n_layer, block, tuple(outliers), n_tokens=n_win * n_ctx)
     for il in tqdm(range(tm.n_layer), desc="fit codebooks", unit="layer", disable=not progress):
         a = {name: np.stack(x) for name, x in acts[il].items()}               # [W, n_used, H, d]
         acts[il] = None

@@ -122,3 +122,19 @@ def test_cli_outlier_knob_is_one_line(capsys, smollm2_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["info", str(smollm2_path), "--kv", "kvquant2", "--kv-outliers", "11"])
     assert e.value.code == 2 and "--kv-outliers" in capsys.readouterr().err
+
+
+def test_cli_kvquant_only_sidecar(tmp_path, smollm2_path, calib_text, capsys):
+    """calibrate --kvquant-only: a sidecar with the model's record and KVQuant tables, no
+    rotations (a calibrated rotation asked of it is one error line)."""
+    text, out = tmp_path / "text.txt", tmp_path / "kvq.gguf"
+    text.write_text(calib_text, encoding="utf-8")
+    assert cli.main(["calibrate", str(smollm2_path), "-f", str(text), "-o", str(out), "--kvquant-only",
+                     "-c", "64", "--windows", "1", "-t", "2", "--kv-outliers", "0.5"]) == 0
+    assert "KVQuant tables, 30 layers, from 64 tokens" in capsys.readouterr().out
+    kvq = read_sidecar(out, 30)
+    assert kvq.outliers == (50,) and kvq.n_layer == 30
+    from ott_gguf.reference.rotation import CALIBRATED
+    with pytest.raises(ModelFileError, match="no tensor 'ott.rot_v.0'"):
+        Model(smollm2_path, n_ctx=32, kv=preset("ott2").with_overrides(rot_v=CALIBRATED), kv_calib=out,
+              n_threads=1, device="cpu")
