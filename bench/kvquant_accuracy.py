@@ -79,16 +79,16 @@ class SimulatedCache:
         ke, ve = k_post[0].repeat_interleave(rep, dim=1).transpose(0, 1), v[0].repeat_interleave(rep, dim=1).transpose(0, 1)
         kq, vq = as_t(kq), as_t(vq)                                           # [H, n, d]
         qh = q[0].transpose(0, 1) / math.sqrt(tm.head_dim)                    # [H, n, d]
-        j = torch.arange(n)
         out = torch.empty_like(qh)
         for i0 in range(0, n, QUERY_ROWS):
-            i = torch.arange(i0, min(n, i0 + QUERY_ROWS))
+            i1 = min(n, i0 + QUERY_ROWS)
+            i, j = torch.arange(i0, i1), torch.arange(i1)                   # queries, the keys they may see
             nb = torch.clamp(i - cfg.sink - cfg.window, min=0) // cfg.block              # blocks quantized at query i
-            quant = (j[None] >= cfg.sink) & (j[None] < cfg.sink + nb[:, None] * cfg.block)  # [rows, n]
+            quant = (j[None] >= cfg.sink) & (j[None] < cfg.sink + nb[:, None] * cfg.block)  # [rows, i1]
             causal = j[None] <= i[:, None]
-            s = torch.where(quant, qh[:, i] @ kq.transpose(1, 2), qh[:, i] @ ke.transpose(1, 2))
+            s = torch.where(quant, qh[:, i0:i1] @ kq[:, :i1].transpose(1, 2), qh[:, i0:i1] @ ke[:, :i1].transpose(1, 2))
             p = torch.softmax(s.masked_fill(~causal, -math.inf), dim=-1)
-            out[:, i] = (p * quant) @ vq + (p * ~quant) @ ve
+            out[:, i0:i1] = (p * quant) @ vq[:, :i1] + (p * ~quant) @ ve[:, :i1]
         return out.transpose(0, 1)[None]
 
 
