@@ -15,7 +15,7 @@ forward with exact fp16 attention.
     python bench/kvquant_accuracy.py MODEL --sidecar MODEL.kvcalib.gguf \
         -f ../shared/data/wikitext-2-raw/wiki.test.raw --windows 2 [--ablate]
 
-Prints one markdown table.
+Prints the markdown table after every window (the windows done so far).
 """
 from __future__ import annotations
 
@@ -92,6 +92,20 @@ class SimulatedCache:
         return out.transpose(0, 1)[None]
 
 
+def print_table(rows, args) -> None:
+    """The markdown table of the windows done so far."""
+    f16_ppl = math.exp(np.concatenate(rows["f16"]["nll"]).mean())
+    n_scored = sum(len(x) for x in rows["f16"]["nll"])
+    print(f"\n{Path(args.model).name}: {len(rows['f16']['nll'])} windows of {args.ctx}, {n_scored} tokens scored, "
+          f"decode-faithful (torch forward, reference cache)\n")
+    print("| cache | bits/elem | PPL | ΔPPL | mean KL | top-1 |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        ppl = math.exp(np.concatenate(r["nll"]).mean())
+        print(f"| {name} | {np.mean(r['bits']):.2f} | {ppl:.3f} | {100 * (ppl / f16_ppl - 1):+.2f} % | "
+              f"{np.concatenate(r['kl']).mean():.4f} | {100 * np.concatenate(r['top1']).mean():.1f} % |", flush=True)
+
+
 def metrics(ref_logits, logits, targets):
     """(NLL [m], KL [m], top-1 [m]) over the scored rows."""
     kl, top1 = kl_and_top1(ref_logits, logits)
@@ -149,17 +163,8 @@ def main(argv=None) -> int:
                 r[key].append(x)
             r["bits"].append(measure(sim.layers).bits_per_element)
             print(f"window {w}: {name} {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print_table(rows, args)                                # after every window: a long run reports as it goes
 
-    f16_ppl = math.exp(np.concatenate(rows["f16"]["nll"]).mean())
-    n_scored = sum(len(x) for x in rows["f16"]["nll"])
-    print(f"\n{Path(args.model).name}: {len(rows['f16']['nll'])} windows of {args.ctx}, {n_scored} tokens scored, "
-          f"decode-faithful (torch forward, reference cache)\n")
-    print("| cache | bits/elem | PPL | ΔPPL | mean KL | top-1 |")
-    print("|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        ppl = math.exp(np.concatenate(r["nll"]).mean())
-        print(f"| {name} | {np.mean(r['bits']):.2f} | {ppl:.3f} | {100 * (ppl / f16_ppl - 1):+.2f} % | "
-              f"{np.concatenate(r['kl']).mean():.4f} | {100 * np.concatenate(r['top1']).mean():.1f} % |")
     return 0
 
 
