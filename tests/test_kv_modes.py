@@ -10,9 +10,14 @@ from ott_gguf.errors import InvalidArgumentError, UnsupportedError
 from ott_gguf.model import Model
 from ott_gguf.reference import PRESETS, preset
 
-def test_kvquant_modes_are_not_in_the_runtime_yet(smollm2_path):
+def test_kvquant_modes_are_not_in_the_runtime_yet(smollm2_path, capsys):
     with pytest.raises(UnsupportedError, match="KVQuant"):
         Model(smollm2_path, n_ctx=256, n_threads=2, kv="kvquant2", device="cpu")
+    # info shows the footprint all the same, store by store (reference/footprint.py)
+    assert cli.main(["info", str(smollm2_path), "--kv", "kvquant2", "-c", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "2.67 bits per element at 4096 tokens" in out
+    assert "sink 0.004, codes 1.984, scales 0.248, sparse 0.310, window 0.121 bits per element" in out
 
 
 PROMPT = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 5498, 314]
