@@ -17,6 +17,7 @@ forward with exact fp16 attention.
 
 Prints the markdown table after every window (the windows done so far).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +37,9 @@ from ott_gguf.reference import LayerCache, measure  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 from ott_gguf.torch_model import TorchModel  # noqa: E402
 
-QUERY_ROWS = 512      # query rows per attention slice (bounds the score matrices' memory)
+QUERY_ROWS = 512  # query rows per attention slice (bounds the score matrices' memory)
 
-ABLATIONS = {         # what each part buys, on kvquant2
+ABLATIONS = {  # what each part buys, on kvquant2
     "kvquant2 post-RoPE keys": dict(pre_rope=0),
     "kvquant2 uniform levels": dict(uniform=1),
     "kvquant2 0 % outliers": dict(outliers=0),
@@ -75,15 +76,20 @@ class SimulatedCache:
         if cfg.pre_rope:
             kq = tm.rope.apply(kq, np.arange(n))
         rep = tm.n_head // tm.n_head_kv
-        as_t = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).repeat_interleave(rep, dim=1).transpose(0, 1)
-        ke, ve = k_post[0].repeat_interleave(rep, dim=1).transpose(0, 1), v[0].repeat_interleave(rep, dim=1).transpose(0, 1)
-        kq, vq = as_t(kq), as_t(vq)                                           # [H, n, d]
-        qh = q[0].transpose(0, 1) / math.sqrt(tm.head_dim)                    # [H, n, d]
+        as_t = lambda x: (
+            torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).repeat_interleave(rep, dim=1).transpose(0, 1)
+        )
+        ke, ve = (
+            k_post[0].repeat_interleave(rep, dim=1).transpose(0, 1),
+            v[0].repeat_interleave(rep, dim=1).transpose(0, 1),
+        )
+        kq, vq = as_t(kq), as_t(vq)  # [H, n, d]
+        qh = q[0].transpose(0, 1) / math.sqrt(tm.head_dim)  # [H, n, d]
         out = torch.empty_like(qh)
         for i0 in range(0, n, QUERY_ROWS):
             i1 = min(n, i0 + QUERY_ROWS)
-            i, j = torch.arange(i0, i1), torch.arange(i1)                   # queries, the keys they may see
-            nb = torch.clamp(i - cfg.sink - cfg.window, min=0) // cfg.block              # blocks quantized at query i
+            i, j = torch.arange(i0, i1), torch.arange(i1)  # queries, the keys they may see
+            nb = torch.clamp(i - cfg.sink - cfg.window, min=0) // cfg.block  # blocks quantized at query i
             quant = (j[None] >= cfg.sink) & (j[None] < cfg.sink + nb[:, None] * cfg.block)  # [rows, i1]
             causal = j[None] <= i[:, None]
             s = torch.where(quant, qh[:, i0:i1] @ kq[:, :i1].transpose(1, 2), qh[:, i0:i1] @ ke[:, :i1].transpose(1, 2))
@@ -96,14 +102,19 @@ def print_table(rows, args) -> None:
     """The markdown table of the windows done so far."""
     f16_ppl = math.exp(np.concatenate(rows["f16"]["nll"]).mean())
     n_scored = sum(len(x) for x in rows["f16"]["nll"])
-    print(f"\n{Path(args.model).name}: {len(rows['f16']['nll'])} windows of {args.ctx}, {n_scored} tokens scored, "
-          f"decode-faithful (torch forward, reference cache)\n")
+    print(
+        f"\n{Path(args.model).name}: {len(rows['f16']['nll'])} windows of {args.ctx}, {n_scored} tokens scored, "
+        f"decode-faithful (torch forward, reference cache)\n"
+    )
     print("| cache | bits/elem | PPL | ΔPPL | mean KL | top-1 |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
         ppl = math.exp(np.concatenate(r["nll"]).mean())
-        print(f"| {name} | {np.mean(r['bits']):.2f} | {ppl:.3f} | {100 * (ppl / f16_ppl - 1):+.2f} % | "
-              f"{np.concatenate(r['kl']).mean():.4f} | {100 * np.concatenate(r['top1']).mean():.1f} % |", flush=True)
+        print(
+            f"| {name} | {np.mean(r['bits']):.2f} | {ppl:.3f} | {100 * (ppl / f16_ppl - 1):+.2f} % | "
+            f"{np.concatenate(r['kl']).mean():.4f} | {100 * np.concatenate(r['top1']).mean():.1f} % |",
+            flush=True,
+        )
 
 
 def metrics(ref_logits, logits, targets):
@@ -140,11 +151,11 @@ def main(argv=None) -> int:
     rows = {name: {"nll": [], "kl": [], "top1": [], "bits": []} for name in ["f16", *configs]}
     half = args.ctx // 2
     for w in range(min(args.windows, len(ids) // args.ctx)):
-        window = ids[w * args.ctx:(w + 1) * args.ctx]
+        window = ids[w * args.ctx : (w + 1) * args.ctx]
         if bos is not None:
             window = [bos] + window[1:]
         tokens = torch.tensor([window])
-        targets = np.asarray(window[half + 1:])
+        targets = np.asarray(window[half + 1 :])
         t0 = time.perf_counter()
         with torch.no_grad():
             ref = tm.forward(tokens)[0, half:-1].numpy()
@@ -163,7 +174,7 @@ def main(argv=None) -> int:
                 r[key].append(x)
             r["bits"].append(measure(sim.layers).bits_per_element)
             print(f"window {w}: {name} {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        print_table(rows, args)                                # after every window: a long run reports as it goes
+        print_table(rows, args)  # after every window: a long run reports as it goes
 
     return 0
 

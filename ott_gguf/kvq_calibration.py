@@ -20,6 +20,7 @@ SINK (the fp16 sink) take no part. Per layer:
 Everything is deterministic for a given torch build and thread count (torch's CPU matmuls
 may sum in another order with another thread count).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,8 @@ from .reference import kvquant, nuq
 from .reference.config import KVConfig, preset
 
 BITS = (2, 3, 4)
-OUTLIERS = (0, 100)             # default thresholds calibrated: no outliers and 1 %
-SINK = 1                        # positions kept in fp16 (the presets' sink)
+OUTLIERS = (0, 100)  # default thresholds calibrated: no outliers and 1 %
+SINK = 1  # positions kept in fp16 (the presets' sink)
 HIST_BINS = 8192
 KMEANS_ITERS = 100
 ROPE_KINDS = ("pre", "post")
@@ -44,11 +45,12 @@ ROPE_KINDS = ("pre", "post")
 class KVQCalibration:
     """Per layer: k_range[(rope, outliers)] float32 [n_head_kv, d, 2] (lo, hi);
     codebook_k[(rope, outliers, bits)] and codebook_v[(outliers, bits)] float32 [2^bits]."""
+
     n_layer: int
-    block: int                                        # value blocks the codebooks were fitted on
+    block: int  # value blocks the codebooks were fitted on
     outliers: tuple[int, ...]
-    k_range: list[dict] = field(default_factory=list)     # [n_layer]
-    n_tokens: int = 0                                     # calibration tokens (windows · n_ctx)
+    k_range: list[dict] = field(default_factory=list)  # [n_layer]
+    n_tokens: int = 0  # calibration tokens (windows · n_ctx)
     codebook_k: list[dict] = field(default_factory=list)
     codebook_v: list[dict] = field(default_factory=list)
 
@@ -58,14 +60,17 @@ class KVQCalibration:
         if cfg.outliers not in self.outliers:
             raise InvalidArgumentError(
                 f"calibration sidecar: no KVQuant thresholds for {cfg.outliers / 100:g} % outliers "
-                f"(it has {', '.join(f'{o / 100:g} %' for o in self.outliers)}; calibrate with --kv-outliers)")
+                f"(it has {', '.join(f'{o / 100:g} %' for o in self.outliers)}; calibrate with --kv-outliers)"
+            )
         out = []
         for il in range(self.n_layer):
             r = self.k_range[il][(rope, cfg.outliers)]
             if cfg.uniform:
                 lk, lv = nuq.uniform_levels(cfg.bits_k), nuq.uniform_levels(cfg.bits_v)
             else:
-                lk = nuq.check_levels(self.codebook_k[il][(rope, cfg.outliers, cfg.bits_k)], cfg.bits_k, f"layer {il} keys")
+                lk = nuq.check_levels(
+                    self.codebook_k[il][(rope, cfg.outliers, cfg.bits_k)], cfg.bits_k, f"layer {il} keys"
+                )
                 lv = nuq.check_levels(self.codebook_v[il][(cfg.outliers, cfg.bits_v)], cfg.bits_v, f"layer {il} values")
             out.append(kvquant.KVQLayer(r[..., 0], r[..., 1], lk, lv))
         return out
@@ -81,7 +86,7 @@ def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
     cdf = np.cumsum(wsum) / max(wsum.sum(), np.finfo(float).tiny)
     levels = centre[np.minimum(np.searchsorted(cdf, (np.arange(k) + 0.5) / k), HIST_BINS - 1)]
     levels = np.where(np.diff(levels, prepend=-np.inf) > 0, levels, np.nan)
-    levels = np.where(np.isnan(levels), np.linspace(-1, 1, k), levels)      # a degenerate start
+    levels = np.where(np.isnan(levels), np.linspace(-1, 1, k), levels)  # a degenerate start
     assign = None
     for _ in range(KMEANS_ITERS):
         new = np.searchsorted((levels[:-1] + levels[1:]) / 2, centre)
@@ -92,7 +97,7 @@ def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
         cs = np.bincount(assign, weights=wsum * centre, minlength=k)
         levels = np.where(cw > 0, cs / np.where(cw > 0, cw, 1), levels)
     levels = np.sort(levels).astype(np.float32)
-    if (np.diff(levels) <= 0).any():                                       # merged clusters
+    if (np.diff(levels) <= 0).any():  # merged clusters
         levels = np.maximum.accumulate(levels + np.arange(k, dtype=np.float32) * np.float32(1e-6))
     return levels
 
@@ -101,7 +106,7 @@ def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.nd
     """Thresholds float32 [H, d, 2] and codebooks {bits: levels} of keys k fp16 [N, H, d]."""
     kf = k.astype(np.float32)
     q = outliers / 20000
-    lo, hi = (np.quantile(kf, [q, 1 - q], axis=0) if q else (kf.min(axis=0), kf.max(axis=0)))
+    lo, hi = np.quantile(kf, [q, 1 - q], axis=0) if q else (kf.min(axis=0), kf.max(axis=0))
     zero, scale = nuq.channel_params(lo.astype(np.float32), hi.astype(np.float32))
     t = nuq.normalize(k, zero, scale)
     inside = np.abs(t) <= 1
@@ -112,7 +117,7 @@ def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.nd
 def _value_tables(v: np.ndarray, fisher: np.ndarray, outliers: int, block: int) -> dict:
     """Codebooks {bits: levels} of values v fp16 [W, n, H, d] (n a multiple of block)."""
     W, n, H, d = v.shape
-    blocks = v.reshape(W, n // block, block, H, d).transpose(0, 1, 3, 2, 4)            # [W, nb, H, block, d]
+    blocks = v.reshape(W, n // block, block, H, d).transpose(0, 1, 3, 2, 4)  # [W, nb, H, block, d]
     fw = fisher.reshape(W, n // block, block, H, d).transpose(0, 1, 3, 2, 4)
     cfg = preset("kvquant2").with_overrides(outliers=outliers, block=block, group_k=block)
     out = kvquant.value_outliers(blocks, kvquant.n_outliers(cfg, d))
@@ -121,9 +126,17 @@ def _value_tables(v: np.ndarray, fisher: np.ndarray, outliers: int, block: int) 
     return {b: weighted_kmeans(t[keep], fw[keep], b) for b in BITS}
 
 
-def collect_kvq(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs: int = 16,
-                outliers: tuple[int, ...] = OUTLIERS, block: int = 32, n_threads: int | None = None,
-                device: str | None = None, progress: bool = True) -> KVQCalibration:
+def collect_kvq(
+    model_path: str | os.PathLike,
+    text: str,
+    n_ctx: int = 2048,
+    n_seqs: int = 16,
+    outliers: tuple[int, ...] = OUTLIERS,
+    block: int = 32,
+    n_threads: int | None = None,
+    device: str | None = None,
+    progress: bool = True,
+) -> KVQCalibration:
     """KVQuant tables of `model_path` on `text` (see the module's docstring)."""
     from .model import Weights
     from .perplexity import tokenize_for_windows
@@ -144,11 +157,11 @@ def collect_kvq(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_s
     if n_win == 0:
         raise InvalidArgumentError(f"calibrate: the text has {len(ids)} tokens, fewer than one window of {n_ctx}")
     tm = TorchModel(model_path, device=device or "cpu")
-    n_used = (n_ctx - SINK) // block * block                  # positions SINK .. SINK + n_used - 1
+    n_used = (n_ctx - SINK) // block * block  # positions SINK .. SINK + n_used - 1
     # per layer: fp16 entries and float32 Fisher of keys pre / post RoPE and values [W, n_used, H, d]
     acts = [{name: [] for name in ("pre", "post", "v", "f_pre", "f_post", "f_v")} for _ in range(tm.n_layer)]
     for w in tqdm(range(n_win), desc="calibrate kvquant", unit="window", disable=not progress):
-        window = ids[w * n_ctx:(w + 1) * n_ctx]
+        window = ids[w * n_ctx : (w + 1) * n_ctx]
         if bos is not None:
             window = [bos] + window[1:]
         seen = []
@@ -171,7 +184,7 @@ def collect_kvq(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_s
         del logits, loss, seen
     cal = KVQCalibration(tm.n_layer, block, tuple(outliers), n_tokens=n_win * n_ctx)
     for il in tqdm(range(tm.n_layer), desc="fit codebooks", unit="layer", disable=not progress):
-        a = {name: np.stack(x) for name, x in acts[il].items()}               # [W, n_used, H, d]
+        a = {name: np.stack(x) for name, x in acts[il].items()}  # [W, n_used, H, d]
         acts[il] = None
         ranges, books_k, books_v = {}, {}, {}
         for o in outliers:
@@ -187,6 +200,7 @@ def collect_kvq(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_s
 
 
 # ---- the sidecar's KVQuant tensors -------------------------------------------------------
+
 
 def tensor_names(cal: KVQCalibration, il: int) -> dict[str, np.ndarray]:
     """Sidecar tensors of layer il: ott.kvq.{pre|post}.{outliers}.k_range.{il} [H, d, 2],
@@ -218,15 +232,20 @@ def read_sidecar(path: str | os.PathLike, n_layer: int) -> KVQCalibration:
         raise ModelFileError(f"{path}: the calibration sidecar has no KVQuant tables (calibrate with --kvquant)")
     if int(r.fields["ott.calib.block_count"].contents()) != n_layer:
         raise InvalidArgumentError(f"{path}: calibration sidecar is for a model of another layer count")
-    cal = KVQCalibration(n_layer, int(r.fields["ott.kvq.block"].contents()),
-                         tuple(int(o) for o in r.fields["ott.kvq.outliers"].contents()))
+    cal = KVQCalibration(
+        n_layer,
+        int(r.fields["ott.kvq.block"].contents()),
+        tuple(int(o) for o in r.fields["ott.kvq.outliers"].contents()),
+    )
     tensors = {t.name: np.array(t.data, dtype=np.float32) for t in r.tensors if t.name.startswith("ott.kvq.")}
     for il in range(n_layer):
         ranges, bk, bv = {}, {}, {}
         for o in cal.outliers:
             for rope in ROPE_KINDS:
                 ranges[(rope, o)] = _tensor(tensors, path, f"ott.kvq.{rope}.{o}.k_range.{il}")
-                bk.update({(rope, o, b): _tensor(tensors, path, f"ott.kvq.{rope}.{o}.{b}.codebook_k.{il}") for b in BITS})
+                bk.update(
+                    {(rope, o, b): _tensor(tensors, path, f"ott.kvq.{rope}.{o}.{b}.codebook_k.{il}") for b in BITS}
+                )
             bv.update({(o, b): _tensor(tensors, path, f"ott.kvq.{o}.{b}.codebook_v.{il}") for b in BITS})
         cal.k_range.append(ranges)
         cal.codebook_k.append(bk)

@@ -13,11 +13,12 @@ are rounded to fp16 on their way into attention, as every cache of the runtime s
     attend(il, q, k_pre, k_post, v)      replaces causal attention: q float32 [B, n, H, d]
                                          (after RoPE) -> float32 [B, n, H, d]
 """
+
 from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise UnsupportedError("this needs torch: pip install \"ott-gguf[calibrate]\"") from None
+        raise UnsupportedError('this needs torch: pip install "ott-gguf[calibrate]"') from None
     return torch
 
 
@@ -58,16 +59,19 @@ class TorchModel:
         n_embd = int(meta("embedding_length"))
         self.head_dim = int(meta("attention.key_length", n_embd // self.n_head))
         self.eps = float(meta("attention.layer_norm_rms_epsilon"))
-        if meta("rope.scaling.type", "none") not in ("none",) or "rope_freqs.weight" in {t.name for t in reader.tensors}:
+        if meta("rope.scaling.type", "none") not in ("none",) or "rope_freqs.weight" in {
+            t.name for t in reader.tensors
+        }:
             raise UnsupportedError(f"{path}: the torch forward has no RoPE scaling")
-        self.rope = Rope(int(meta("rope.dimension_count", self.head_dim)), float(meta("rope.freq_base", 10000.0)),
-                         1.0, _NEOX[arch])
+        self.rope = Rope(
+            int(meta("rope.dimension_count", self.head_dim)), float(meta("rope.freq_base", 10000.0)), 1.0, _NEOX[arch]
+        )
         self.device = device
         self.w = {}
         for t in reader.tensors:
             a = dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
             self.w[t.name] = torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
-        self.w.setdefault("output.weight", self.w["token_embd.weight"])   # tied embeddings
+        self.w.setdefault("output.weight", self.w["token_embd.weight"])  # tied embeddings
 
     # ---- pieces -------------------------------------------------------------------------
 
@@ -75,8 +79,10 @@ class TorchModel:
         """cos, sin: float32 [n, n_rot/2] at positions pos (angles in float64, as rope.py)."""
         torch = _torch()
         theta = self.rope.angles(pos)
-        return (torch.from_numpy(np.cos(theta).astype(np.float32)).to(self.device),
-                torch.from_numpy(np.sin(theta).astype(np.float32)).to(self.device))
+        return (
+            torch.from_numpy(np.cos(theta).astype(np.float32)).to(self.device),
+            torch.from_numpy(np.sin(theta).astype(np.float32)).to(self.device),
+        )
 
     def apply_rope(self, x, cos, sin):
         """x [B, n, heads, d] rotated at the positions of cos, sin [n, n_rot/2]."""
@@ -102,14 +108,18 @@ class TorchModel:
         torch = _torch()
         rep = self.n_head // self.n_head_kv
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                             is_causal=True, scale=1.0 / math.sqrt(self.head_dim))
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            scale=1.0 / math.sqrt(self.head_dim),
+        )
         return o.transpose(1, 2)
 
     # ---- the pass -----------------------------------------------------------------------
 
-    def forward(self, tokens, observe: Callable | None = None, attend: Callable | None = None,
-                grads: bool = False):
+    def forward(self, tokens, observe: Callable | None = None, attend: Callable | None = None, grads: bool = False):
         """tokens: int64 [B, n] at positions 0..n-1 -> logits float32 [B, n, n_vocab].
         grads: the activations require gradients (the weights never do)."""
         torch = _torch()

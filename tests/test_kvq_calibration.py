@@ -1,6 +1,7 @@
 """KVQuant calibration (ott_gguf/kvq_calibration.py) and the torch forward it runs
 (ott_gguf/torch_model.py): the forward matches the runtime, the tables are deterministic,
 make sense, round-trip through the sidecar, and a sidecar without them is one error line."""
+
 import shutil
 
 import numpy as np
@@ -16,7 +17,7 @@ from ott_gguf.model import Model  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 from ott_gguf.torch_model import TorchModel  # noqa: E402
 
-N_CTX, N_SEQS = 96, 2            # small windows: the tables' making, not their quality, is tested
+N_CTX, N_SEQS = 96, 2  # small windows: the tables' making, not their quality, is tested
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +52,10 @@ def test_weighted_kmeans_finds_clusters_and_follows_weights():
     levels = weighted_kmeans(t, np.ones_like(t), 2)
     assert np.abs(levels - [-0.8, -0.3, 0.1, 0.7]).max() < 0.01
     u = rng.uniform(-1, 1, 20000)
-    heavy = weighted_kmeans(u, np.where(u > 0.5, 100.0, 1.0), 2)            # sensitivity near 0.75
+    heavy = weighted_kmeans(u, np.where(u > 0.5, 100.0, 1.0), 2)  # sensitivity near 0.75
     plain = weighted_kmeans(u, np.ones_like(u), 2)
     assert (heavy > 0.5).sum() >= 2 and (plain > 0.5).sum() == 1
-    assert (np.diff(weighted_kmeans(np.zeros(10), np.ones(10), 3)) > 0).all()   # degenerate data: still ascending
+    assert (np.diff(weighted_kmeans(np.zeros(10), np.ones(10), 3)) > 0).all()  # degenerate data: still ascending
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +130,39 @@ def test_cli_kvquant_only_sidecar(tmp_path, smollm2_path, calib_text, capsys):
     rotations (a calibrated rotation asked of it is one error line)."""
     text, out = tmp_path / "text.txt", tmp_path / "kvq.gguf"
     text.write_text(calib_text, encoding="utf-8")
-    assert cli.main(["calibrate", str(smollm2_path), "-f", str(text), "-o", str(out), "--kvquant-only",
-                     "-c", "64", "--windows", "1", "-t", "2", "--kv-outliers", "0.5"]) == 0
+    assert (
+        cli.main(
+            [
+                "calibrate",
+                str(smollm2_path),
+                "-f",
+                str(text),
+                "-o",
+                str(out),
+                "--kvquant-only",
+                "-c",
+                "64",
+                "--windows",
+                "1",
+                "-t",
+                "2",
+                "--kv-outliers",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     assert "KVQuant tables, 30 layers, from 64 tokens" in capsys.readouterr().out
     kvq = read_sidecar(out, 30)
     assert kvq.outliers == (50,) and kvq.n_layer == 30
     from ott_gguf.reference.rotation import CALIBRATED
+
     with pytest.raises(ModelFileError, match="no tensor 'ott.rot_v.0'"):
-        Model(smollm2_path, n_ctx=32, kv=preset("ott2").with_overrides(rot_v=CALIBRATED), kv_calib=out,
-              n_threads=1, device="cpu")
+        Model(
+            smollm2_path,
+            n_ctx=32,
+            kv=preset("ott2").with_overrides(rot_v=CALIBRATED),
+            kv_calib=out,
+            n_threads=1,
+            device="cpu",
+        )

@@ -10,6 +10,7 @@
 The runtime has no KVQuant cache yet, so the ops are called directly from libott.so (cffi in
 ABI mode, the declarations below copied from kv_layout.h, kv_kvq.h and kvq_attn_cpu.h).
 """
+
 import os
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from cffi import FFI
 
 from ott_gguf.reference import LayerCache, attend, nuq, preset
 from ott_gguf.reference.kvquant import KVQLayer, n_outliers, quantize_block
-from ott_gguf.reference.rope import Rope
 
 # float32 sums over a few hundred keys and float32 cos/sin of positions below 4096 (one
 # rounding of θ's cosine, 6e-8): 2e-6 relative seen; 2e-5 leaves room for other compilers
@@ -49,6 +49,7 @@ void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const 
 @pytest.fixture(scope="module")
 def native():
     import ott_gguf._native as pkg
+
     folder = Path(os.environ.get("OTT_NATIVE_DIR") or Path(pkg.__file__).parent)
     ffi = FFI()
     ffi.cdef(CDEF)
@@ -77,10 +78,23 @@ class Native:
         ffi = self.ffi
         self.cfg, self.hd = cfg, head_dim
         self.g = ffi.new("ott_kvq_geom *", [head_dim, cfg.block, cfg.bits_k, cfg.bits_v, n_outliers(cfg, head_dim)])
-        self.keep = [np.ascontiguousarray(x, dtype=np.float32) for x in (tab.k_zero, tab.k_scale, tab.levels_k, tab.levels_v)]
+        self.keep = [
+            np.ascontiguousarray(x, dtype=np.float32) for x in (tab.k_zero, tab.k_scale, tab.levels_k, tab.levels_v)
+        ]
         self.tab = ffi.new("ott_kvq_tables *", [ffi.cast("const float *", ffi.from_buffer(x)) for x in self.keep])
-        self.size = len(block_bytes(quantize_block(np.zeros((cfg.block, head_dim), np.float16),
-                                                   np.zeros((cfg.block, head_dim), np.float16), 0, cfg, tab), cfg, head_dim))
+        self.size = len(
+            block_bytes(
+                quantize_block(
+                    np.zeros((cfg.block, head_dim), np.float16),
+                    np.zeros((cfg.block, head_dim), np.float16),
+                    0,
+                    cfg,
+                    tab,
+                ),
+                cfg,
+                head_dim,
+            )
+        )
 
     def ptr(self, kind, a):
         return self.ffi.cast(kind, self.ffi.from_buffer(a))
@@ -88,9 +102,14 @@ class Native:
     def quantize(self, k, v):
         out = np.zeros(self.size, np.uint8)
         scratch = np.zeros(self.lib.ott_kvq_scratch_bytes(self.g) // 4 + 1, np.float32)
-        self.lib.ott_kvq_quantize_block_ref(self.g, self.tab, self.ptr("ott_fp16 *", np.ascontiguousarray(k)),
-                                            self.ptr("ott_fp16 *", np.ascontiguousarray(v)),
-                                            self.ptr("uint8_t *", out), self.ptr("void *", scratch))
+        self.lib.ott_kvq_quantize_block_ref(
+            self.g,
+            self.tab,
+            self.ptr("ott_fp16 *", np.ascontiguousarray(k)),
+            self.ptr("ott_fp16 *", np.ascontiguousarray(v)),
+            self.ptr("uint8_t *", out),
+            self.ptr("void *", scratch),
+        )
         return out.tobytes()
 
 
@@ -100,8 +119,11 @@ def tied_tables(cfg, rng, head_dim):
     lo = -rng.integers(1, 5, head_dim).astype(np.float32) / 2
     hi = rng.integers(1, 5, head_dim).astype(np.float32) / 2
     zero, scale = nuq.channel_params(lo, hi)
-    levels = lambda b: (np.linspace(-1, 1, 2**b) if b != 3 else np.array([-1, -.75, -.5, -.25, .25, .5, .75, 1])).astype(np.float32)
+    levels = lambda b: (
+        np.linspace(-1, 1, 2**b) if b != 3 else np.array([-1, -0.75, -0.5, -0.25, 0.25, 0.5, 0.75, 1])
+    ).astype(np.float32)
     from ott_gguf.reference.kvquant import KVQHead
+
     return KVQHead(zero, scale, levels(cfg.bits_k), levels(cfg.bits_v))
 
 
@@ -114,15 +136,15 @@ def test_quantized_block_bit_exact(native, bits, outliers):
     tab = tied_tables(cfg, rng, hd)
     op = Native(native, cfg, tab, hd)
     for trial in range(6):
-        if trial % 2:                                              # ties everywhere: multiples of 1/8
+        if trial % 2:  # ties everywhere: multiples of 1/8
             k = (rng.integers(-24, 24, (cfg.block, hd)) / 8).astype(np.float16)
             v = (rng.integers(-24, 24, (cfg.block, hd)) / 8).astype(np.float16)
-        else:                                                      # a spread with planted outliers
+        else:  # a spread with planted outliers
             k = rng.normal(0, 1.5, (cfg.block, hd)).astype(np.float16)
             v = rng.standard_t(3, (cfg.block, hd)).astype(np.float16)
         if trial == 4:
-            v[7] = 3.0                                             # a constant token
-            v[9, :] = 100.0                                        # a token that is all outlier
+            v[7] = 3.0  # a constant token
+            v[9, :] = 100.0  # a token that is all outlier
         want = block_bytes(quantize_block(k, v, 0, cfg, tab), cfg, hd)
         got = op.quantize(k, v)
         assert got == want, (trial, next(i for i in range(len(want)) if got[i] != want[i]))
@@ -134,6 +156,7 @@ def smol_kv(smollm2_path, wikitext_path):
     torch = pytest.importorskip("torch")
     from ott_gguf.model import Weights
     from ott_gguf.torch_model import TorchModel
+
     torch.set_num_threads(2)
     w = Weights(smollm2_path, device="cpu")
     ids = w.tokenize(wikitext_path.read_text(encoding="utf-8")[:5000])[:300]
@@ -154,21 +177,25 @@ def smol_kv(smollm2_path, wikitext_path):
 @pytest.mark.parametrize("bits", [2, 4])
 def test_attention_within_budget_of_float64(native, smol_kv, il, bits):
     tm, kv = smol_kv
-    q, k, v = kv[il]                                               # [n, H, d], [n, H_kv, d]
+    q, k, v = kv[il]  # [n, H, d], [n, H_kv, d]
     n, hd = len(k) - 1, tm.head_dim
     cfg = preset(f"kvquant{bits}")
-    lo, hi = np.quantile(k[:n].astype(np.float32), [0.005, 0.995], axis=0)       # [H_kv, d]
+    lo, hi = np.quantile(k[:n].astype(np.float32), [0.005, 0.995], axis=0)  # [H_kv, d]
     levels = lambda b: np.sort(np.tanh(np.linspace(-2, 2, 2**b)) / np.tanh(2)).astype(np.float32)
     layer_tab = KVQLayer(lo.astype(np.float32), hi.astype(np.float32), levels(bits), levels(bits))
     layer = LayerCache.new(cfg, il, tm.n_head_kv, hd, layer_tab)
     layer.append(k[:n], v[:n])
-    want = attend(layer, q[n:], k[n:], v[n:], tm.rope)[0]            # [H, d] float64
+    want = attend(layer, q[n:], k[n:], v[n:], tm.rope)[0]  # [H, d] float64
 
     ffi, lib = native
     n_pos = n + 1
     cs = np.zeros(n_pos * tm.rope.n_rot, np.float32)
-    lib.ott_rope_table_fill(tm.rope.n_rot, tm.rope.freq_base, tm.rope.freq_scale, n_pos, ffi.cast("float *", ffi.from_buffer(cs)))
-    rope = ffi.new("ott_rope_table *", [tm.rope.n_rot, int(tm.rope.neox), n_pos, ffi.cast("const float *", ffi.from_buffer(cs))])
+    lib.ott_rope_table_fill(
+        tm.rope.n_rot, tm.rope.freq_base, tm.rope.freq_scale, n_pos, ffi.cast("float *", ffi.from_buffer(cs))
+    )
+    rope = ffi.new(
+        "ott_rope_table *", [tm.rope.n_rot, int(tm.rope.neox), n_pos, ffi.cast("const float *", ffi.from_buffer(cs))]
+    )
     rep = tm.n_head // tm.n_head_kv
     got = np.zeros_like(want)
     for h, head in enumerate(layer.heads):
@@ -178,15 +205,34 @@ def test_attention_within_budget_of_float64(native, smol_kv, il, bits):
         rows_k = np.concatenate([head.sink.k, head.window.k, k[n:, h].astype(np.float16)])
         rows_v = np.concatenate([head.sink.v, head.window.v, v[n:, h].astype(np.float16)])
         rows_pos = np.concatenate([head.sink.pos, head.window.pos, [n]]).astype(np.int32)
-        st = ffi.new("ott_kvq_head_stores *", [op.ptr("uint8_t *", blocks), len(head.blocks), op.size, layer.cfg.sink,
-                                               op.ptr("ott_fp16 *", rows_k), op.ptr("ott_fp16 *", rows_v),
-                                               op.ptr("int32_t *", rows_pos), len(rows_pos)])
-        qh = np.ascontiguousarray(q[n, h * rep:(h + 1) * rep], dtype=np.float32)
+        st = ffi.new(
+            "ott_kvq_head_stores *",
+            [
+                op.ptr("uint8_t *", blocks),
+                len(head.blocks),
+                op.size,
+                layer.cfg.sink,
+                op.ptr("ott_fp16 *", rows_k),
+                op.ptr("ott_fp16 *", rows_v),
+                op.ptr("int32_t *", rows_pos),
+                len(rows_pos),
+            ],
+        )
+        qh = np.ascontiguousarray(q[n, h * rep : (h + 1) * rep], dtype=np.float32)
         out = np.zeros((rep, hd), np.float32)
         scratch = np.zeros(lib.ott_cpu_kvq_attn_scratch(op.g, rep), np.float32)
-        lib.ott_cpu_kvq_attn(op.g, op.tab, st, rope, op.ptr("float *", qh), rep, 1 / np.sqrt(hd),
-                             op.ptr("float *", out), op.ptr("float *", scratch))
-        got[h * rep:(h + 1) * rep] = out
+        lib.ott_cpu_kvq_attn(
+            op.g,
+            op.tab,
+            st,
+            rope,
+            op.ptr("float *", qh),
+            rep,
+            1 / np.sqrt(hd),
+            op.ptr("float *", out),
+            op.ptr("float *", scratch),
+        )
+        got[h * rep : (h + 1) * rep] = out
     assert len(layer.heads[0].blocks) == (n - 1) // 32 and len(layer.heads[0].window) > 0
     err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
     assert err.max() < ATTN_BUDGET, err.max()

@@ -1,6 +1,7 @@
 """bench/kvquant_accuracy.py's one-pass attention is decode-faithful: for every query it
 equals the reference's chunked prefill (chunks ending where events fire), which is what
 token-by-token decoding sees."""
+
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from kvquant_accuracy import SimulatedCache  # noqa: E402
 
-from ott_gguf.reference import LayerCache, nuq, preset, prefill  # noqa: E402
+from ott_gguf.reference import LayerCache, nuq, prefill, preset  # noqa: E402
 from ott_gguf.reference.kvquant import KVQLayer  # noqa: E402
 from ott_gguf.reference.rope import Rope  # noqa: E402
 
@@ -25,8 +26,9 @@ def test_one_pass_equals_chunked_decode(overrides):
     cfg = preset("kvquant2").with_overrides(block=16, group_k=16, **overrides)
     rope = Rope(d, 10000.0)
     tm = SimpleNamespace(n_head=H, n_head_kv=H_kv, head_dim=d, rope=rope)
-    tab = KVQLayer(-np.ones((H_kv, d), np.float32), np.ones((H_kv, d), np.float32),
-                   nuq.uniform_levels(2), nuq.uniform_levels(2))
+    tab = KVQLayer(
+        -np.ones((H_kv, d), np.float32), np.ones((H_kv, d), np.float32), nuq.uniform_levels(2), nuq.uniform_levels(2)
+    )
     q = rng.normal(size=(n, H, d)).astype(np.float32)
     k = rng.normal(0, 0.5, size=(n, H_kv, d)).astype(np.float16).astype(np.float32)
     v = rng.normal(size=(n, H_kv, d)).astype(np.float16).astype(np.float32)

@@ -1,10 +1,10 @@
 """The KVQuant scheme of the numpy specification (reference/kvquant.py, nuq.py, rope.py)."""
+
 import numpy as np
 import pytest
 
 from ott_gguf.errors import InvalidArgumentError
-from ott_gguf.reference import LayerCache, attend, footprint, measure, pack_codes, preset, unpack_codes
-from ott_gguf.reference import nuq
+from ott_gguf.reference import LayerCache, attend, footprint, measure, nuq, pack_codes, preset, unpack_codes
 from ott_gguf.reference.kvquant import KVQLayer, n_outliers, quantize_block
 from ott_gguf.reference.rope import Rope
 
@@ -25,7 +25,7 @@ def tables(cfg, rng, spread=1.0, uniform=False):
 
 
 def test_three_bit_codes_pack_as_one_stream():
-    codes = np.arange(8, dtype=np.uint8)                       # 0..7, 3 bits each, 24 bits
+    codes = np.arange(8, dtype=np.uint8)  # 0..7, 3 bits each, 24 bits
     packed = pack_codes(codes, 3)
     stream = sum(int(c) << (3 * i) for i, c in enumerate(codes))
     assert packed.tolist() == [stream & 255, stream >> 8 & 255, stream >> 16]
@@ -48,7 +48,7 @@ def test_block_outliers_exact_and_dense_within_half_a_level_gap(bits):
     tab = tables(cfg, rng).head(1)
     k = rng.normal(0, 0.6, (cfg.block, HD)).astype(np.float16)
     v = rng.normal(0, 1, (cfg.block, HD)).astype(np.float16)
-    k[3, 7], v[9, 2], v[4, 4] = 40.0, -30.0, 25.0                 # planted outliers
+    k[3, 7], v[9, 2], v[4, 4] = 40.0, -30.0, 25.0  # planted outliers
     b = quantize_block(k, v, 5, cfg, tab)
     n_out = n_outliers(cfg, HD)
     assert n_out == 20 and len(b.k_out_idx) == len(b.v_out_idx) == n_out
@@ -70,7 +70,7 @@ def test_block_outliers_exact_and_dense_within_half_a_level_gap(bits):
     vd = np.ones(cfg.block * HD, bool)
     vd[vi] = False
     verr = np.abs(vh - v.astype(np.float64)).reshape(-1)[vd]
-    bound = (gap_v * b.v_scale.astype(np.float64)[:, None].repeat(HD, 1).reshape(-1)[vd] + 2**-10 * np.abs(v).max())
+    bound = gap_v * b.v_scale.astype(np.float64)[:, None].repeat(HD, 1).reshape(-1)[vd] + 2**-10 * np.abs(v).max()
     assert (verr <= bound).all()
 
 
@@ -79,7 +79,7 @@ def test_pre_rope_attention_rotates_every_key_at_its_position():
     first: up to where each rounds to fp16 (the one pre-RoPE, the other post-RoPE)."""
     rng = np.random.default_rng(3)
     cfg = preset("kvquant2").with_overrides(block=64, group_k=64)
-    n = 40                                                     # < sink + block: all fp16
+    n = 40  # < sink + block: all fp16
     q = rng.normal(size=(n, N_HEAD, HD)).astype(np.float32)
     k = rng.normal(size=(n, N_KV, HD)).astype(np.float32)
     v = rng.normal(size=(n, N_KV, HD)).astype(np.float32)
@@ -116,13 +116,16 @@ def test_quantized_attention_close_to_exact_and_footprint_measured():
     assert fp.bytes == formula.bytes and fp.bytes["sparse"] == 3 * N_KV * 2 * n_outliers(cfg, HD) * 4
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(pool=3), "pool=3 does not apply"),
-    (dict(bits_k=8), "bits_k=8 is not one of"),
-    (dict(param_bits=8), "param_bits=8"),
-    (dict(outliers=2000), "more than 10 %"),
-    (dict(group_k=16), "group_k=16 must equal block"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(pool=3), "pool=3 does not apply"),
+        (dict(bits_k=8), "bits_k=8 is not one of"),
+        (dict(param_bits=8), "param_bits=8"),
+        (dict(outliers=2000), "more than 10 %"),
+        (dict(group_k=16), "group_k=16 must equal block"),
+    ],
+)
 def test_invalid_kvquant_configs(overrides, match):
     with pytest.raises(InvalidArgumentError, match=match):
         preset("kvquant2").with_overrides(**overrides)

@@ -27,6 +27,7 @@ The KVQuant scheme (kvq = 1) keeps this schedule and replaces what an event stor
 KVQBlock (kvquant.py) from the head's calibrated tables, and no outlier tracing. With
 pre_rope its stores (sink and window too) hold keys before RoPE.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,8 +36,8 @@ import numpy as np
 
 from ott_gguf.errors import InvalidArgumentError
 
-from .block import QuantBlock, quantize_block
 from . import kvquant
+from .block import QuantBlock, quantize_block
 from .config import KVConfig
 from .outliers import can_trace, substitute_mean, trace
 from .store import TokenStore, to_fp16
@@ -44,16 +45,16 @@ from .store import TokenStore, to_fp16
 
 @dataclass
 class HeadCache:
-    cfg: KVConfig              # resolved for head_dim (KVConfig.for_head_dim)
+    cfg: KVConfig  # resolved for head_dim (KVConfig.for_head_dim)
     head_dim: int
-    sink: TokenStore           # fp16 [<= sink, head_dim]
-    pool: TokenStore           # fp16 [<= pool, head_dim]
-    extra: TokenStore          # fp16 [<= extra_pool, head_dim]
-    window: TokenStore         # fp16 [R .. R+block-1, head_dim] once R tokens arrived
-    tracing: bool              # OTT active; False for non-tracing layers and after the stop rule
+    sink: TokenStore  # fp16 [<= sink, head_dim]
+    pool: TokenStore  # fp16 [<= pool, head_dim]
+    extra: TokenStore  # fp16 [<= extra_pool, head_dim]
+    window: TokenStore  # fp16 [R .. R+block-1, head_dim] once R tokens arrived
+    tracing: bool  # OTT active; False for non-tracing layers and after the stop rule
     blocks: list[QuantBlock | kvquant.KVQBlock] = field(default_factory=list)
-    kvq: kvquant.KVQHead | None = None   # calibrated tables of the KVQuant scheme
-    n_tokens: int = 0          # tokens appended so far = position of the next one
+    kvq: kvquant.KVQHead | None = None  # calibrated tables of the KVQuant scheme
+    n_tokens: int = 0  # tokens appended so far = position of the next one
 
     @classmethod
     def new(cls, cfg: KVConfig, il: int, head_dim: int, kvq: kvquant.KVQHead | None = None) -> HeadCache:
@@ -79,8 +80,9 @@ class HeadCache:
                 take = min(n - i, self.tokens_until_event())
             else:
                 take = n - i
-            new = TokenStore(k[i:i + take], v[i:i + take],
-                             np.arange(self.n_tokens, self.n_tokens + take, dtype=np.int32))
+            new = TokenStore(
+                k[i : i + take], v[i : i + take], np.arange(self.n_tokens, self.n_tokens + take, dtype=np.int32)
+            )
             if to_sink:
                 self.sink = self.sink.concat(new)
             else:
@@ -115,28 +117,36 @@ class HeadCache:
             parts.append((b.positions[live], k[live], v[live]))
         parts += [(s.pos, s.k, s.v) for s in (self.pool, self.extra, self.window)]
         pos, ks, vs = zip(*parts)
-        return (np.concatenate(pos).astype(np.int64), np.concatenate(ks).astype(np.float64),
-                np.concatenate(vs).astype(np.float64))
+        return (
+            np.concatenate(pos).astype(np.int64),
+            np.concatenate(ks).astype(np.float64),
+            np.concatenate(vs).astype(np.float64),
+        )
 
 
 @dataclass
 class LayerCache:
     cfg: KVConfig
-    il: int                    # layer index
+    il: int  # layer index
     n_head_kv: int
     head_dim: int
-    heads: list[HeadCache]     # [n_head_kv]
+    heads: list[HeadCache]  # [n_head_kv]
 
     @classmethod
-    def new(cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int,
-            kvq: kvquant.KVQLayer | None = None) -> LayerCache:
+    def new(
+        cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int, kvq: kvquant.KVQLayer | None = None
+    ) -> LayerCache:
         """kvq: the layer's calibrated tables, needed by the KVQuant scheme only."""
         if n_head_kv <= 0:
             raise InvalidArgumentError(f"kv cache: n_head_kv={n_head_kv} must be > 0")
         cfg = cfg.for_head_dim(head_dim)
-        return cls(cfg, il, n_head_kv, head_dim,
-                   [HeadCache.new(cfg, il, head_dim, kvq.head(h) if cfg.kvq and kvq else None)
-                    for h in range(n_head_kv)])
+        return cls(
+            cfg,
+            il,
+            n_head_kv,
+            head_dim,
+            [HeadCache.new(cfg, il, head_dim, kvq.head(h) if cfg.kvq and kvq else None) for h in range(n_head_kv)],
+        )
 
     @property
     def n_tokens(self) -> int:
@@ -150,7 +160,8 @@ class LayerCache:
         want = (self.n_head_kv, self.head_dim)
         if k.ndim != 3 or k.shape[1:] != want or v.shape != k.shape:
             raise InvalidArgumentError(
-                f"layer {self.il} kv: k {k.shape} / v {v.shape} are not [n_tokens, {want[0]}, {want[1]}]")
+                f"layer {self.il} kv: k {k.shape} / v {v.shape} are not [n_tokens, {want[0]}, {want[1]}]"
+            )
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         """Append new tokens of this layer: k, v float32 [n_tokens, n_head_kv, head_dim], keys

@@ -6,6 +6,7 @@ model (`group_v` is capped at `head_dim`) and checks the layout constraints for 
 Mode f16 is the same cache with no quantization: every token stays in the fp16 window, so
 the quantization knobs must all be 0 (an override of one of them is an error, not ignored).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -14,33 +15,33 @@ from ott_gguf.errors import InvalidArgumentError
 
 from .rotation import CALIBRATED, HADAMARD, ROTATIONS
 
-F16_BITS = 16                 # bits value that means "stored as fp16, never quantized"
-QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache (KIVI / OTT groups)
-KVQ_BITS = (2, 3, 4)          # code widths of the KVQuant scheme (codebook indices)
-MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 sums of
-                              # fp16 values exact (outliers.py relies on it)
+F16_BITS = 16  # bits value that means "stored as fp16, never quantized"
+QUANT_BITS = (2, 4, 8)  # code widths of a quantized cache (KIVI / OTT groups)
+KVQ_BITS = (2, 3, 4)  # code widths of the KVQuant scheme (codebook indices)
+MAX_SUM_TERMS = 8192  # block and head_dim bound that keeps the float64 sums of
+# fp16 values exact (outliers.py relies on it)
 
 
 @dataclass(frozen=True)
 class KVConfig:
-    bits_k: int           # bits per key code; 16 = fp16 cache (mode f16)
-    bits_v: int           # bits per value code; 16 = fp16 cache (mode f16)
-    group_k: int          # tokens per key group (one channel, consecutive tokens)
-    group_v: int          # channels per value group (one token, consecutive channels)
-    block: int            # tokens quantized together at one quantization event
-    window: int           # R: the fp16 window keeps R .. R+block-1 recent tokens
-    pool: int             # outlier-pool capacity per KV head (0 = no OTT)
-    extra_pool: int       # extra-pool capacity per KV head (tokens evicted from the pool)
-    skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
-    sink: int             # first tokens of a sequence kept in fp16 forever
-    clip: int = 0         # 1: each group's range is the best of the clipped ones (quant.py)
+    bits_k: int  # bits per key code; 16 = fp16 cache (mode f16)
+    bits_v: int  # bits per value code; 16 = fp16 cache (mode f16)
+    group_k: int  # tokens per key group (one channel, consecutive tokens)
+    group_v: int  # channels per value group (one token, consecutive channels)
+    block: int  # tokens quantized together at one quantization event
+    window: int  # R: the fp16 window keeps R .. R+block-1 recent tokens
+    pool: int  # outlier-pool capacity per KV head (0 = no OTT)
+    extra_pool: int  # extra-pool capacity per KV head (tokens evicted from the pool)
+    skip_layers: int  # layers 0 .. skip_layers-1 never trace outliers
+    sink: int  # first tokens of a sequence kept in fp16 forever
+    clip: int = 0  # 1: each group's range is the best of the clipped ones (quant.py)
     param_bits: int = 16  # a group's scale and min: 16 (fp16) or 8 (ufp8 scale, int8 min; quant.py)
-    rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
-    rot_v: int = 0        # rotation of values, undone after attention: same kinds
-    kvq: int = 0          # 1: the KVQuant scheme (kvquant.py): calibrated channel ranges, codebooks
-    pre_rope: int = 0     # 1: keys cached before RoPE, rotated at their position in attention (kvq)
-    uniform: int = 0      # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
-    outliers: int = 0     # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
+    rot_k: int = 0  # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
+    rot_v: int = 0  # rotation of values, undone after attention: same kinds
+    kvq: int = 0  # 1: the KVQuant scheme (kvquant.py): calibrated channel ranges, codebooks
+    pre_rope: int = 0  # 1: keys cached before RoPE, rotated at their position in attention (kvq)
+    uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
+    outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -56,14 +57,31 @@ class KVConfig:
         if self.bits_k != self.bits_v:
             raise InvalidArgumentError(
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
-                f"keys and values are both fp16 (16) or both quantized")
-        for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v",
-                     "kvq", "pre_rope", "uniform", "outliers"):
+                f"keys and values are both fp16 (16) or both quantized"
+            )
+        for name in (
+            "group_k",
+            "group_v",
+            "block",
+            "window",
+            "pool",
+            "extra_pool",
+            "skip_layers",
+            "sink",
+            "clip",
+            "param_bits",
+            "rot_k",
+            "rot_v",
+            "kvq",
+            "pre_rope",
+            "uniform",
+            "outliers",
+        ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
-                    f"(every token is kept in fp16)")
+                    f"(every token is kept in fp16)"
+                )
 
     def _check_quantized(self) -> None:
         if self.kvq > 1:
@@ -73,42 +91,45 @@ class KVConfig:
         elif self.pre_rope or self.uniform or self.outliers:
             raise InvalidArgumentError(
                 f"kv config: pre_rope={self.pre_rope} uniform={self.uniform} outliers={self.outliers} "
-                f"apply to the KVQuant scheme only (kvq=1)")
+                f"apply to the KVQuant scheme only (kvq=1)"
+            )
         for name in () if self.kvq else ("bits_k", "bits_v"):
             if getattr(self, name) not in QUANT_BITS:
                 raise InvalidArgumentError(
-                    f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} "
-                    f"(or 16 for both: fp16 cache)")
+                    f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} (or 16 for both: fp16 cache)"
+                )
         if self.block == 0 or self.block % 8 or self.block > MAX_SUM_TERMS:
-            raise InvalidArgumentError(
-                f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
+            raise InvalidArgumentError(f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
         if self.group_k == 0 or self.block % self.group_k:
-            raise InvalidArgumentError(
-                f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
+            raise InvalidArgumentError(f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
         if self.group_k * self.bits_k % 8:
             raise InvalidArgumentError(
-                f"kv config: group_k={self.group_k} at bits_k={self.bits_k} does not fill whole bytes")
+                f"kv config: group_k={self.group_k} at bits_k={self.bits_k} does not fill whole bytes"
+            )
         if self.group_v == 0 or self.group_v * self.bits_v % 8:
             raise InvalidArgumentError(
-                f"kv config: group_v={self.group_v} at bits_v={self.bits_v} does not fill whole bytes")
+                f"kv config: group_v={self.group_v} at bits_v={self.bits_v} does not fill whole bytes"
+            )
         if self.pool >= self.block:
-            raise InvalidArgumentError(
-                f"kv config: pool={self.pool} must be smaller than block={self.block}")
+            raise InvalidArgumentError(f"kv config: pool={self.pool} must be smaller than block={self.block}")
         if self.clip > 1:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
         if self.param_bits not in (8, 16):
             raise InvalidArgumentError(f"kv config: param_bits={self.param_bits} is not 16 (fp16) or 8")
         if self.param_bits == 8 and self.clip:
-            raise InvalidArgumentError("kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)")
+            raise InvalidArgumentError(
+                "kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)"
+            )
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) >= len(ROTATIONS):
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of "
-                    f"{', '.join(f'{i} ({r})' for i, r in enumerate(ROTATIONS))}")
+                    f"{', '.join(f'{i} ({r})' for i, r in enumerate(ROTATIONS))}"
+                )
         if self.extra_pool and not self.pool:
             raise InvalidArgumentError(
-                f"kv config: extra_pool={self.extra_pool} needs pool > 0 "
-                f"(it holds tokens evicted from the pool)")
+                f"kv config: extra_pool={self.extra_pool} needs pool > 0 (it holds tokens evicted from the pool)"
+            )
 
     def _check_kvq(self) -> None:
         """KVQuant: no token pools, no groups of its own (keys take calibrated channel ranges,
@@ -116,7 +137,8 @@ class KVConfig:
         for name in ("bits_k", "bits_v"):
             if getattr(self, name) not in KVQ_BITS:
                 raise InvalidArgumentError(
-                    f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)")
+                    f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)"
+                )
         for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v"):
             if getattr(self, name):
                 raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
@@ -125,7 +147,8 @@ class KVConfig:
         if self.group_k != self.block:
             raise InvalidArgumentError(
                 f"kv config: group_k={self.group_k} must equal block={self.block} with KVQuant "
-                f"(keys take calibrated per-channel ranges)")
+                f"(keys take calibrated per-channel ranges)"
+            )
         if self.pre_rope > 1 or self.uniform > 1:
             raise InvalidArgumentError(f"kv config: pre_rope={self.pre_rope} and uniform={self.uniform} are 0 or 1")
         if self.outliers > 1000:
@@ -154,15 +177,16 @@ class KVConfig:
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) == HADAMARD and head_dim & (head_dim - 1):
                 raise InvalidArgumentError(
-                    f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}")
+                    f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}"
+                )
         cfg = replace(self, group_v=min(self.group_v, head_dim))
         if self.kvq and (cfg.group_v != head_dim or head_dim * self.bits_v % 8 or self.block * head_dim > 65536):
             raise InvalidArgumentError(
                 f"kv config: KVQuant needs group_v >= head_dim={head_dim} (one range per token), whole bytes per "
-                f"token at bits_v={self.bits_v}, and block·head_dim <= 65536 (16-bit sparse indices)")
+                f"token at bits_v={self.bits_v}, and block·head_dim <= 65536 (16-bit sparse indices)"
+            )
         if head_dim % cfg.group_v:
-            raise InvalidArgumentError(
-                f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+            raise InvalidArgumentError(f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
         return cfg
 
     def with_overrides(self, **overrides: int | None) -> KVConfig:
@@ -174,10 +198,8 @@ class KVConfig:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-_OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32,
-            skip_layers=2, sink=0)
-_KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0,
-             skip_layers=0, sink=0)
+_OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32, skip_layers=2, sink=0)
+_KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0, skip_layers=0, sink=0)
 # This project's caches (docs/results.md says how they were chosen): OTT's per-channel keys
 # and pools, values Hadamard-rotated in one group per head (capped at 128 channels), 8-bit
 # group parameters, no fp16 window beyond the block being filled.
@@ -186,12 +208,34 @@ _OTTR = dict(_OTT, group_v=128, window=0, param_bits=8, rot_v=HADAMARD)
 # KVQuant (kvquant.py): pre-RoPE per-channel keys, per-token values, nuq codebooks, 1 %
 # dense-and-sparse outliers, one fp16 sink token. Keys need no per-block ranges, so blocks are
 # short: the fp16 stretch of the block being filled is small.
-_KVQ = dict(group_k=32, group_v=MAX_SUM_TERMS, block=32, window=0, pool=0, extra_pool=0,
-            skip_layers=0, sink=1, kvq=1, pre_rope=1, outliers=100)
+_KVQ = dict(
+    group_k=32,
+    group_v=MAX_SUM_TERMS,
+    block=32,
+    window=0,
+    pool=0,
+    extra_pool=0,
+    skip_layers=0,
+    sink=1,
+    kvq=1,
+    pre_rope=1,
+    outliers=100,
+)
 
 PRESETS: dict[str, KVConfig] = {
-    "f16": KVConfig(bits_k=16, bits_v=16, group_k=0, group_v=0, block=0, window=0, pool=0,
-                    extra_pool=0, skip_layers=0, sink=0, param_bits=0),
+    "f16": KVConfig(
+        bits_k=16,
+        bits_v=16,
+        group_k=0,
+        group_v=0,
+        block=0,
+        window=0,
+        pool=0,
+        extra_pool=0,
+        skip_layers=0,
+        sink=0,
+        param_bits=0,
+    ),
     "kivi2": KVConfig(bits_k=2, bits_v=2, **_KIVI),
     "kivi4": KVConfig(bits_k=4, bits_v=4, **_KIVI),
     "ott2": KVConfig(bits_k=2, bits_v=2, **_OTT),

@@ -34,6 +34,7 @@ Byte layout of a head-block (native/src/kv/kv_layout.h: ott_kvq_block_layout):
     v_out_idx  uint16 [n_out]
     v_out_val  fp16   [n_out]
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,19 +51,21 @@ from .quant import pack_codes, unpack_codes
 @dataclass(frozen=True)
 class KVQHead:
     """Calibrated tables of one KV head of one layer."""
-    k_zero: np.ndarray     # float32 [head_dim]   per-channel key zero (nuq.channel_params)
-    k_scale: np.ndarray    # float32 [head_dim]
-    levels_k: np.ndarray   # float32 [2^bits_k]   the layer's key codebook, ascending
-    levels_v: np.ndarray   # float32 [2^bits_v]
+
+    k_zero: np.ndarray  # float32 [head_dim]   per-channel key zero (nuq.channel_params)
+    k_scale: np.ndarray  # float32 [head_dim]
+    levels_k: np.ndarray  # float32 [2^bits_k]   the layer's key codebook, ascending
+    levels_v: np.ndarray  # float32 [2^bits_v]
 
 
 @dataclass(frozen=True)
 class KVQLayer:
     """Calibrated tables of one layer (per KV head ranges, one codebook per kind)."""
-    k_lo: np.ndarray       # float32 [n_head_kv, head_dim]  lower key thresholds
-    k_hi: np.ndarray       # float32 [n_head_kv, head_dim]
-    levels_k: np.ndarray   # float32 [2^bits_k]
-    levels_v: np.ndarray   # float32 [2^bits_v]
+
+    k_lo: np.ndarray  # float32 [n_head_kv, head_dim]  lower key thresholds
+    k_hi: np.ndarray  # float32 [n_head_kv, head_dim]
+    levels_k: np.ndarray  # float32 [2^bits_k]
+    levels_v: np.ndarray  # float32 [2^bits_v]
 
     def head(self, h: int) -> KVQHead:
         zero, scale = nuq.channel_params(self.k_lo[h], self.k_hi[h])
@@ -120,11 +123,11 @@ def _sparse(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class KVQBlock:
-    pos0: int              # position of slot 0
-    v_zero: np.ndarray     # fp16   [block]
-    v_scale: np.ndarray    # fp16   [block]
-    k_codes: np.ndarray    # uint8  [head_dim, block*bits_k/8]
-    v_codes: np.ndarray    # uint8  [block, head_dim*bits_v/8]
+    pos0: int  # position of slot 0
+    v_zero: np.ndarray  # fp16   [block]
+    v_scale: np.ndarray  # fp16   [block]
+    k_codes: np.ndarray  # uint8  [head_dim, block*bits_k/8]
+    v_codes: np.ndarray  # uint8  [block, head_dim*bits_v/8]
     k_out_idx: np.ndarray  # uint16 [n_out]
     k_out_val: np.ndarray  # fp16   [n_out]
     v_out_idx: np.ndarray  # uint16 [n_out]
@@ -142,8 +145,8 @@ class KVQBlock:
     def dequantize(self, cfg: KVConfig, tab: KVQHead) -> tuple[np.ndarray, np.ndarray]:
         """(k̂, v̂), both float64 [block, head_dim], sparse values put back."""
         block, head_dim = len(self.v_zero), self.k_codes.shape[0]
-        kc = unpack_codes(self.k_codes, cfg.bits_k).T                       # [block, head_dim]
-        vc = unpack_codes(self.v_codes, cfg.bits_v)                          # [block, head_dim]
+        kc = unpack_codes(self.k_codes, cfg.bits_k).T  # [block, head_dim]
+        vc = unpack_codes(self.v_codes, cfg.bits_v)  # [block, head_dim]
         k = nuq.dequantize(kc, tab.levels_k, tab.k_zero, tab.k_scale).reshape(-1)
         v = nuq.dequantize(vc, tab.levels_v, self.v_zero[:, None], self.v_scale[:, None]).reshape(-1)
         k[self.k_out_idx.astype(np.int64)] = self.k_out_val
@@ -155,7 +158,8 @@ def check_geometry(cfg: KVConfig, head_dim: int) -> None:
     """The sparse indices t·head_dim + c must fit in uint16."""
     if cfg.block * head_dim > 65536:
         raise InvalidArgumentError(
-            f"kv config: kvq block={cfg.block} times head_dim={head_dim} exceeds 65536 (sparse indices are 16-bit)")
+            f"kv config: kvq block={cfg.block} times head_dim={head_dim} exceeds 65536 (sparse indices are 16-bit)"
+        )
 
 
 def quantize_block(k: np.ndarray, v: np.ndarray, pos0: int, cfg: KVConfig, tab: KVQHead) -> KVQBlock:
@@ -165,9 +169,18 @@ def quantize_block(k: np.ndarray, v: np.ndarray, pos0: int, cfg: KVConfig, tab: 
     k_out = key_outliers(tk, n_out)
     v_out = value_outliers(v, n_out)
     tv, v_zero, v_scale = normalize_values(v, v_out)
-    kc = nuq.nearest_codes(tk, tab.levels_k)                                 # [block, head_dim]
+    kc = nuq.nearest_codes(tk, tab.levels_k)  # [block, head_dim]
     vc = nuq.nearest_codes(tv, tab.levels_v)
     k_idx, k_val = _sparse(k, k_out)
     v_idx, v_val = _sparse(v, v_out)
-    return KVQBlock(pos0, v_zero, v_scale, pack_codes(np.ascontiguousarray(kc.T), cfg.bits_k),
-                    pack_codes(vc, cfg.bits_v), k_idx, k_val, v_idx, v_val)
+    return KVQBlock(
+        pos0,
+        v_zero,
+        v_scale,
+        pack_codes(np.ascontiguousarray(kc.T), cfg.bits_k),
+        pack_codes(vc, cfg.bits_v),
+        k_idx,
+        k_val,
+        v_idx,
+        v_val,
+    )

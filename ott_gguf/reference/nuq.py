@@ -22,6 +22,7 @@ Per-channel range of keys (calibrated thresholds lo, hi, float32, from the sidec
 
 Dequantization x̂ = L_code · scale + zero is not part of the bit-exact contract (float64 here).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,10 +82,11 @@ def token_params(x: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def normalize(x: np.ndarray, zero: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """t = (f32(x) - f32(zero)) * inv(scale), float32, zero and scale broadcast against x."""
-    return (x.astype(np.float32) - np.asarray(zero).astype(np.float32)) * safe_inverse(np.asarray(scale).astype(np.float32))
+    return (x.astype(np.float32) - np.asarray(zero).astype(np.float32)) * safe_inverse(
+        np.asarray(scale).astype(np.float32)
+    )
 
 
 def dequantize(codes: np.ndarray, levels: np.ndarray, zero: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """x̂ = L_code · scale + zero in float64 (zero and scale broadcast against codes)."""
-    return (levels.astype(np.float64)[codes] * np.asarray(scale).astype(np.float64)
-            + np.asarray(zero).astype(np.float64))
+    return levels.astype(np.float64)[codes] * np.asarray(scale).astype(np.float64) + np.asarray(zero).astype(np.float64)

@@ -9,6 +9,7 @@ The first n_rot channels of a vector at position p are rotated in pairs by the a
 
     (a, b) -> (a·cos θ - b·sin θ,  a·sin θ + b·cos θ)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Rope:
-    n_rot: int                 # rotated channels (even, <= head_dim)
+    n_rot: int  # rotated channels (even, <= head_dim)
     freq_base: float
-    freq_scale: float = 1.0    # linear position scaling
-    neox: bool = False         # pairing: False (x[2i], x[2i+1]), True (x[i], x[i + n_rot/2])
+    freq_scale: float = 1.0  # linear position scaling
+    neox: bool = False  # pairing: False (x[2i], x[2i+1]), True (x[i], x[i + n_rot/2])
 
     def angles(self, pos: np.ndarray) -> np.ndarray:
         """θ: float64 [n, n_rot/2] for positions int [n]."""
@@ -34,7 +35,7 @@ class Rope:
         theta = self.angles(pos) * (-1.0 if inverse else 1.0)
         shape = (len(theta),) + (1,) * (x.ndim - 2) + (self.n_rot // 2,)
         c, s = np.cos(theta).reshape(shape), np.sin(theta).reshape(shape)
-        rot, rest = x[..., :self.n_rot], x[..., self.n_rot:]
+        rot, rest = x[..., : self.n_rot], x[..., self.n_rot :]
         half = self.n_rot // 2
         a, b = (rot[..., :half], rot[..., half:]) if self.neox else (rot[..., 0::2], rot[..., 1::2])
         ra, rb = a * c - b * s, a * s + b * c

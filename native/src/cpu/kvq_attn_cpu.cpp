@@ -9,13 +9,13 @@
 
 namespace {
 
-constexpr int32_t TILE = 64;    // fp16 rows per tile
+constexpr int32_t TILE = 64;  // fp16 rows per tile
 
 // Code i of a packed row of row_bytes bytes (LSB-first bit stream, kv_quant.h).
 inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, int32_t row_bytes) {
     const int32_t at = i * bits, b = at / 8;
     uint32_t w = row[b];
-    if (b + 1 < row_bytes) w |= (uint32_t) row[b + 1] << 8;
+    if (b + 1 < row_bytes) w |= (uint32_t)row[b + 1] << 8;
     return (w >> (at % 8)) & ((1u << bits) - 1);
 }
 
@@ -23,8 +23,8 @@ inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, int32_t ro
 void rope_rows(float * x, int32_t n, int32_t hd, int32_t pos0, const int32_t * pos, const ott_rope_table & R) {
     const int32_t half = R.n_rot / 2;
     for (int32_t r = 0; r < n; ++r) {
-        float * y = x + (size_t) r * hd;
-        const float * cs = R.cs + (size_t) (pos ? pos[r] : pos0 + r) * half * 2;
+        float * y        = x + (size_t)r * hd;
+        const float * cs = R.cs + (size_t)(pos ? pos[r] : pos0 + r) * half * 2;
         for (int32_t i = 0; i < half; ++i) {
             const int32_t ia = R.neox ? i : 2 * i, ib = R.neox ? i + half : 2 * i + 1;
             const float a = y[ia], b = y[ib], c = cs[2 * i], s = cs[2 * i + 1];
@@ -36,32 +36,32 @@ void rope_rows(float * x, int32_t n, int32_t hd, int32_t pos0, const int32_t * p
 
 struct softmax_rows {
     int32_t n_q, hd;
-    float * m;      // [n_q] running max
-    float * l;      // [n_q] running sum
-    float * acc;    // [n_q][hd]
-    float * s;      // [TILE or block] scores of one row
+    float * m;    // [n_q] running max
+    float * l;    // [n_q] running sum
+    float * acc;  // [n_q][hd]
+    float * s;    // [TILE or block] scores of one row
 
     // Fold keys kt and values vt [n][hd] of one tile into every query row.
     void add(const float * q, float kq_scale, const float * kt, const float * vt, int32_t n) {
         for (int32_t r = 0; r < n_q; ++r) {
-            const float * qr = q + (size_t) r * hd;
-            float mt = -INFINITY;
+            const float * qr = q + (size_t)r * hd;
+            float mt         = -INFINITY;
             for (int32_t t = 0; t < n; ++t) {
-                const float * kr = kt + (size_t) t * hd;
-                float d = 0.0f;
+                const float * kr = kt + (size_t)t * hd;
+                float d          = 0.0f;
                 for (int32_t c = 0; c < hd; ++c) d += qr[c] * kr[c];
                 s[t] = d * kq_scale;
-                mt = std::max(mt, s[t]);
+                mt   = std::max(mt, s[t]);
             }
             const float m_new = std::max(m[r], mt);
-            const float corr = std::exp(m[r] - m_new);
-            float * a = acc + (size_t) r * hd;
+            const float corr  = std::exp(m[r] - m_new);
+            float * a         = acc + (size_t)r * hd;
             for (int32_t c = 0; c < hd; ++c) a[c] *= corr;
             l[r] *= corr;
             for (int32_t t = 0; t < n; ++t) {
                 const float p = std::exp(s[t] - m_new);
                 l[r] += p;
-                const float * vr = vt + (size_t) t * hd;
+                const float * vr = vt + (size_t)t * hd;
                 for (int32_t c = 0; c < hd; ++c) a[c] += p * vr[c];
             }
             m[r] = m_new;
@@ -75,79 +75,80 @@ void dequantize_block(const ott_kvq_geom & g, const ott_kvq_block_layout & L, co
     const int32_t hd = g.head_dim, block = g.block;
     const int32_t k_row = block * g.bits_k / 8, v_row = hd * g.bits_v / 8;
     for (int32_t c = 0; c < hd; ++c) {
-        const uint8_t * row = b + L.k_codes + (size_t) c * k_row;
+        const uint8_t * row = b + L.k_codes + (size_t)c * k_row;
         for (int32_t t = 0; t < block; ++t) {
-            kt[(size_t) t * hd + c] = tab.levels_k[code_at(row, t, g.bits_k, k_row)] * tab.k_scale[c] + tab.k_zero[c];
+            kt[(size_t)t * hd + c] = tab.levels_k[code_at(row, t, g.bits_k, k_row)] * tab.k_scale[c] + tab.k_zero[c];
         }
     }
     for (int32_t t = 0; t < block; ++t) {
         ott_fp16 z16, s16;
-        std::memcpy(&z16, b + L.v_zero + 2 * (size_t) t, 2);
-        std::memcpy(&s16, b + L.v_scale + 2 * (size_t) t, 2);
+        std::memcpy(&z16, b + L.v_zero + 2 * (size_t)t, 2);
+        std::memcpy(&s16, b + L.v_scale + 2 * (size_t)t, 2);
         const float z = ott_fp16_to_fp32_ref(z16), s = ott_fp16_to_fp32_ref(s16);
-        const uint8_t * row = b + L.v_codes + (size_t) t * v_row;
-        for (int32_t c = 0; c < hd; ++c) vt[(size_t) t * hd + c] = tab.levels_v[code_at(row, c, g.bits_v, v_row)] * s + z;
+        const uint8_t * row = b + L.v_codes + (size_t)t * v_row;
+        for (int32_t c = 0; c < hd; ++c)
+            vt[(size_t)t * hd + c] = tab.levels_v[code_at(row, c, g.bits_v, v_row)] * s + z;
     }
     for (int32_t j = 0; j < g.n_out; ++j) {
         uint16_t ik, iv;
         ott_fp16 xk, xv;
-        std::memcpy(&ik, b + L.k_out_idx + 2 * (size_t) j, 2);
-        std::memcpy(&xk, b + L.k_out_val + 2 * (size_t) j, 2);
-        std::memcpy(&iv, b + L.v_out_idx + 2 * (size_t) j, 2);
-        std::memcpy(&xv, b + L.v_out_val + 2 * (size_t) j, 2);
+        std::memcpy(&ik, b + L.k_out_idx + 2 * (size_t)j, 2);
+        std::memcpy(&xk, b + L.k_out_val + 2 * (size_t)j, 2);
+        std::memcpy(&iv, b + L.v_out_idx + 2 * (size_t)j, 2);
+        std::memcpy(&xv, b + L.v_out_val + 2 * (size_t)j, 2);
         kt[ik] = ott_fp16_to_fp32_ref(xk);
         vt[iv] = ott_fp16_to_fp32_ref(xv);
     }
 }
 
-} // namespace
+}  // namespace
 
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs) {
     const int32_t half = n_rot / 2;
     for (int32_t p = 0; p < n_pos; ++p) {
         for (int32_t i = 0; i < half; ++i) {
-            const double theta = (double) p * freq_scale * std::pow(freq_base, -(double) (2 * i) / n_rot);
-            cs[((size_t) p * half + i) * 2]     = (float) std::cos(theta);
-            cs[((size_t) p * half + i) * 2 + 1] = (float) std::sin(theta);
+            const double theta                 = (double)p * freq_scale * std::pow(freq_base, -(double)(2 * i) / n_rot);
+            cs[((size_t)p * half + i) * 2]     = (float)std::cos(theta);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)std::sin(theta);
         }
     }
 }
 
 size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q) {
-    const size_t rows = (size_t) std::max(g->block, TILE);
-    return 2 * rows * g->head_dim + rows + (size_t) n_q * (2 + g->head_dim);
+    const size_t rows = (size_t)std::max(g->block, TILE);
+    return 2 * rows * g->head_dim + rows + (size_t)n_q * (2 + g->head_dim);
 }
 
 void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
                       const ott_rope_table * rope, const float * q, int32_t n_q, float kq_scale, float * out,
                       float * scratch) {
-    const int32_t hd = g->head_dim;
-    const size_t rows = (size_t) std::max(g->block, TILE);
-    float * kt = scratch, * vt = kt + rows * hd;
-    softmax_rows sm{ n_q, hd, vt + rows * hd, nullptr, nullptr, nullptr };
-    sm.l = sm.m + n_q;
+    const int32_t hd  = g->head_dim;
+    const size_t rows = (size_t)std::max(g->block, TILE);
+    float *kt = scratch, *vt = kt + rows * hd;
+    softmax_rows sm { n_q, hd, vt + rows * hd, nullptr, nullptr, nullptr };
+    sm.l   = sm.m + n_q;
     sm.acc = sm.l + n_q;
-    sm.s = sm.acc + (size_t) n_q * hd;
+    sm.s   = sm.acc + (size_t)n_q * hd;
     std::fill(sm.m, sm.m + n_q, -INFINITY);
     std::fill(sm.l, sm.l + n_q, 0.0f);
-    std::fill(sm.acc, sm.acc + (size_t) n_q * hd, 0.0f);
+    std::fill(sm.acc, sm.acc + (size_t)n_q * hd, 0.0f);
 
     const ott_kvq_block_layout L = ott_kvq_block_layout_of(g);
     for (int32_t j = 0; j < st->n_blocks; ++j) {
-        dequantize_block(*g, L, *tab, st->blocks + (size_t) j * st->block_stride, kt, vt);
+        dequantize_block(*g, L, *tab, st->blocks + (size_t)j * st->block_stride, kt, vt);
         rope_rows(kt, g->block, hd, st->pos0 + j * g->block, nullptr, *rope);
         sm.add(q, kq_scale, kt, vt, g->block);
     }
     for (int32_t t0 = 0; t0 < st->n; t0 += TILE) {
         const int32_t n = std::min(TILE, st->n - t0);
-        for (size_t i = 0; i < (size_t) n * hd; ++i) {
-            kt[i] = ott_fp16_to_fp32_ref(st->k[(size_t) t0 * hd + i]);
-            vt[i] = ott_fp16_to_fp32_ref(st->v[(size_t) t0 * hd + i]);
+        for (size_t i = 0; i < (size_t)n * hd; ++i) {
+            kt[i] = ott_fp16_to_fp32_ref(st->k[(size_t)t0 * hd + i]);
+            vt[i] = ott_fp16_to_fp32_ref(st->v[(size_t)t0 * hd + i]);
         }
         rope_rows(kt, n, hd, 0, st->pos + t0, *rope);
         sm.add(q, kq_scale, kt, vt, n);
     }
     for (int32_t r = 0; r < n_q; ++r) {
-        for (int32_t c = 0; c < hd; ++c) out[(size_t) r * hd + c] = sm.acc[(size_t) r * hd + c] / sm.l[r];
+        for (int32_t c = 0; c < hd; ++c) out[(size_t)r * hd + c] = sm.acc[(size_t)r * hd + c] / sm.l[r];
     }
 }

@@ -21,7 +21,7 @@ static __device__ void select_top(const float * score, const uint8_t * exclude, 
     if (count <= 0) return;
     for (int32_t i = 0; i < n; ++i) {
         if (exclude && exclude[i]) continue;
-        if (n_best == count && score[i] <= score[best[n_best - 1]]) continue;   /* ties: lower index wins */
+        if (n_best == count && score[i] <= score[best[n_best - 1]]) continue; /* ties: lower index wins */
         int32_t j = n_best < count ? n_best++ : n_best - 1;
         while (j > 0 && score[best[j - 1]] < score[i]) {
             best[j] = best[j - 1];
@@ -36,8 +36,10 @@ static __device__ void write_sparse(const ott_fp16 * x, const uint8_t * flag, in
     int32_t m = 0;
     for (int32_t i = 0; i < n; ++i) {
         if (!flag[i]) continue;
-        idx[2 * m] = (uint8_t) (i & 0xff); idx[2 * m + 1] = (uint8_t) (i >> 8);
-        val[2 * m] = (uint8_t) (x[i] & 0xff); val[2 * m + 1] = (uint8_t) (x[i] >> 8);
+        idx[2 * m]     = (uint8_t)(i & 0xff);
+        idx[2 * m + 1] = (uint8_t)(i >> 8);
+        val[2 * m]     = (uint8_t)(x[i] & 0xff);
+        val[2 * m + 1] = (uint8_t)(x[i] >> 8);
         ++m;
     }
 }
@@ -50,23 +52,23 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
     const int32_t hd = g->head_dim, block = g->block, n = block * hd;
     const int32_t n_lk = 1 << g->bits_k, n_lv = 1 << g->bits_v;
     const int32_t row = block > hd ? block : hd;
-    float   * t     = (float *) scratch;
-    int32_t * best  = (int32_t *) (t + n);
-    uint8_t * k_out = (uint8_t *) (best + g->n_out);
-    uint8_t * v_out = k_out + n;
-    uint8_t * codes = v_out + n + (size_t) threadIdx.x * row;          /* this thread's row of codes */
+    float * t         = (float *)scratch;
+    int32_t * best    = (int32_t *)(t + n);
+    uint8_t * k_out   = (uint8_t *)(best + g->n_out);
+    uint8_t * v_out   = k_out + n;
+    uint8_t * codes   = v_out + n + (size_t)threadIdx.x * row; /* this thread's row of codes */
 
     for (uint32_t i = threadIdx.x; i < L.size; i += blockDim.x) out[i] = 0;
     for (int32_t i = threadIdx.x; i < 2 * n; i += blockDim.x) k_out[i] = 0;
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
         const int32_t c = i % hd;
         const float inv = k_scale[c] != 0.0f ? __fdiv_rn(1.0f, k_scale[c]) : 0.0f;
-        t[i] = __fmul_rn(__fsub_rn(ott_fp16_to_fp32_ref(k[i]), k_zero[c]), inv);
+        t[i]            = __fmul_rn(__fsub_rn(ott_fp16_to_fp32_ref(k[i]), k_zero[c]), inv);
     }
     __syncthreads();
     for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
         for (int32_t s = 0; s < block; ++s) codes[s] = ott_kvq_code_ref(t[s * hd + c], levels_k, n_lk);
-        ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t) c * (size_t) (block * g->bits_k / 8));
+        ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t)c * (size_t)(block * g->bits_k / 8));
     }
     __syncthreads();
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) t[i] = fabsf(t[i]);
@@ -81,7 +83,7 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
     __syncthreads();
     if (threadIdx.x == 0) {
         select_top(t, nullptr, n, g->n_out / 2, best, v_out);
-        uint8_t * hi = k_out;                                            /* keys' flags are written: reuse */
+        uint8_t * hi = k_out; /* keys' flags are written: reuse */
         for (int32_t i = 0; i < n; ++i) hi[i] = v_out[i];
         for (int32_t i = 0; i < n; ++i) t[i] = -t[i];
         select_top(t, hi, n, g->n_out / 2, best, v_out);
@@ -90,16 +92,16 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
     __syncthreads();
 
     for (int32_t s = threadIdx.x; s < block; s += blockDim.x) {
-        const ott_fp16 * x = v + (size_t) s * hd;
-        const uint8_t * sp = v_out + (size_t) s * hd;
+        const ott_fp16 * x = v + (size_t)s * hd;
+        const uint8_t * sp = v_out + (size_t)s * hd;
         float mn = INFINITY, mx = -INFINITY;
         for (int32_t c = 0; c < hd; ++c) {
             if (sp[c]) continue;
             const float f = ott_fp16_to_fp32_ref(x[c]);
-            mn = f < mn ? f : mn;
-            mx = f > mx ? f : mx;
+            mn            = f < mn ? f : mn;
+            mx            = f > mx ? f : mx;
         }
-        if (mn > mx) mn = mx = 0.0f;                                     /* every entry sparse */
+        if (mn > mx) mn = mx = 0.0f; /* every entry sparse */
         const ott_fp16 z16 = ott_fp32_to_fp16_ref(__fmul_rn(__fadd_rn(mx, mn), 0.5f));
         const ott_fp16 s16 = ott_fp32_to_fp16_ref(__fmul_rn(__fsub_rn(mx, mn), 0.5f));
         const float z = ott_fp16_to_fp32_ref(z16), sc = ott_fp16_to_fp32_ref(s16);
@@ -107,8 +109,10 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
         for (int32_t c = 0; c < hd; ++c) {
             codes[c] = ott_kvq_code_ref(__fmul_rn(__fsub_rn(ott_fp16_to_fp32_ref(x[c]), z), inv), levels_v, n_lv);
         }
-        ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t) s * (size_t) (hd * g->bits_v / 8));
-        out[L.v_zero + 2 * s] = (uint8_t) (z16 & 0xff);  out[L.v_zero + 2 * s + 1] = (uint8_t) (z16 >> 8);
-        out[L.v_scale + 2 * s] = (uint8_t) (s16 & 0xff); out[L.v_scale + 2 * s + 1] = (uint8_t) (s16 >> 8);
+        ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t)s * (size_t)(hd * g->bits_v / 8));
+        out[L.v_zero + 2 * s]      = (uint8_t)(z16 & 0xff);
+        out[L.v_zero + 2 * s + 1]  = (uint8_t)(z16 >> 8);
+        out[L.v_scale + 2 * s]     = (uint8_t)(s16 & 0xff);
+        out[L.v_scale + 2 * s + 1] = (uint8_t)(s16 >> 8);
     }
 }

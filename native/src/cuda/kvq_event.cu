@@ -9,22 +9,22 @@ constexpr int EVENT_THREADS = 64;
 
 // Scratch of one block: the reference's, plus a row of codes for every thread.
 __host__ __device__ size_t scratch_bytes(const ott_kvq_geom & g) {
-    const size_t n = (size_t) g.block * g.head_dim, row = (size_t) (g.block > g.head_dim ? g.block : g.head_dim);
-    return (n * 4 + (size_t) g.n_out * 4 + 2 * n + row * EVENT_THREADS + 15) / 16 * 16;
+    const size_t n = (size_t)g.block * g.head_dim, row = (size_t)(g.block > g.head_dim ? g.block : g.head_dim);
+    return (n * 4 + (size_t)g.n_out * 4 + 2 * n + row * EVENT_THREADS + 15) / 16 * 16;
 }
 
 // grid: n blocks
-__global__ void __launch_bounds__(EVENT_THREADS) kvq_event_kernel(const ott_kvq_geom g, const ott_kvq_tables * tabs,
-                                                                  const ott_fp16 * k, const ott_fp16 * v, uint8_t * out,
-                                                                  uint8_t * scratch) {
-    const int32_t i = blockIdx.x;
-    const size_t n = (size_t) g.block * g.head_dim;
+__global__ void __launch_bounds__(EVENT_THREADS)
+    kvq_event_kernel(const ott_kvq_geom g, const ott_kvq_tables * tabs, const ott_fp16 * k, const ott_fp16 * v,
+                     uint8_t * out, uint8_t * scratch) {
+    const int32_t i          = blockIdx.x;
+    const size_t n           = (size_t)g.block * g.head_dim;
     const ott_kvq_tables tab = tabs[i];
     ott_kvq_quantize_block_ref(&g, tab.k_zero, tab.k_scale, tab.levels_k, tab.levels_v, k + i * n, v + i * n,
-                               out + (size_t) i * ott_kvq_block_layout_of(&g).size, scratch + i * scratch_bytes(g));
+                               out + (size_t)i * ott_kvq_block_layout_of(&g).size, scratch + i * scratch_bytes(g));
 }
 
-} // namespace
+}  // namespace
 
 cudaError_t ott_cuda_kvq_event(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_fp16 * k,
                                const ott_fp16 * v, int32_t n, uint8_t * out, uint8_t * scratch, cudaStream_t stream) {

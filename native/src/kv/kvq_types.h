@@ -12,31 +12,31 @@ extern "C" {
 
 /* Calibrated tables of one KV head of one layer. */
 typedef struct {
-    const float * k_zero;     /* [head_dim] per-channel key zero  */
-    const float * k_scale;    /* [head_dim] per-channel key scale */
-    const float * levels_k;   /* [2^bits_k] ascending             */
-    const float * levels_v;   /* [2^bits_v] ascending             */
+    const float * k_zero;   /* [head_dim] per-channel key zero  */
+    const float * k_scale;  /* [head_dim] per-channel key scale */
+    const float * levels_k; /* [2^bits_k] ascending             */
+    const float * levels_v; /* [2^bits_v] ascending             */
 } ott_kvq_tables;
 
 /* cos and sin of every (position, pair): cs[(p·n_rot/2 + i)·2 + {0, 1}] for p < n_pos, from
  * θ = p · freq_scale · freq_base^(-2i/n_rot) in double (ott_gguf/reference/rope.py). */
 typedef struct {
-    int32_t       n_rot;      /* rotated channels                                   */
-    int32_t       neox;       /* pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])   */
-    int32_t       n_pos;      /* positions covered                                  */
-    const float * cs;         /* [n_pos][n_rot/2][2]                                */
+    int32_t n_rot;    /* rotated channels                                   */
+    int32_t neox;     /* pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])   */
+    int32_t n_pos;    /* positions covered                                  */
+    const float * cs; /* [n_pos][n_rot/2][2]                                */
 } ott_rope_table;
 
 /* The stores of one KV head of one sequence. */
 typedef struct {
-    const uint8_t  * blocks;       /* [n_blocks] head-blocks, block_stride bytes apart       */
-    int32_t          n_blocks;
-    int64_t          block_stride;
-    int32_t          pos0;         /* position of slot 0 of block 0; block j at pos0 + j·block */
-    const ott_fp16 * k;            /* fp16 rows [n][head_dim]: sink, window, the chunk (keys pre-RoPE) */
+    const uint8_t * blocks; /* [n_blocks] head-blocks, block_stride bytes apart       */
+    int32_t n_blocks;
+    int64_t block_stride;
+    int32_t pos0;       /* position of slot 0 of block 0; block j at pos0 + j·block */
+    const ott_fp16 * k; /* fp16 rows [n][head_dim]: sink, window, the chunk (keys pre-RoPE) */
     const ott_fp16 * v;
-    const int32_t  * pos;          /* [n] their positions */
-    int32_t          n;
+    const int32_t * pos; /* [n] their positions */
+    int32_t n;
 } ott_kvq_head_stores;
 
 #ifdef __cplusplus
