@@ -66,7 +66,8 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
                        reference=None if name == "f16" else reference)
         bits = model.kv_footprint(n_ctx).bits_per_element
         rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
-        print(f"  {name}: PPL {r.ppl:.4f} ({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(f"  {name}: PPL {r.ppl:.4f} ± {r.stderr:.4f}, KL {r.kl}, top-1 {r.top1}, {bits:.2f} bits "
+              f"({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         model.close()
     reference.close()
     return rows
@@ -177,12 +178,12 @@ def main():
     text = args.file.read_text(encoding="utf-8")
     weights = Weights(args.model)
     modes = [m for m in args.modes.split(",") if m]
-    if modes:
+    rows = ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads) if modes else []
+    if args.llamacpp:
+        rows += llamacpp_rows(args.llamacpp, args.model, args.file, args.llamacpp_types.split(","),
+                              args.ctx, args.chunks)
+    if rows:
         print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
-        rows = ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads)
-        if args.llamacpp:
-            rows += llamacpp_rows(args.llamacpp, args.model, args.file, args.llamacpp_types.split(","),
-                                  args.ctx, args.chunks)
         print_ppl_table("Perplexity, KL and top-1 by KV mode", rows, args.ctx)
     if args.ablate:
         ott2 = preset("ott2")
