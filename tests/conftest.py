@@ -8,7 +8,7 @@ Models run on the default device (a GPU when the build has CUDA and one is prese
 where a test's oracle is the CPU's arithmetic (the numpy reference with ggml's CPU rounding,
 llama.cpp's CPU outputs, chunked or batched runs bit for bit equal to single ones, the CPU
 cache's allocations): those pass device="cpu". On a GPU, ggml-cuda's quantized matmuls
-round differently with each batch size (README, "CUDA"); the CUDA path has its own tests
+round differently with each batch size (docs/cuda.md); the CUDA path has its own tests
 in test_cuda.py and test_kv_native.py.
 """
 import os

@@ -183,7 +183,7 @@ def test_converter_refuses_what_gguf_cannot_say(ggufs, tmp_path, name, change, e
 @pytest.mark.slow
 def test_gemma3_270m_wikitext2_perplexity_matches_llamacpp(gemma3_path, wikitext_path, fixtures_dir):
     """Gemma 3 270M Q4_K_M at 2048 tokens (local layers' window 512: the ring wraps) against
-    llama.cpp's 16.8656 ± 0.73415 (README, "Gemma 3"): within 1 %."""
+    llama.cpp's 16.8656 ± 0.73415 (README, "Results"): within 1 %."""
     model = Model(gemma3_path, n_ctx=2048, n_threads=2, device="cpu")
     result = perplexity(model, wikitext_path.read_text(encoding="utf-8"), 2048, n_chunks=5, progress=False)
     assert abs(result.ppl / 16.8656 - 1) < 0.01, result.ppl
