@@ -27,7 +27,8 @@ _KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
              "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
              "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16",
              "clip": "clipped group ranges (1) or min-max (0)",
-             "param_bits": "bits of a group's scale and min: 16 or 8"}
+             "param_bits": "bits of a group's scale and min: 16 or 8",
+             "key_axis": "key groups per channel (0) or per token along the head (1)"}
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}
 

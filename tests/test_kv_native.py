@@ -182,6 +182,9 @@ CASES = [
     ("hd128-gqa1-params8-4bit-rot", 128, 1, SMALL.with_overrides(param_bits=8, bits_k=4, bits_v=4, group_v=32,
                                                                 rot_v=HADAMARD), 100, [4]),
     ("hd128-gqa1-clip-4bit", 128, 1, SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
+    ("hd64-gqa3-keys-per-token", 64, 3, SMALL.with_overrides(key_axis=1, group_k=32), 150, [1, 4]),
+    ("hd128-gqa1-keys-per-token-p8-rot", 128, 1, SMALL.with_overrides(key_axis=1, group_k=256, param_bits=8,
+                                                                      rot_k=HADAMARD), 100, [3]),
 ]
 
 

@@ -24,7 +24,8 @@ MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 
 class KVConfig:
     bits_k: int           # bits per key code; 16 = fp16 cache (mode f16)
     bits_v: int           # bits per value code; 16 = fp16 cache (mode f16)
-    group_k: int          # tokens per key group (one channel, consecutive tokens)
+    group_k: int          # key group: consecutive tokens of one channel (key_axis 0) or consecutive
+                          # channels of one token (key_axis 1)
     group_v: int          # channels per value group (one token, consecutive channels)
     block: int            # tokens quantized together at one quantization event
     window: int           # R: the fp16 window keeps R .. R+block-1 recent tokens
@@ -36,6 +37,7 @@ class KVConfig:
     param_bits: int = 16  # a group's scale and min: 16 (fp16) or 8 (ufp8 scale, int8 min; quant.py)
     rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
     rot_v: int = 0        # rotation of values, undone after attention: same kinds
+    key_axis: int = 0     # key groups: 0 per channel (KIVI), 1 per token along the head dimension
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,7 +55,7 @@ class KVConfig:
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
                 f"keys and values are both fp16 (16) or both quantized")
         for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v"):
+                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v", "key_axis"):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
@@ -68,7 +70,10 @@ class KVConfig:
         if self.block == 0 or self.block % 8 or self.block > MAX_SUM_TERMS:
             raise InvalidArgumentError(
                 f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
-        if self.group_k == 0 or self.block % self.group_k:
+        if self.key_axis not in (0, 1):
+            raise InvalidArgumentError(
+                f"kv config: key_axis={self.key_axis} is not 0 (per channel) or 1 (per token)")
+        if self.group_k == 0 or (self.key_axis == 0 and self.block % self.group_k):
             raise InvalidArgumentError(
                 f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
         if self.group_k * self.bits_k % 8:
@@ -111,7 +116,8 @@ class KVConfig:
         return CALIBRATED in (self.rot_k, self.rot_v)
 
     def for_head_dim(self, head_dim: int) -> KVConfig:
-        """This config for a model of width `head_dim`: group_v capped at head_dim, checked."""
+        """This config for a model of width `head_dim`: group_v (and group_k of per-token keys)
+        capped at head_dim, checked."""
         if head_dim <= 0 or head_dim > MAX_SUM_TERMS:
             raise InvalidArgumentError(f"kv config: head_dim={head_dim} must be in 1..{MAX_SUM_TERMS}")
         if not self.quantized:
@@ -124,6 +130,11 @@ class KVConfig:
         if head_dim % cfg.group_v:
             raise InvalidArgumentError(
                 f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+        if cfg.key_axis == 1:
+            cfg = replace(cfg, group_k=min(cfg.group_k, head_dim))
+            if head_dim % cfg.group_k:
+                raise InvalidArgumentError(
+                    f"kv config: group_k={cfg.group_k} of per-token keys does not divide head_dim={head_dim}")
         return cfg
 
     def with_overrides(self, **overrides: int | None) -> KVConfig:

@@ -429,6 +429,9 @@ private:
 } // namespace
 
 ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+    if (cfg.geom.key_axis) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
+    }
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)", why,
                         cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k, cfg.geom.group_v);
