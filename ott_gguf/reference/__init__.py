@@ -3,7 +3,7 @@
 The oracle the native CPU and CUDA code is checked against: codes, scales, mins, masks and
 pool contents bit for bit; attention output within a budget of the float64 result here.
 
-    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4, validation
+    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4 / ottr2 / ottr3, validation
     quant.py      one group: KIVI asymmetric quantization (exact float32 recipe), LSB-first packing
     block.py      QuantBlock: the byte layout of a quantized block of one KV head
     outliers.py   Outlier Token Tracing: L1 scores, pool selection, stop rule, mean substitution
