@@ -19,6 +19,7 @@ scores each window's second half), KL against its own f16 run, flash attention o
 
 Prints markdown tables; the numbers in the README come from this script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def parse_mode(spec: str) -> tuple[str, str | KVConfig]:
         k, _, v = kv.partition("=")
         overrides[k] = int(v)
     return spec, preset(name).with_overrides(**overrides)
-FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
 def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
@@ -62,12 +65,16 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
     for name, kv in entries:
         model = Context(weights, n_ctx=n_ctx, n_threads=threads, kv=kv)
         t0 = time.perf_counter()
-        r = perplexity(model, text, n_ctx, n_chunks=chunks, progress=False,
-                       reference=None if name == "f16" else reference)
+        r = perplexity(
+            model, text, n_ctx, n_chunks=chunks, progress=False, reference=None if name == "f16" else reference
+        )
         bits = model.kv_footprint(n_ctx).bits_per_element
         rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
-        print(f"  {name}: PPL {r.ppl:.4f} ± {r.stderr:.4f}, KL {r.kl}, top-1 {r.top1}, {bits:.2f} bits "
-              f"({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(
+            f"  {name}: PPL {r.ppl:.4f} ± {r.stderr:.4f}, KL {r.kl}, top-1 {r.top1}, {bits:.2f} bits "
+            f"({r.chunking}, {time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+        )
         model.close()
     reference.close()
     return rows
@@ -76,8 +83,21 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
 def llamacpp_rows(bin_dir: Path, model: Path, text_file: Path, types, n_ctx, chunks):
     """llama.cpp's llama-perplexity on the same windows: f16 (the KL base), then each cache type."""
     exe = str(bin_dir / "llama-perplexity")
-    common = [exe, "-m", str(model), "-f", str(text_file), "-c", str(n_ctx), "-b", str(n_ctx),
-              "--chunks", str(chunks), "-fa", "on"]
+    common = [
+        exe,
+        "-m",
+        str(model),
+        "-f",
+        str(text_file),
+        "-c",
+        str(n_ctx),
+        "-b",
+        str(n_ctx),
+        "--chunks",
+        str(chunks),
+        "-fa",
+        "on",
+    ]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = str(Path(tmp) / "kl-base.bin")
@@ -123,8 +143,13 @@ def passkey_prompt(model, n_tokens, rng):
     per_filler = len(model.tokenize(FILLER, add_special=False))
     n_fill = max(1, (n_tokens - 64) // per_filler)
     at = rng.randrange(n_fill + 1)
-    text = ("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-            + FILLER * at + needle + FILLER * (n_fill - at) + question)
+    text = (
+        "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+        + FILLER * at
+        + needle
+        + FILLER * (n_fill - at)
+        + question
+    )
     return model.tokenize(text), key
 
 
@@ -165,9 +190,12 @@ def main():
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--modes", default="f16,kivi2,ott2,kivi4,ott4", help="'' skips the perplexity table")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--ablate", action="store_true",
-                    help="ott2 with pool 0/1/8, group_v 16/32, group_k 32/64, window 128 "
-                         "(the defaults: pool 3, group_v 64, group_k 128, window 32)")
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="ott2 with pool 0/1/8, group_v 16/32, group_k 32/64, window 128 "
+        "(the defaults: pool 3, group_v 64, group_k 128, window 32)",
+    )
     ap.add_argument("--passkey", default="", help="comma-separated prompt lengths, e.g. 1024,2048,4096,8192")
     ap.add_argument("--passkey-modes", default="f16,kivi2,ott2")
     ap.add_argument("--trials", type=int, default=20)
@@ -180,25 +208,31 @@ def main():
     modes = [m for m in args.modes.split(",") if m]
     rows = ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads) if modes else []
     if args.llamacpp:
-        rows += llamacpp_rows(args.llamacpp, args.model, args.file, args.llamacpp_types.split(","),
-                              args.ctx, args.chunks)
+        rows += llamacpp_rows(
+            args.llamacpp, args.model, args.file, args.llamacpp_types.split(","), args.ctx, args.chunks
+        )
     if rows:
         print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
         print_ppl_table("Perplexity, KL and top-1 by KV mode", rows, args.ctx)
     if args.ablate:
         ott2 = preset("ott2")
-        configs = {f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
-                   for p in (0, 1, 8)}
+        configs = {
+            f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
+            for p in (0, 1, 8)
+        }
         configs.update({f"ott2 group_v {g}": ott2.with_overrides(group_v=g) for g in (16, 32)})
         configs.update({f"ott2 group_k {g}": ott2.with_overrides(group_k=g) for g in (32, 64)})
         configs["ott2 window 128"] = ott2.with_overrides(window=128)
         configs["ott2 group_k 32, window 128"] = ott2.with_overrides(group_k=32, window=128)
-        print_ppl_table("Ablation: ott2 pool size, value group, key group and window",
-                        ppl_rows(weights, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
-                        args.ctx)
+        print_ppl_table(
+            "Ablation: ott2 pool size, value group, key group and window",
+            ppl_rows(weights, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
+            args.ctx,
+        )
     if args.passkey:
-        passkey(weights, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")],
-                args.trials, args.threads)
+        passkey(
+            weights, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")], args.trials, args.threads
+        )
 
 
 if __name__ == "__main__":

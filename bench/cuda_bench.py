@@ -17,6 +17,7 @@
    token, and the allocation per token slot (n_seq_max * n_ctx).
 The model is written with bench/llama7b_gguf.py when --model does not exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,19 +33,22 @@ import numpy as np
 from ott_gguf.errors import BackendError
 from ott_gguf.model import Context, Weights
 
-RESERVE = 4 << 30          # compute buffers, prefill activations, CUDA context
+RESERVE = 4 << 30  # compute buffers, prefill activations, CUDA context
 
 
 def free_gpu_bytes() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.split()[0]) << 20
-
-
 
 
 def kernel_bench(contexts: list[int]) -> list[dict]:
     import ott_gguf._native as native
+
     exe = Path(native._mod.__file__).parent / "ott-cuda-ops"
     out = subprocess.run([str(exe), "perf", *map(str, contexts)], capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -69,7 +73,7 @@ def fill(model: Context, depth: int, rng: np.random.Generator) -> float:
     tokens = rng.integers(0, model.n_vocab, depth).tolist()
     t = time.perf_counter()
     for i in range(0, depth, 512):
-        model.eval(tokens[i:i + 512], seq=0)
+        model.eval(tokens[i : i + 512], seq=0)
     secs = time.perf_counter() - t
     for s in range(1, model.n_seq_max):
         model.copy_sequence(0, s)
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model.exists():
         sys.path.insert(0, str(Path(__file__).parent))
         from llama7b_gguf import write
+
         t = time.perf_counter()
         write(args.model)
         print(f"wrote {args.model} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -131,10 +136,15 @@ def main(argv: list[str] | None = None) -> int:
             model = open_largest(weights, kv, ctx + 128, args.max_batch)  # room for the steps
             secs = fill(model, ctx, rng)
             st = model.kv_stats()
-            kv_row = {"kv": kv, "ctx": ctx, "n_seq_max": model.n_seq_max,
-                      "bytes_per_token": st.bytes_per_token_layer * model.info.n_layer,
-                      "alloc_per_token_slot": st.bytes_allocated / (model.n_seq_max * model.n_ctx),
-                      "bits_per_element": st.bits_per_element, "fill_s": secs}
+            kv_row = {
+                "kv": kv,
+                "ctx": ctx,
+                "n_seq_max": model.n_seq_max,
+                "bytes_per_token": st.bytes_per_token_layer * model.info.n_layer,
+                "alloc_per_token_slot": st.bytes_allocated / (model.n_seq_max * model.n_ctx),
+                "bits_per_element": st.bits_per_element,
+                "fill_s": secs,
+            }
             results["kv"].append(kv_row)
             print(json.dumps(kv_row), flush=True)
             for b in batches_upto(model.n_seq_max):
@@ -150,20 +160,26 @@ def main(argv: list[str] | None = None) -> int:
     for k in results["kv"]:
         rows = [r for r in results["decode"] if r["kv"] == k["kv"] and r["ctx"] == k["ctx"]]
         best = max(rows, key=lambda r: r["tok_s"])
-        print(f"| {k['kv']} | {k['ctx']} | {k['n_seq_max']} | {best['tok_s']:.0f} ({best['batch']}) | "
-              f"{k['bytes_per_token']:.0f} | {k['alloc_per_token_slot']:.0f} |")
+        print(
+            f"| {k['kv']} | {k['ctx']} | {k['n_seq_max']} | {best['tok_s']:.0f} ({best['batch']}) | "
+            f"{k['bytes_per_token']:.0f} | {k['alloc_per_token_slot']:.0f} |"
+        )
     for ctx in contexts:
         best = {kv: max(r["tok_s"] for r in results["decode"] if r["kv"] == kv and r["ctx"] == ctx) for kv in modes}
         largest = {k["kv"]: k["n_seq_max"] for k in results["kv"] if k["ctx"] == ctx}
         fill_s = {k["kv"]: k["fill_s"] for k in results["kv"] if k["ctx"] == ctx}
         for kv in modes[1:]:
-            print(f"ctx {ctx}: {kv}/{modes[0]} best throughput {best[kv] / best[modes[0]]:.2f}x, "
-                  f"largest batch {largest[kv] / largest[modes[0]]:.1f}x, prefill speed "
-                  f"{fill_s[modes[0]] / fill_s[kv]:.2f}x")
+            print(
+                f"ctx {ctx}: {kv}/{modes[0]} best throughput {best[kv] / best[modes[0]]:.2f}x, "
+                f"largest batch {largest[kv] / largest[modes[0]]:.1f}x, prefill speed "
+                f"{fill_s[modes[0]] / fill_s[kv]:.2f}x"
+            )
     for r in results["kernels"]:
         if r["op"] == "attn" and r["chosen"]:
-            print(f"attn {r.get('mode', 'ott2')} ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = "
-                  f"{100 * r['of_copy']:.0f}% of copy")
+            print(
+                f"attn {r.get('mode', 'ott2')} ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = "
+                f"{100 * r['of_copy']:.0f}% of copy"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -3,6 +3,7 @@
 Everything that can be wrong with the input (config, architecture, tensor names and shapes,
 truncated files, tokenizer) is checked before the output file is opened.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """The hyperparameters of a Hugging Face checkpoint, read from its config.json."""
+
 from __future__ import annotations
 
 import json
@@ -11,21 +12,21 @@ from ott_gguf.errors import ModelFileError
 
 @dataclass(frozen=True)
 class HParams:
-    architecture: str            # HF class name, e.g. "LlamaForCausalLM"
+    architecture: str  # HF class name, e.g. "LlamaForCausalLM"
     n_layer: int
     n_embd: int
     n_ff: int
     n_head: int
     n_head_kv: int
-    n_embd_head: int             # per-head size (config "head_dim", else n_embd / n_head)
-    head_dim_given: bool         # config.json states head_dim explicitly
+    n_embd_head: int  # per-head size (config "head_dim", else n_embd / n_head)
+    head_dim_given: bool  # config.json states head_dim explicitly
     n_vocab: int
     n_ctx_train: int
     rope_theta: float
     rms_eps: float
     rope_scaling: dict[str, Any]  # {"rope_type": ..., "factor": ...}; empty when none
     tie_word_embeddings: bool
-    path: Path                    # the config.json, for messages
+    path: Path  # the config.json, for messages
     config: dict[str, Any] = field(repr=False)
 
 
@@ -63,6 +64,7 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def parse_hparams(config: dict[str, Any], path: Path) -> HParams:
     """config: config.json over the architecture's defaults (those of its transformers class)."""
+
     def need(key: str) -> Any:
         if config.get(key) is None:
             raise ModelFileError(f"{path}: missing '{key}'")

@@ -5,6 +5,7 @@ tokenizer.json's post-processor says which tokens encoding adds, tokenizer_confi
 add_*_token flags override it; ids come from the token text named in tokenizer_config.json,
 else from config.json's *_token_id.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,8 @@ ADDED_TYPES = ("bos", "eos", "sep")
 
 @dataclass
 class SpecialTokens:
-    ids: dict[str, int] = field(default_factory=dict)     # "bos" -> token id
-    add: dict[str, bool] = field(default_factory=dict)    # "bos" -> encoding adds it
+    ids: dict[str, int] = field(default_factory=dict)  # "bos" -> token id
+    add: dict[str, bool] = field(default_factory=dict)  # "bos" -> encoding adds it
     chat_template: str | list[dict[str, str]] | None = None
 
 
@@ -69,8 +70,9 @@ def _chat_template(directory: Path, tokenizer_config: dict[str, Any]) -> str | l
     return None
 
 
-def load_special_tokens(directory: Path, tokenizer_json: dict[str, Any] | None, tokens: list[str],
-                        config: dict[str, Any]) -> SpecialTokens:
+def load_special_tokens(
+    directory: Path, tokenizer_json: dict[str, Any] | None, tokens: list[str], config: dict[str, Any]
+) -> SpecialTokens:
     """tokens: the final token list (length n_vocab), used to find a special token's id by text."""
     path = directory / "tokenizer_config.json"
     tok_config = read_json(path) if path.is_file() else {}

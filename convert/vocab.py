@@ -3,6 +3,7 @@
 tokenizer.model (SentencePiece) is preferred when present, like llama.cpp's converter does
 for llama and qwen2; otherwise tokenizer.json must hold a byte-level BPE.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,12 +23,12 @@ from .spm_vocab import spm_tokens
 
 @dataclass
 class Vocab:
-    model: str                     # tokenizer.ggml.model: "gpt2" or "llama"
-    pre: str                       # tokenizer.ggml.pre
-    tokens: list[str]              # [n_vocab]
-    types: list[int]               # [n_vocab] gguf TokenType
-    scores: list[float] | None     # [n_vocab], SentencePiece only
-    merges: list[str]              # "a b" pairs, BPE only
+    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str  # tokenizer.ggml.pre
+    tokens: list[str]  # [n_vocab]
+    types: list[int]  # [n_vocab] gguf TokenType
+    scores: list[float] | None  # [n_vocab], SentencePiece only
+    merges: list[str]  # "a b" pairs, BPE only
     special: SpecialTokens
     add_space_prefix: bool | None  # tokenizer_config's add_prefix_space, when stated
 

@@ -6,6 +6,7 @@ an immutable sandbox with trim_blocks/lstrip_blocks and loop controls, the globa
 text, and the special tokens `bos_token` / `eos_token` as variables.
 A model without a template gets ChatML, and `is_fallback` says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,13 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaised(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson sorts keys and HTML-escapes <, >, &, ' — not what a prompt wants.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -101,12 +107,15 @@ class ChatTemplate:
             if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
                 raise InvalidArgumentError(f"chat message {i} must be a dict with a string 'role', got {message!r}")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
         except _TemplateRaised as exc:
             raise InvalidArgumentError(f"chat template rejected the messages: {exc}") from exc
         except SecurityError as exc:
             raise UnsupportedError(f"chat template refused by the sandbox: {exc}") from exc
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
-            raise InvalidArgumentError(
-                f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+            raise InvalidArgumentError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc

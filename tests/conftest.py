@@ -11,6 +11,7 @@ cache's allocations): those pass device="cpu". On a GPU, ggml-cuda's quantized m
 round differently with each batch size (docs/cuda.md); the CUDA path has its own tests
 in test_cuda.py and test_kv_native.py.
 """
+
 import os
 from pathlib import Path
 

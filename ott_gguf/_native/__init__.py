@@ -5,6 +5,7 @@ matching exception with the library's one-line message. Set OTT_NATIVE_DIR to a 
 holding another build (`_ott_cffi*.so` beside its `libott.so`) to use that one instead of
 the build installed with the package.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,8 +14,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..errors import (BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError,
-                      UnsupportedError)
+from ..errors import BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError, UnsupportedError
 
 _MODULE = "ott_gguf._native._ott_cffi"
 

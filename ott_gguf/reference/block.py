@@ -25,6 +25,7 @@ Byte layout (all arrays C-contiguous, row-major):
 A masked slot still has codes: those of the substituted values (outliers.py), which attention
 never reads.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,14 +38,14 @@ from .quant import dequantize_groups, pack_codes, quantize_groups, unpack_codes
 
 @dataclass
 class QuantBlock:
-    pos0: int              # position of slot 0
-    k_codes: np.ndarray    # uint8 [head_dim, block*bits_k/8]
-    k_scale: np.ndarray    # fp16  [block/group_k, head_dim] (uint8 / int8 with param_bits 8)
-    k_min: np.ndarray      # fp16  [block/group_k, head_dim]
-    v_codes: np.ndarray    # uint8 [block, head_dim*bits_v/8]
-    v_scale: np.ndarray    # fp16  [block, head_dim/group_v]
-    v_min: np.ndarray      # fp16  [block, head_dim/group_v]
-    mask: np.ndarray       # uint8 [block/8]
+    pos0: int  # position of slot 0
+    k_codes: np.ndarray  # uint8 [head_dim, block*bits_k/8]
+    k_scale: np.ndarray  # fp16  [block/group_k, head_dim] (uint8 / int8 with param_bits 8)
+    k_min: np.ndarray  # fp16  [block/group_k, head_dim]
+    v_codes: np.ndarray  # uint8 [block, head_dim*bits_v/8]
+    v_scale: np.ndarray  # fp16  [block, head_dim/group_v]
+    v_min: np.ndarray  # fp16  [block, head_dim/group_v]
+    mask: np.ndarray  # uint8 [block/8]
 
     @property
     def masked(self) -> np.ndarray:
@@ -65,7 +66,7 @@ class QuantBlock:
             return _dequantize_rows(self.k_codes, self.k_scale, self.k_min, cfg.bits_k, cfg.group_k), v
         n_gk = block // cfg.group_k
         k_codes = unpack_codes(self.k_codes, cfg.bits_k).reshape(head_dim, n_gk, cfg.group_k)
-        k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)       # [head_dim, n_gk, group_k]
+        k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)  # [head_dim, n_gk, group_k]
         return k.reshape(head_dim, block).T, v
 
 
@@ -73,20 +74,18 @@ def _dequantize_rows(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray, bits:
     """Per-token groups: packed codes [block, head_dim·bits/8], parameters [block, head_dim/group]
     -> float64 [block, head_dim]."""
     block = codes.shape[0]
-    c = unpack_codes(codes, bits).reshape(block, -1, group)                # [block, n_g, group]
+    c = unpack_codes(codes, bits).reshape(block, -1, group)  # [block, n_g, group]
     return dequantize_groups(c, scale, mn).reshape(block, -1)
 
 
 def _quantize_rows(x: np.ndarray, bits: int, group: int, cfg: KVConfig):
     """Per-token groups of x fp16 [block, head_dim] -> (packed codes, scale, min)."""
     block, head_dim = x.shape
-    codes, scale, mn = quantize_groups(x.reshape(block, head_dim // group, group), bits, bool(cfg.clip),
-                                       cfg.param_bits)
+    codes, scale, mn = quantize_groups(x.reshape(block, head_dim // group, group), bits, bool(cfg.clip), cfg.param_bits)
     return pack_codes(codes.reshape(block, head_dim), bits), scale, mn
 
 
-def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
-                   cfg: KVConfig) -> QuantBlock:
+def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, cfg: KVConfig) -> QuantBlock:
     """Quantize one block of one KV head.
 
     k, v:   fp16 [block, head_dim], masked slots already substituted (outliers.py)
@@ -96,7 +95,7 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
     if cfg.key_axis == 1:
         k_packed, k_scale, k_min = _quantize_rows(k, cfg.bits_k, cfg.group_k, cfg)
     else:
-        kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)       # [head_dim, n_gk, group_k]
+        kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
         k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
         k_packed = pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k)
         k_scale, k_min = np.ascontiguousarray(k_scale.T), np.ascontiguousarray(k_min.T)
