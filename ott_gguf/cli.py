@@ -7,6 +7,7 @@ and exit with 1 (2 for a bad command line); `--verbose` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -193,11 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_calibrate)
 
-    from convert.cli import add_arguments as add_convert_arguments
-
     p = sub.add_parser("convert", parents=[verbose], help="convert a Hugging Face checkpoint to GGUF",
                        description="Convert a Hugging Face checkpoint to GGUF.")
-    add_convert_arguments(p)
+    _converter_cli().add_arguments(p)
     p.set_defaults(func=cmd_convert)
     return parser
 
@@ -414,15 +413,28 @@ def cmd_calibrate(args) -> int:
 
 
 def _read_text(path: Path) -> str:
+    # a FIFO or a device would block or never end: only a regular file is read
+    if path.exists() and not path.is_file():
+        raise InvalidArgumentError(f"{path}: not a regular file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise InvalidArgumentError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+def _converter_cli():
+    """The converter's CLI module: `ott_gguf.convert` in an installed package, the checkout's
+    top-level `convert/` when running from the source tree (pip installs it under ott_gguf)."""
+    try:
+        return importlib.import_module("ott_gguf.convert.cli")
+    except ModuleNotFoundError as e:
+        if e.name not in ("ott_gguf.convert", "ott_gguf.convert.cli"):
+            raise
+        return importlib.import_module("convert.cli")
+
+
 def cmd_convert(args) -> int:
-    from convert.cli import run
-    return run(args)
+    return _converter_cli().run(args)
 
 
 def cmd_tokenize(args) -> int:

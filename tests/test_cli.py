@@ -64,8 +64,8 @@ def test_info_describes_the_model(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_cases(fixtures_dir):
-    cases = json.loads((fixtures_dir / "tokenizer" / "smollm2.json").read_text(encoding="utf-8"))["cases"]
+def tokenizer_cases(reference_dir):
+    cases = json.loads((reference_dir / "tokenizer" / "smollm2.json").read_text(encoding="utf-8"))["cases"]
     special = next(c for c in cases if c["ids"] != c["ids_parse_special"])
     longest = max(cases, key=lambda c: len(c["text"]))
     return [special, longest]
