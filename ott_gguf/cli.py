@@ -37,8 +37,15 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit code 2), like every other error here."""
 
     def error(self, message: str):
-        sys.stderr.write(f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"error: {_one_line(self.prog)}: {_one_line(message)} (see {self.prog} --help)\n")
         sys.exit(2)
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line, newlines as spaces, other unprintable characters escaped (a file's
+    or a flag's bytes never reach the terminal as control characters)."""
+    text = " ".join(text.split("\n"))
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _int_at_least(low: int):
@@ -226,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(message: str, verbose: bool) -> int:
     if verbose:
         traceback.print_exc()
-    print("error: " + " ".join(message.split("\n")), file=sys.stderr)
+    print("error: " + _one_line(message), file=sys.stderr)
     return 1
 
 
@@ -235,10 +242,13 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512):
     from .model import Model
     from .resolve import resolve_model
 
-    return Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
-                 n_threads=getattr(args, "threads", None), kv=_kv_config(args),
-                 prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None),
-                 kv_calib=getattr(args, "kv_calib", None))
+    model = Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
+                  n_threads=getattr(args, "threads", None), kv=_kv_config(args),
+                  prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None),
+                  kv_calib=getattr(args, "kv_calib", None))
+    if model.n_ctx_note:
+        print(f"note: {model.n_ctx_note} (-c sets the context size)", file=sys.stderr)
+    return model
 
 
 def _kv_config(args):

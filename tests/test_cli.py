@@ -287,6 +287,17 @@ def test_serve_refuses_bad_slot_settings(smollm2_path):
                           "16.0 MiB holds no slot")
 
 
+def test_counts_beyond_int32(smollm2_path):
+    for flag in ("-c", "-t"):
+        assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", 1, flag, 2**40), "[1, 2147483647]")
+
+
+def test_perplexity_text_from_a_fifo_does_not_block(smollm2_path, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_line_error(cli("perplexity", smollm2_path, "-f", fifo, timeout=60), "fifo", "not a regular file")
+
+
 def test_missing_perplexity_text(smollm2_path, tmp_path):
     assert_one_line_error(cli("perplexity", smollm2_path, "-f", tmp_path / "absent.txt"), "absent.txt")
 
