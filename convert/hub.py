@@ -28,8 +28,12 @@ def _first_line(e: Exception) -> str:
 
 def _snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = f"{repo_id} (revision {revision or 'main'})"
     try:

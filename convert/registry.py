@@ -1,8 +1,9 @@
 """The converter's architectures, keyed by the Hugging Face class name in config.json."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ott_gguf.errors import UnsupportedError
 

@@ -9,9 +9,9 @@ The Type values are those of gguf's TokenType.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ott_gguf.errors import ModelFileError
 

@@ -8,8 +8,8 @@ renamed at the end; on any failure the .tmp file is removed, so no partial OUT e
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from gguf import GGUFWriter

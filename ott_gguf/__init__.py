@@ -1,6 +1,5 @@
 """ott-gguf: run GGUF language models with a 2-bit Outlier-Token-Tracing KV cache."""
-from .errors import (BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError,
-                     UnsupportedError)
+from .errors import BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError, UnsupportedError
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,7 @@ together, one batch per step with one token per live sequence.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 

@@ -18,8 +18,8 @@ how often both rank the same token first.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 from tqdm import tqdm

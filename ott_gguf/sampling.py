@@ -7,8 +7,8 @@ Top-p and min-p therefore see the distribution at temperature 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from wikitext import wikitext2_test
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,8 +10,7 @@ reversed, so a projection with ne = [n_in, n_out] is a numpy [n_out, n_in] matri
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGUFReader
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 # Rope pairing per architecture. NORMAL rotates adjacent pairs (x[2i], x[2i+1]): the llama converter

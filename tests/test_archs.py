@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pytest
-
 from gguf import GGUFValueType
 
 import convert

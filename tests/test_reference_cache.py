@@ -5,8 +5,19 @@ import pytest
 
 from ott_gguf.errors import InvalidArgumentError
 from ott_gguf.reference import (
-    KVConfig, LayerCache, attend, dequantize_groups, footprint, forward_chunk, measure,
-    pack_codes, prefill, preset, quantize_block, quantize_groups, unpack_codes,
+    KVConfig,
+    LayerCache,
+    attend,
+    dequantize_groups,
+    footprint,
+    forward_chunk,
+    measure,
+    pack_codes,
+    prefill,
+    preset,
+    quantize_block,
+    quantize_groups,
+    unpack_codes,
 )
 from ott_gguf.reference.quant import CLIP_SHRINK
 

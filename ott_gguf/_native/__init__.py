@@ -15,8 +15,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..errors import (BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError,
-                      UnsupportedError)
+from ..errors import BackendError, ContextFullError, InvalidArgumentError, ModelFileError, OttError, UnsupportedError
 
 _MODULE = "ott_gguf._native._ott_cffi"
 

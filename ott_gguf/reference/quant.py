@@ -85,7 +85,6 @@ import numpy as np
 
 from ott_gguf.errors import InvalidArgumentError
 
-
 # c_i of the clipped ranges: candidate i narrows [mn, mx] by c_i of its width at each end
 CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3],
                        dtype=np.float32)

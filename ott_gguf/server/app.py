@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.concurrency import run_in_threadpool
@@ -25,10 +25,18 @@ from starlette.exceptions import HTTPException
 
 from ..chat_session import chat_prompt_ids
 from ..errors import InvalidArgumentError, OttError
-from .engine import Delta, Done, Engine, Failed, Job, Request as EngineRequest, UnavailableError
+from .engine import Delta, Done, Engine, Failed, Job, UnavailableError
+from .engine import Request as EngineRequest
 from .metrics import StatsCollector
-from .schemas import (ChatCompletionRequest, ChatFormat, CompletionRequest, GenerationFields, ResponseFormat,
-                      TextFormat, error_body)
+from .schemas import (
+    ChatCompletionRequest,
+    ChatFormat,
+    CompletionRequest,
+    GenerationFields,
+    ResponseFormat,
+    TextFormat,
+    error_body,
+)
 
 RETRY_AFTER_S = 1
 DISCONNECTED = object()  # put on a job's event queue when its client goes away

@@ -1,7 +1,7 @@
 """Stop strings in streamed text: what may be shown now, and where generation ends."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class StopScanner:
