@@ -24,6 +24,17 @@ from wikitext import wikitext2_test
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The fast lane (`pytest -m "not slow"`) runs no real model: a test that asks for one of these
+# fixtures is slow, whatever else it does.
+REAL_MODEL_FIXTURES = {"smollm2_path", "qwen05_path", "gemma3_path", "wikitext_path"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def _require(path: Path) -> Path:
     if not path.exists():
         pytest.fail(f"missing test input {path} (set OTT_MODELS_DIR / OTT_SHARED_DIR)")
