@@ -12,6 +12,7 @@ greedy answer, fraction of trials that return the key.
 
 Prints markdown tables; the numbers in the README come from this script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ from ott_gguf.model import Context, Weights  # noqa: E402
 from ott_gguf.perplexity import event_chunks, perplexity  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 
-FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
 def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
@@ -37,8 +38,9 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
     for name, kv in entries:
         model = Context(weights, n_ctx=n_ctx, n_threads=threads, kv=kv)
         t0 = time.perf_counter()
-        r = perplexity(model, text, n_ctx, n_chunks=chunks, progress=False,
-                       reference=None if name == "f16" else reference)
+        r = perplexity(
+            model, text, n_ctx, n_chunks=chunks, progress=False, reference=None if name == "f16" else reference
+        )
         bits = model.kv_footprint(n_ctx).bits_per_element
         rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
         print(f"  {name}: PPL {r.ppl:.4f} ({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
@@ -67,8 +69,13 @@ def passkey_prompt(model, n_tokens, rng):
     per_filler = len(model.tokenize(FILLER, add_special=False))
     n_fill = max(1, (n_tokens - 64) // per_filler)
     at = rng.randrange(n_fill + 1)
-    text = ("There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-            + FILLER * at + needle + FILLER * (n_fill - at) + question)
+    text = (
+        "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+        + FILLER * at
+        + needle
+        + FILLER * (n_fill - at)
+        + question
+    )
     return model.tokenize(text), key
 
 
@@ -109,9 +116,12 @@ def main():
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--modes", default="f16,kivi2,ott2,kivi4,ott4", help="'' skips the perplexity table")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--ablate", action="store_true",
-                    help="ott2 with pool 0/1/8, group_v 16/32, group_k 32/64, window 128 "
-                         "(the defaults: pool 3, group_v 64, group_k 128, window 32)")
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="ott2 with pool 0/1/8, group_v 16/32, group_k 32/64, window 128 "
+        "(the defaults: pool 3, group_v 64, group_k 128, window 32)",
+    )
     ap.add_argument("--passkey", default="", help="comma-separated prompt lengths, e.g. 1024,2048,4096,8192")
     ap.add_argument("--passkey-modes", default="f16,kivi2,ott2")
     ap.add_argument("--trials", type=int, default=20)
@@ -122,22 +132,30 @@ def main():
     modes = [m for m in args.modes.split(",") if m]
     if modes:
         print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
-        print_ppl_table("Perplexity, KL and top-1 by KV mode",
-                        ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads), args.ctx)
+        print_ppl_table(
+            "Perplexity, KL and top-1 by KV mode",
+            ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads),
+            args.ctx,
+        )
     if args.ablate:
         ott2 = preset("ott2")
-        configs = {f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
-                   for p in (0, 1, 8)}
+        configs = {
+            f"ott2 pool {p}": ott2.with_overrides(pool=p, extra_pool=0 if p == 0 else ott2.extra_pool)
+            for p in (0, 1, 8)
+        }
         configs.update({f"ott2 group_v {g}": ott2.with_overrides(group_v=g) for g in (16, 32)})
         configs.update({f"ott2 group_k {g}": ott2.with_overrides(group_k=g) for g in (32, 64)})
         configs["ott2 window 128"] = ott2.with_overrides(window=128)
         configs["ott2 group_k 32, window 128"] = ott2.with_overrides(group_k=32, window=128)
-        print_ppl_table("Ablation: ott2 pool size, value group, key group and window",
-                        ppl_rows(weights, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
-                        args.ctx)
+        print_ppl_table(
+            "Ablation: ott2 pool size, value group, key group and window",
+            ppl_rows(weights, text, ["f16", "ott2"], args.ctx, args.chunks, args.threads, configs),
+            args.ctx,
+        )
     if args.passkey:
-        passkey(weights, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")],
-                args.trials, args.threads)
+        passkey(
+            weights, args.passkey_modes.split(","), [int(x) for x in args.passkey.split(",")], args.trials, args.threads
+        )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
    token, and the allocation per token slot (n_seq_max * n_ctx).
 The model is written with bench/llama7b_gguf.py when --model does not exist.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,16 @@ import numpy as np
 from ott_gguf.errors import BackendError
 from ott_gguf.model import Model
 
-RESERVE = 4 << 30          # compute buffers, prefill activations, CUDA context
+RESERVE = 4 << 30  # compute buffers, prefill activations, CUDA context
 
 
 def free_gpu_bytes() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.split()[0]) << 20
 
 
@@ -44,7 +49,7 @@ def kv_bytes_per_seq(kv: str, n_ctx: int, n_layer: int = 32, n_kv: int = 32, hd:
     if kv == "f16":
         return 2.0 * n_layer * n_kv * hd * 2 * n_ctx
     block, window, pool, extra = 128, 32, 3, 32
-    head_block = 9792                                   # kv_layout.h for head_dim 128, ott2
+    head_block = 9792  # kv_layout.h for head_dim 128, ott2
     n_blocks = (n_ctx - window) // block
     win_cap = (window + block + block - 1) // block * block
     per_head = n_blocks * head_block + win_cap * hd * 4 + (pool + extra) * (hd * 4 + 4) + 12
@@ -53,6 +58,7 @@ def kv_bytes_per_seq(kv: str, n_ctx: int, n_layer: int = 32, n_kv: int = 32, hd:
 
 def kernel_bench(contexts: list[int]) -> list[dict]:
     import ott_gguf._native as native
+
     exe = Path(native._mod.__file__).parent / "ott-cuda-ops"
     out = subprocess.run([str(exe), "perf", *map(str, contexts)], capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -75,7 +81,7 @@ def fill(model: Model, depth: int, rng: np.random.Generator) -> float:
     t = time.perf_counter()
     tokens = rng.integers(0, model.n_vocab, depth).tolist()
     for i in range(0, depth, 512):
-        model.eval(tokens[i:i + 512], seq=0)
+        model.eval(tokens[i : i + 512], seq=0)
     for s in range(1, model.n_seq_max):
         model.copy_sequence(0, s)
     return time.perf_counter() - t
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model.exists():
         sys.path.insert(0, str(Path(__file__).parent))
         from llama7b_gguf import write
+
         t = time.perf_counter()
         write(args.model)
         print(f"wrote {args.model} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -134,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             model = open_largest(args.model, kv, ctx + 128, weights, args.max_batch)  # room for the steps
             secs = fill(model, ctx, rng)
             st = model.kv_stats()
-            kv_row = {"kv": kv, "ctx": ctx, "n_seq_max": model.n_seq_max,
-                      "bytes_per_token": st.bytes_per_token_layer * model.info.n_layer,
-                      "alloc_per_token_slot": st.bytes_allocated / (model.n_seq_max * model.n_ctx),
-                      "bits_per_element": st.bits_per_element, "fill_s": secs}
+            kv_row = {
+                "kv": kv,
+                "ctx": ctx,
+                "n_seq_max": model.n_seq_max,
+                "bytes_per_token": st.bytes_per_token_layer * model.info.n_layer,
+                "alloc_per_token_slot": st.bytes_allocated / (model.n_seq_max * model.n_ctx),
+                "bits_per_element": st.bits_per_element,
+                "fill_s": secs,
+            }
             results["kv"].append(kv_row)
             print(json.dumps(kv_row), flush=True)
             for b in batches_upto(model.n_seq_max):
@@ -153,16 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     for k in results["kv"]:
         rows = [r for r in results["decode"] if r["kv"] == k["kv"] and r["ctx"] == k["ctx"]]
         best = max(rows, key=lambda r: r["tok_s"])
-        print(f"| {k['kv']} | {k['ctx']} | {k['n_seq_max']} | {best['tok_s']:.0f} ({best['batch']}) | "
-              f"{k['bytes_per_token']:.0f} | {k['alloc_per_token_slot']:.0f} |")
+        print(
+            f"| {k['kv']} | {k['ctx']} | {k['n_seq_max']} | {best['tok_s']:.0f} ({best['batch']}) | "
+            f"{k['bytes_per_token']:.0f} | {k['alloc_per_token_slot']:.0f} |"
+        )
     for ctx in contexts:
-        best = {kv: max(r["tok_s"] for r in results["decode"] if r["kv"] == kv and r["ctx"] == ctx) for kv in ("f16", "ott2")}
+        best = {
+            kv: max(r["tok_s"] for r in results["decode"] if r["kv"] == kv and r["ctx"] == ctx)
+            for kv in ("f16", "ott2")
+        }
         largest = {k["kv"]: k["n_seq_max"] for k in results["kv"] if k["ctx"] == ctx}
-        print(f"ctx {ctx}: ott2/f16 best throughput {best['ott2'] / best['f16']:.2f}x, "
-              f"largest batch {largest['ott2'] / largest['f16']:.1f}x")
+        print(
+            f"ctx {ctx}: ott2/f16 best throughput {best['ott2'] / best['f16']:.2f}x, "
+            f"largest batch {largest['ott2'] / largest['f16']:.1f}x"
+        )
     for r in results["kernels"]:
         if r["op"] == "attn" and r["chosen"]:
-            print(f"attn ott2 ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = {100 * r['of_copy']:.0f}% of copy")
+            print(
+                f"attn ott2 ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = {100 * r['of_copy']:.0f}% of copy"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -11,6 +11,7 @@ multi-line message, or took over --timeout seconds. Findings are recipes, {"seed
 rebuilt from the base by the same function: --record appends them to
 tests/data/fuzz_regressions.json, where the corpus picks them up as cases.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,14 +69,20 @@ def main() -> int:
     from make_gguf import write_random_model
 
     tmp = Path(tempfile.mkdtemp(prefix="fuzz-gguf-"))
-    base = write_random_model(tmp / "base.gguf", arch="llama", n_embd=32, n_head=2, n_head_kv=1, n_ff=32,
-                              n_layer=1, dtype="f32")
+    base = write_random_model(
+        tmp / "base.gguf", arch="llama", n_embd=32, n_head=2, n_head_kv=1, n_ff=32, n_layer=1, dtype="f32"
+    )
     env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     deadline = time.monotonic() + 60 * args.minutes
     findings, counts, start = [], {"ok": 0, "error": 0}, 0
     while time.monotonic() < deadline:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(base), str(args.seed), str(start)],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(base), str(args.seed), str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         current, started = None, time.monotonic()
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
@@ -113,15 +120,19 @@ def main() -> int:
         if findings and findings[-1]["iteration"] == current:
             print(f"finding: {findings[-1]}", flush=True)
     n = counts["ok"] + counts["error"] + len(findings)
-    print(f"{n} inputs in {args.minutes:g} min: {counts['ok']} ran, {counts['error']} refused with one line, "
-          f"{len(findings)} findings")
+    print(
+        f"{n} inputs in {args.minutes:g} min: {counts['ok']} ran, {counts['error']} refused with one line, "
+        f"{len(findings)} findings"
+    )
     for f in findings:
         print(f"  seed {f['seed']} iteration {f['iteration']}: {f['what']}")
     if args.record and findings:
         path = REPO / "tests" / "data" / "fuzz_regressions.json"
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-        path.write_text(json.dumps(old + [{"seed": f["seed"], "iteration": f["iteration"]} for f in findings],
-                                   indent=1) + "\n", encoding="utf-8")
+        path.write_text(
+            json.dumps(old + [{"seed": f["seed"], "iteration": f["iteration"]} for f in findings], indent=1) + "\n",
+            encoding="utf-8",
+        )
     return 1 if findings else 0
 
 

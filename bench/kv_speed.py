@@ -16,6 +16,7 @@ load hits every side alike. Targets (issue "OTT 2-bit KV cache on CPU"): ott2's 
 faster than our f16 attention from 4K on, and ott2's whole step at 8K faster than llama.cpp's
 best setting.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ def fill(model: Context, seq: int, n: int, rng: np.random.Generator) -> None:
     """Sequence seq := n random tokens, fed in the model's ubatches (not timed)."""
     ids = rng.integers(0, model.n_vocab, n).tolist()
     for i in range(0, n, 512):
-        model.eval(ids[i:i + 512], seq)
+        model.eval(ids[i : i + 512], seq)
 
 
 def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool) -> float:
@@ -79,15 +80,16 @@ def main() -> int:
     modes = args.modes.split(",")
     require_llama_bench(args.llama_bench)
     path = resolve_model(args.model)
-    print(f"model {path}, {args.threads} threads, tg{args.n_gen} at depths {depths}, "
-          f"{args.rounds} interleaved rounds", flush=True)
+    print(
+        f"model {path}, {args.threads} threads, tg{args.n_gen} at depths {depths}, {args.rounds} interleaved rounds",
+        flush=True,
+    )
 
     rng = np.random.default_rng(0)
     n_ctx = max(depths) + 2 * args.n_gen + 256
     # one context per mode on the same weights; sequence i holds depths[i] tokens, the last one is the scratch
     weights = Weights(path)
-    models = {m: Context(weights, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m)
-              for m in modes}
+    models = {m: Context(weights, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m) for m in modes}
     for model in models.values():
         for i, d in enumerate(depths):
             fill(model, i, d, rng)
@@ -100,8 +102,9 @@ def main() -> int:
                 tps[(m, d)].append(args.n_gen / decode_from(model, i, args.n_gen, rng, profile=False))
                 attn[(m, d)].append(decode_from(model, i, args.n_gen, rng, profile=True))
         for name, (fa, ctype) in LLAMA_SETTINGS.items():
-            cmds[name], medians = llama_bench(args.llama_bench, path, args.threads, 0, args.n_gen, 1, depths, fa,
-                                              cache_type=ctype)
+            cmds[name], medians = llama_bench(
+                args.llama_bench, path, args.threads, 0, args.n_gen, 1, depths, fa, cache_type=ctype
+            )
             for d in depths:
                 tps[(name, d)].append(medians[(f"tg{args.n_gen}", d)])
         print(f"  round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -110,8 +113,10 @@ def main() -> int:
 
     med = {k: statistics.median(v) for k, v in tps.items()}
     amed = {k: statistics.median(v) for k, v in attn.items()}
-    print(f"ours: {', '.join(modes)} caches, Context(n_threads={args.threads}), "
-          f"{args.n_gen} decode steps per depth and round")
+    print(
+        f"ours: {', '.join(modes)} caches, Context(n_threads={args.threads}), "
+        f"{args.n_gen} decode steps per depth and round"
+    )
     for name, cmd in cmds.items():
         print(f"{name}: {cmd}")
     print()

@@ -9,6 +9,7 @@ header and tensor index are written first, then each tensor's data. Values are s
 pool of N(0, 1) draws scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The
 vocabulary is a byte-level BPE alphabet padded with unused tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 
 N_EMBD, N_LAYER, N_HEAD, N_FF, N_VOCAB = 4096, 32, 32, 11008, 32000
-POOL = 1 << 27                      # random fp16 values shared by every tensor (256 MB)
+POOL = 1 << 27  # random fp16 values shared by every tensor (256 MB)
 
 
 def byte_alphabet() -> list[str]:
@@ -38,22 +39,24 @@ def tensor_list(n_layer: int) -> list[tuple[str, tuple[int, ...], int]]:
     out = [("token_embd.weight", (N_VOCAB, N_EMBD), N_EMBD)]
     for il in range(n_layer):
         b = f"blk.{il}"
-        out += [(f"{b}.attn_norm.weight", (N_EMBD,), 0),
-                (f"{b}.attn_q.weight", (N_EMBD, N_EMBD), N_EMBD),
-                (f"{b}.attn_k.weight", (N_EMBD, N_EMBD), N_EMBD),
-                (f"{b}.attn_v.weight", (N_EMBD, N_EMBD), N_EMBD),
-                (f"{b}.attn_output.weight", (N_EMBD, N_EMBD), N_EMBD),
-                (f"{b}.ffn_norm.weight", (N_EMBD,), 0),
-                (f"{b}.ffn_gate.weight", (N_FF, N_EMBD), N_EMBD),
-                (f"{b}.ffn_up.weight", (N_FF, N_EMBD), N_EMBD),
-                (f"{b}.ffn_down.weight", (N_EMBD, N_FF), N_FF)]
+        out += [
+            (f"{b}.attn_norm.weight", (N_EMBD,), 0),
+            (f"{b}.attn_q.weight", (N_EMBD, N_EMBD), N_EMBD),
+            (f"{b}.attn_k.weight", (N_EMBD, N_EMBD), N_EMBD),
+            (f"{b}.attn_v.weight", (N_EMBD, N_EMBD), N_EMBD),
+            (f"{b}.attn_output.weight", (N_EMBD, N_EMBD), N_EMBD),
+            (f"{b}.ffn_norm.weight", (N_EMBD,), 0),
+            (f"{b}.ffn_gate.weight", (N_FF, N_EMBD), N_EMBD),
+            (f"{b}.ffn_up.weight", (N_FF, N_EMBD), N_EMBD),
+            (f"{b}.ffn_down.weight", (N_EMBD, N_FF), N_FF),
+        ]
     return out + [("output_norm.weight", (N_EMBD,), 0), ("output.weight", (N_VOCAB, N_EMBD), N_EMBD)]
 
 
 def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     normal = rng.standard_normal(POOL, dtype=np.float32)
-    pools = {n: (normal / np.sqrt(n)).astype(np.float16) for n in (N_EMBD, N_FF)}   # one per fan-in
+    pools = {n: (normal / np.sqrt(n)).astype(np.float16) for n in (N_EMBD, N_FF)}  # one per fan-in
     del normal
 
     tokens = byte_alphabet() + ["Ġt", "<|endoftext|>"]
@@ -87,8 +90,13 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
     for name, shape, n_in in tensors:
         dtype = np.float16 if n_in else np.float32
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes,
-                          raw_dtype=GGMLQuantizationType.F16 if n_in else GGMLQuantizationType.F32)
+        w.add_tensor_info(
+            name,
+            shape,
+            np.dtype(dtype),
+            nbytes,
+            raw_dtype=GGMLQuantizationType.F16 if n_in else GGMLQuantizationType.F32,
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -99,8 +107,8 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
         else:
             pool = pools[n_in]
             start = int(rng.integers(0, POOL - 1))
-            part = pool[start:start + n]
-            data = np.concatenate([part, pool[:n - len(part)]]) if len(part) < n else part
+            part = pool[start : start + n]
+            data = np.concatenate([part, pool[: n - len(part)]]) if len(part) < n else part
         w.write_tensor_data(data.reshape(shape))
     w.close()
     return path

@@ -19,6 +19,7 @@ Our server is `python -m ott_gguf serve` run from the current folder: run this s
 outside the checkout to use the installed package, or from the checkout with OTT_NATIVE_DIR
 pointing at a build. Traffic stays on 127.0.0.1; every loop is bounded by --duration.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,40 @@ from pathlib import Path
 
 import httpx
 
-TOPICS = ["the ocean", "volcanoes", "bread", "the moon", "bicycles", "honeybees", "chess", "rain", "libraries",
-          "glaciers", "coffee", "owls", "bridges", "deserts", "music", "trains", "forests", "clocks", "salt",
-          "lighthouses", "mountains", "paper", "whales", "gardens", "electricity", "castles", "rivers", "maps",
-          "snow", "tea", "ants", "the wind"]
+TOPICS = [
+    "the ocean",
+    "volcanoes",
+    "bread",
+    "the moon",
+    "bicycles",
+    "honeybees",
+    "chess",
+    "rain",
+    "libraries",
+    "glaciers",
+    "coffee",
+    "owls",
+    "bridges",
+    "deserts",
+    "music",
+    "trains",
+    "forests",
+    "clocks",
+    "salt",
+    "lighthouses",
+    "mountains",
+    "paper",
+    "whales",
+    "gardens",
+    "electricity",
+    "castles",
+    "rivers",
+    "maps",
+    "snow",
+    "tea",
+    "ants",
+    "the wind",
+]
 PROMPTS = [f"Write two sentences about {t}." for t in TOPICS]
 
 
@@ -49,7 +80,7 @@ class Result:
     ok: bool
     text: str = ""
     completion_tokens: int = 0
-    ttft: float | None = None      # seconds to the first piece of text
+    ttft: float | None = None  # seconds to the first piece of text
     error: str = ""
 
 
@@ -61,8 +92,8 @@ class Run:
     results: list[Result] = field(default_factory=list)
     reference: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    rss_start_mib: float = 0.0     # after the answers alone
-    rss_warm_mib: float = 0.0      # a fifth of the way into the load
+    rss_start_mib: float = 0.0  # after the answers alone
+    rss_warm_mib: float = 0.0  # a fifth of the way into the load
     rss_end_mib: float = 0.0
 
 
@@ -81,11 +112,42 @@ def rss_mib(pid: int) -> float:
 
 def server_command(args, kind: str, clients: int, port: int) -> list[str]:
     if kind == "llama-server":
-        return [args.llama_server, "-m", str(args.model), "--host", "127.0.0.1", "--port", str(port),
-                "--parallel", str(clients), "-cb", "-c", str(clients * args.ctx), "-t", str(args.threads),
-                *args.llama_args.split()]
-    cmd = [sys.executable, "-m", "ott_gguf", "serve", str(args.model), "--port", str(port), "--parallel",
-           str(clients), "-c", str(args.ctx), "--kv", kind, "-t", str(args.threads), "--max-queue", str(clients)]
+        return [
+            args.llama_server,
+            "-m",
+            str(args.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--parallel",
+            str(clients),
+            "-cb",
+            "-c",
+            str(clients * args.ctx),
+            "-t",
+            str(args.threads),
+            *args.llama_args.split(),
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ott_gguf",
+        "serve",
+        str(args.model),
+        "--port",
+        str(port),
+        "--parallel",
+        str(clients),
+        "-c",
+        str(args.ctx),
+        "--kv",
+        kind,
+        "-t",
+        str(args.threads),
+        "--max-queue",
+        str(clients),
+    ]
     return cmd + (["--device", args.device] if args.device else [])
 
 
@@ -107,8 +169,13 @@ def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
 
 
 async def chat(http: httpx.AsyncClient, prompt: int, max_tokens: int) -> Result:
-    body = {"messages": [{"role": "user", "content": PROMPTS[prompt]}], "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": PROMPTS[prompt]}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     result = Result(prompt, ok=False)
     pieces, n_chunks, finished, done = [], 0, False, False
@@ -148,8 +215,7 @@ async def chat(http: httpx.AsyncClient, prompt: int, max_tokens: int) -> Result:
     return result
 
 
-async def load(url: str, clients: int, duration: float, max_tokens: int,
-               pid: int) -> tuple[list[Result], float, float]:
+async def load(url: str, clients: int, duration: float, max_tokens: int, pid: int) -> tuple[list[Result], float, float]:
     """`clients` clients, each sending the prompts in turn until `duration` has passed;
     results, seconds until the last one ended, and the server's RSS a fifth of the way in."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
@@ -194,8 +260,9 @@ def run_one(args, kind: str, clients: int, log_dir: Path) -> Run:
     try:
         run.reference = asyncio.run(references(url, args.max_tokens))
         run.rss_start_mib = rss_mib(proc.pid)
-        run.results, run.seconds, run.rss_warm_mib = asyncio.run(load(url, clients, args.duration, args.max_tokens,
-                                                                      proc.pid))
+        run.results, run.seconds, run.rss_warm_mib = asyncio.run(
+            load(url, clients, args.duration, args.max_tokens, proc.pid)
+        )
         run.rss_end_mib = rss_mib(proc.pid)
     finally:
         proc.terminate()
@@ -217,25 +284,33 @@ def tokens_per_s(run: Run) -> float:
 
 
 def report(runs: list[Run], args) -> None:
-    print(f"\nmodel {args.model.name}, {args.duration:.0f} s per run, chat prompts of {len(PROMPTS)} topics, "
-          f"greedy, max_tokens {args.max_tokens}, {args.ctx} tokens per slot, {args.threads} threads\n")
-    print("| server | clients | requests | failed | differ from alone | generated tok/s | TTFT median s "
-          "| TTFT p95 s | RSS start MiB | RSS at 1/5 MiB | RSS end MiB |")
+    print(
+        f"\nmodel {args.model.name}, {args.duration:.0f} s per run, chat prompts of {len(PROMPTS)} topics, "
+        f"greedy, max_tokens {args.max_tokens}, {args.ctx} tokens per slot, {args.threads} threads\n"
+    )
+    print(
+        "| server | clients | requests | failed | differ from alone | generated tok/s | TTFT median s "
+        "| TTFT p95 s | RSS start MiB | RSS at 1/5 MiB | RSS end MiB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for run in runs:
         ok = [r for r in run.results if r.ok]
         differ = sum(r.text != run.reference[r.prompt] for r in ok)
         ttft = [r.ttft for r in ok if r.ttft is not None]
         tps = tokens_per_s(run)
-        print(f"| {run.server} | {run.clients} | {len(run.results)} | {len(run.results) - len(ok)} | {differ} "
-              f"| {tps:.1f} | {statistics.median(ttft):.3f} | {percentile(ttft, 0.95):.3f} "
-              f"| {run.rss_start_mib:.0f} | {run.rss_warm_mib:.0f} | {run.rss_end_mib:.0f} |")
+        print(
+            f"| {run.server} | {run.clients} | {len(run.results)} | {len(run.results) - len(ok)} | {differ} "
+            f"| {tps:.1f} | {statistics.median(ttft):.3f} | {percentile(ttft, 0.95):.3f} "
+            f"| {run.rss_start_mib:.0f} | {run.rss_warm_mib:.0f} | {run.rss_end_mib:.0f} |"
+        )
     base = {r.clients: r for r in runs if r.server.startswith("llama-server")}
     for run in runs:
         ref = base.get(run.clients)
         if ref is not None and run is not ref:
-            print(f"\n{run.server} / llama-server at {run.clients} clients: generated tok/s "
-                  f"{tokens_per_s(run) / tokens_per_s(ref):.2f}x")
+            print(
+                f"\n{run.server} / llama-server at {run.clients} clients: generated tok/s "
+                f"{tokens_per_s(run) / tokens_per_s(ref):.2f}x"
+            )
     for run in runs:
         errors = sorted({r.error for r in run.results if not r.ok})
         if errors:
@@ -255,8 +330,12 @@ def main() -> None:
     ap.add_argument("--device", help="our device: cpu, cuda, cuda:N")
     ap.add_argument("--llama-server", help="llama-server binary; omitted: ours only")
     ap.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '-ngl 99'")
-    ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "serve_load_logs",
-                    help="folder for the servers' logs (default: serve_load_logs in the temp folder)")
+    ap.add_argument(
+        "--logs",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "serve_load_logs",
+        help="folder for the servers' logs (default: serve_load_logs in the temp folder)",
+    )
     args = ap.parse_args()
 
     args.logs.mkdir(parents=True, exist_ok=True)

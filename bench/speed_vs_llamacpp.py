@@ -11,6 +11,7 @@ over rounds, so a change in machine load hits every side alike. The table gives
 ours / llama.cpp for each. Targets (issue "Runtime foundation"): decode >= 0.9x and
 prompt >= 0.8x llama.cpp's fp16 cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,47 @@ DEFAULT_LLAMA_BENCH = REPO.parent / "peers" / "llamacpp" / "build" / "bin" / "ll
 def require_llama_bench(exe: Path) -> None:
     """Exit with one line when llama-bench is not at exe."""
     if not exe.is_file():
-        sys.exit(f"error: llama-bench not found at {exe} (build it with "
-                 f"shared/peers/build_llamacpp.sh, or pass --llama-bench)")
+        sys.exit(
+            f"error: llama-bench not found at {exe} (build it with "
+            f"shared/peers/build_llamacpp.sh, or pass --llama-bench)"
+        )
 
 
-def llama_bench(exe: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
-                depths: list[int], flash_attn: bool, cache_type: str = "f16") -> tuple[str, dict[tuple[str, int], float]]:
+def llama_bench(
+    exe: Path,
+    model: Path,
+    threads: int,
+    n_prompt: int,
+    n_gen: int,
+    reps: int,
+    depths: list[int],
+    flash_attn: bool,
+    cache_type: str = "f16",
+) -> tuple[str, dict[tuple[str, int], float]]:
     """Run llama-bench once; (its command line, {(test, depth): median tokens/s})."""
-    cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-           "-r", str(reps), "-d", ",".join(map(str, depths)), "-ctk", cache_type, "-ctv", cache_type,
-           "-fa", "on" if flash_attn else "off", "-o", "json"]
+    cmd = [
+        str(exe),
+        "-m",
+        str(model),
+        "-t",
+        str(threads),
+        "-p",
+        str(n_prompt),
+        "-n",
+        str(n_gen),
+        "-r",
+        str(reps),
+        "-d",
+        ",".join(map(str, depths)),
+        "-ctk",
+        cache_type,
+        "-ctv",
+        cache_type,
+        "-fa",
+        "on" if flash_attn else "off",
+        "-o",
+        "json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -70,21 +102,31 @@ def main() -> int:
     require_llama_bench(args.llama_bench)
 
     path = resolve_model(args.model)
-    print(f"model {path}, {args.threads} threads, pp{args.n_prompt} / tg{args.n_gen}, depths {depths}, "
-          f"median of {args.reps} per round, {args.rounds} rounds, fp16 KV cache", flush=True)
+    print(
+        f"model {path}, {args.threads} threads, pp{args.n_prompt} / tg{args.n_gen}, depths {depths}, "
+        f"median of {args.reps} per round, {args.rounds} rounds, fp16 KV cache",
+        flush=True,
+    )
 
     model = Model(path, n_ctx=max(depths) + max(args.n_prompt, args.n_gen), n_threads=args.threads, kv="f16")
     rounds = {"ours": [], False: [], True: []}  # per round: {(test, depth): tokens/s}
     for _ in range(args.rounds):
-        rounds["ours"].append({(r.test, r.depth): r.tokens_per_s
-                               for r in bench(model, args.n_prompt, args.n_gen, depths, args.reps, progress=False)})
+        rounds["ours"].append(
+            {
+                (r.test, r.depth): r.tokens_per_s
+                for r in bench(model, args.n_prompt, args.n_gen, depths, args.reps, progress=False)
+            }
+        )
         for fa in (False, True):
-            cmd, medians = llama_bench(args.llama_bench, path, args.threads, args.n_prompt, args.n_gen, args.reps,
-                                       depths, fa)
+            cmd, medians = llama_bench(
+                args.llama_bench, path, args.threads, args.n_prompt, args.n_gen, args.reps, depths, fa
+            )
             rounds[fa].append(medians)
     model.close()
-    print(f"ours: python -m ott_gguf bench {path} -t {args.threads} -p {args.n_prompt} -n {args.n_gen} "
-          f"-d {args.depths} -r {args.reps}")
+    print(
+        f"ours: python -m ott_gguf bench {path} -t {args.threads} -p {args.n_prompt} -n {args.n_gen} "
+        f"-d {args.depths} -r {args.reps}"
+    )
     print(f"llama.cpp: {cmd} (and -fa off); {args.rounds} interleaved rounds")
 
     def median_over_rounds(side):
@@ -98,8 +140,9 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for key, ours_ts in ours.items():
         off, on = theirs[False][key], theirs[True][key]
-        print(f"| {key[0]} | {key[1]} | {ours_ts:.2f} | {off:.2f} | {ours_ts / off:.2f} | {on:.2f} | "
-              f"{ours_ts / on:.2f} |")
+        print(
+            f"| {key[0]} | {key[1]} | {ours_ts:.2f} | {off:.2f} | {ours_ts / off:.2f} | {on:.2f} | {ours_ts / on:.2f} |"
+        )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Hugging Face checkpoints -> GGUF files that load in ott-gguf and in llama.cpp."""
+
 from .cli import main
 from .converter import convert
 

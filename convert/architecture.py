@@ -4,6 +4,7 @@ The defaults describe a llama-like decoder (token embedding, per-layer RMS norms
 attention, gated FFN, output norm and head). Tensor names come from gguf-py's tables;
 shapes are checked against config.json before anything is written.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,8 +24,17 @@ class Architecture:
     # values transformers' config class assumes for keys config.json may leave out
     config_defaults: dict[str, Any] = {}
     # the weights of every layer
-    layer_tensors: tuple[MODEL_TENSOR, ...] = (T.ATTN_NORM, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.FFN_NORM,
-                                               T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
+    layer_tensors: tuple[MODEL_TENSOR, ...] = (
+        T.ATTN_NORM,
+        T.ATTN_Q,
+        T.ATTN_K,
+        T.ATTN_V,
+        T.ATTN_OUT,
+        T.FFN_NORM,
+        T.FFN_GATE,
+        T.FFN_UP,
+        T.FFN_DOWN,
+    )
     # biases that every layer must have (besides the weights)
     required_biases: tuple[MODEL_TENSOR, ...] = ()
     # rope_scaling types of config.json this architecture converts
@@ -34,8 +44,10 @@ class Architecture:
         self.hparams = hparams
         rope_type = hparams.rope_scaling.get("rope_type")
         if rope_type is not None and rope_type not in self.rope_scaling_types:
-            raise UnsupportedError(f"{hparams.path}: rope scaling '{rope_type}' is not supported for "
-                                   f"{hparams.architecture} (supported: {', '.join(self.rope_scaling_types)})")
+            raise UnsupportedError(
+                f"{hparams.path}: rope scaling '{rope_type}' is not supported for "
+                f"{hparams.architecture} (supported: {', '.join(self.rope_scaling_types)})"
+            )
 
     @classmethod
     def prepare_config(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -79,10 +91,12 @@ class Architecture:
             w.add_rope_scaling_type(RopeScalingType.YARN)
             w.add_rope_scaling_factor(float(rope["factor"]))
             w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
-            for key, add in (("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
-                             ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
-                             ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                             ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+            for key, add in (
+                ("extrapolation_factor", w.add_rope_scaling_yarn_ext_factor),
+                ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+                ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+            ):
                 if rope.get(key) is not None:
                     add(float(rope[key]))
 
@@ -91,8 +105,8 @@ class Architecture:
     def expected_shape(self, kind: MODEL_TENSOR, suffix: str) -> tuple[int, ...] | None:
         """Shape in HF order [out, in] that config.json implies; None for a tensor we do not convert."""
         hp = self.hparams
-        n_q = hp.n_head * hp.n_embd_head       # rows of Wq
-        n_kv = hp.n_head_kv * hp.n_embd_head   # rows of Wk, Wv
+        n_q = hp.n_head * hp.n_embd_head  # rows of Wq
+        n_kv = hp.n_head_kv * hp.n_embd_head  # rows of Wk, Wv
         if suffix == ".weight":
             if kind not in self.layer_tensors and kind not in (T.TOKEN_EMBD, T.OUTPUT, T.OUTPUT_NORM):
                 return None

@@ -1,4 +1,5 @@
 """Byte-level BPE vocabulary (GPT-2 style, tokenizer.ggml.model = "gpt2") from tokenizer.json."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,9 +30,11 @@ def bpe_tokens(tokenizer: dict[str, Any], n_vocab: int, where: Path) -> tuple[li
     "[PAD<id>]" of type UNUSED, as in llama.cpp."""
     model = tokenizer.get("model") or {}
     if model.get("type") != "BPE" or (tokenizer.get("decoder") or {}).get("type") != "ByteLevel":
-        raise UnsupportedError(f"{where}: tokenizer is not a byte-level BPE (model {model.get('type')}, decoder "
-                               f"{(tokenizer.get('decoder') or {}).get('type')}); a SentencePiece model needs "
-                               f"tokenizer.model")
+        raise UnsupportedError(
+            f"{where}: tokenizer is not a byte-level BPE (model {model.get('type')}, decoder "
+            f"{(tokenizer.get('decoder') or {}).get('type')}); a SentencePiece model needs "
+            f"tokenizer.model"
+        )
     tokens = [f"[PAD{i}]" for i in range(n_vocab)]
     types = [TokenType.UNUSED] * n_vocab
 

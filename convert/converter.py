@@ -3,6 +3,7 @@
 Everything that can be wrong with the input (config, architecture, tensor names and shapes,
 truncated files, tokenizer) is checked before the output file is opened.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,9 @@ def convert(src: str, out: str | Path, outtype: str = "f16", revision: str | Non
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
         # the checks above cover the keys the converter relies on; an architecture's optional
         # field of a wrong JSON type lands here, still as one line naming the checkpoint
-        raise ModelFileError(f"{directory}: a checkpoint file has a field of an unexpected type or value "
-                             f"({type(e).__name__}: {e})") from e
+        raise ModelFileError(
+            f"{directory}: a checkpoint file has a field of an unexpected type or value ({type(e).__name__}: {e})"
+        ) from e
     log.info("%s: %s -> %s, %d tensors, %s", src, hparams.architecture, arch.name, len(tensors), outtype)
 
     # a Hub snapshot directory is named by its commit hash: name the model by its repo id then

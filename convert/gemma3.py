@@ -7,6 +7,7 @@ config.json, else every sliding_window_pattern-th layer global (default 6, which
 assumes when the file says nothing; any other pattern is written as a per-layer array).
 Global layers take rope_theta and the rope scaling, local layers rope_local_base_freq.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,12 +31,34 @@ LLAMACPP_PATTERN = 6
 class Gemma3(Architecture):
     gguf_arch = MODEL_ARCH.GEMMA3
     # Gemma3TextConfig's defaults
-    config_defaults = {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "rms_norm_eps": 1e-6,
-                       "max_position_embeddings": 131072, "head_dim": 256, "num_attention_heads": 8,
-                       "num_key_value_heads": 4, "sliding_window": 4096, "query_pre_attn_scalar": 256,
-                       "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh"}
-    layer_tensors = (T.ATTN_NORM, T.ATTN_Q, T.ATTN_K, T.ATTN_V, T.ATTN_OUT, T.ATTN_Q_NORM, T.ATTN_K_NORM,
-                     T.ATTN_POST_NORM, T.FFN_PRE_NORM, T.FFN_GATE, T.FFN_UP, T.FFN_DOWN, T.FFN_POST_NORM)
+    config_defaults = {
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 131072,
+        "head_dim": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "sliding_window": 4096,
+        "query_pre_attn_scalar": 256,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+    layer_tensors = (
+        T.ATTN_NORM,
+        T.ATTN_Q,
+        T.ATTN_K,
+        T.ATTN_V,
+        T.ATTN_OUT,
+        T.ATTN_Q_NORM,
+        T.ATTN_K_NORM,
+        T.ATTN_POST_NORM,
+        T.FFN_PRE_NORM,
+        T.FFN_GATE,
+        T.FFN_UP,
+        T.FFN_DOWN,
+        T.FFN_POST_NORM,
+    )
     rope_scaling_types = ("linear",)
 
     @classmethod
@@ -54,8 +77,10 @@ class Gemma3(Architecture):
         super().__init__(hparams)
         cfg = hparams.config
         if cfg.get("hidden_activation") != "gelu_pytorch_tanh":
-            raise UnsupportedError(f"{hparams.path}: hidden_activation {cfg.get('hidden_activation')!r} is not "
-                                   f"supported (gelu_pytorch_tanh)")
+            raise UnsupportedError(
+                f"{hparams.path}: hidden_activation {cfg.get('hidden_activation')!r} is not "
+                f"supported (gelu_pytorch_tanh)"
+            )
         for key in ("attn_logit_softcapping", "use_bidirectional_attention"):
             if cfg.get(key):
                 raise UnsupportedError(f"{hparams.path}: {key} = {cfg[key]} is not supported")
@@ -63,8 +88,10 @@ class Gemma3(Architecture):
         scalar = cfg["query_pre_attn_scalar"]
         implied = hparams.n_embd // hparams.n_head if hparams.n_layer == 62 else hparams.n_embd_head
         if scalar != implied:
-            raise UnsupportedError(f"{hparams.path}: query_pre_attn_scalar = {scalar} is not supported "
-                                   f"(GGUF implies {implied} for this model)")
+            raise UnsupportedError(
+                f"{hparams.path}: query_pre_attn_scalar = {scalar} is not supported "
+                f"(GGUF implies {implied} for this model)"
+            )
         self.local = self._local_layers()
 
     def _local_layers(self) -> list[bool]:
@@ -72,8 +99,10 @@ class Gemma3(Architecture):
         types = hp.config.get("layer_types")
         if types is not None:
             if len(types) != hp.n_layer or not set(types) <= {"sliding_attention", "full_attention"}:
-                raise UnsupportedError(f"{hp.path}: layer_types must name sliding_attention or full_attention "
-                                       f"for each of the {hp.n_layer} layers")
+                raise UnsupportedError(
+                    f"{hp.path}: layer_types must name sliding_attention or full_attention "
+                    f"for each of the {hp.n_layer} layers"
+                )
             return [t == "sliding_attention" for t in types]
         n = int(hp.config.get("sliding_window_pattern", LLAMACPP_PATTERN))
         return [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]

@@ -1,4 +1,5 @@
 """The hyperparameters of a Hugging Face checkpoint, read from its config.json."""
+
 from __future__ import annotations
 
 import json
@@ -11,28 +12,35 @@ from ott_gguf.errors import ModelFileError
 
 @dataclass(frozen=True)
 class HParams:
-    architecture: str            # HF class name, e.g. "LlamaForCausalLM"
+    architecture: str  # HF class name, e.g. "LlamaForCausalLM"
     n_layer: int
     n_embd: int
     n_ff: int
     n_head: int
     n_head_kv: int
-    n_embd_head: int             # per-head size (config "head_dim", else n_embd / n_head)
-    head_dim_given: bool         # config.json states head_dim explicitly
+    n_embd_head: int  # per-head size (config "head_dim", else n_embd / n_head)
+    head_dim_given: bool  # config.json states head_dim explicitly
     n_vocab: int
     n_ctx_train: int
     rope_theta: float
     rms_eps: float
     rope_scaling: dict[str, Any]  # {"rope_type": ..., "factor": ...}; empty when none
     tie_word_embeddings: bool
-    path: Path                    # the config.json, for messages
+    path: Path  # the config.json, for messages
     config: dict[str, Any] = field(repr=False)
 
 
 # Ranges of config.json's sizes: those the runtime accepts in a GGUF file (native/src/model.cpp)
-LIMITS = {"num_hidden_layers": (1, 1024), "hidden_size": (1, 1 << 17), "intermediate_size": (1, 1 << 20),
-          "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (2, 1024),
-          "vocab_size": (1, 1 << 24), "max_position_embeddings": (1, 1 << 24)}
+LIMITS = {
+    "num_hidden_layers": (1, 1024),
+    "hidden_size": (1, 1 << 17),
+    "intermediate_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "head_dim": (2, 1024),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 24),
+}
 
 
 def read_json(path: Path) -> Any:
@@ -75,6 +83,7 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def parse_hparams(config: dict[str, Any], path: Path) -> HParams:
     """config: config.json over the architecture's defaults (those of its transformers class)."""
+
     def need(key: str, source: dict[str, Any] = config) -> Any:
         if source.get(key) is None:
             raise ModelFileError(f"{path}: missing '{key}'")
@@ -97,7 +106,9 @@ def parse_hparams(config: dict[str, Any], path: Path) -> HParams:
     n_head = size("num_attention_heads")
     n_head_kv = size("num_key_value_heads", n_head)
     if n_head % n_head_kv:
-        raise ModelFileError(f"{path}: num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}")
+        raise ModelFileError(
+            f"{path}: num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}"
+        )
     head_given = config.get("head_dim") is not None
     if not head_given and n_embd % n_head:
         raise ModelFileError(f"{path}: hidden_size {n_embd} is not a multiple of num_attention_heads {n_head}")

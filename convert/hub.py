@@ -4,6 +4,7 @@ Only the files the converter reads are downloaded (into huggingface_hub's cache,
 time): config, tokenizer files and the safetensors weights, or the PyTorch .bin weights
 when the repo has no safetensors. With HF_HUB_OFFLINE=1 the cached snapshot is used.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,9 +13,17 @@ from pathlib import Path
 from ott_gguf.errors import InvalidArgumentError, ModelFileError
 
 # files read besides the weights
-METADATA_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
-                  "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json",
-                  "chat_template.jinja", "chat_template.json"]
+METADATA_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "added_tokens.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+]
 SAFETENSORS_FILES = ["model.safetensors", "model-*.safetensors", "model.safetensors.index.json"]
 TORCH_FILES = ["pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json"]
 
@@ -44,8 +53,10 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
         raise ModelFileError(f"{where}: no such revision on the Hugging Face Hub") from None
     except LocalEntryNotFoundError as e:
         if constants.HF_HUB_OFFLINE:
-            raise ModelFileError(f"{where}: no complete snapshot in the Hugging Face cache "
-                                 f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE=1 forbids downloading") from None
+            raise ModelFileError(
+                f"{where}: no complete snapshot in the Hugging Face cache "
+                f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE=1 forbids downloading"
+            ) from None
         raise ModelFileError(f"{where}: cannot download from the Hugging Face Hub: {_first_line(e)}") from None
     except HFValidationError as e:
         raise InvalidArgumentError(f"{repo_id}: not a valid Hub repo id ({_first_line(e)})") from None

@@ -1,4 +1,5 @@
 """Llama family: Llama 2/3, SmolLM, TinyLlama, Mistral (GGUF architecture "llama")."""
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,11 @@ def llama3_rope_factors(hparams: HParams) -> np.ndarray:
     wavelen = np.float32(2 * math.pi) / freqs
     smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     between = np.float32(1.0) / ((np.float32(1.0) - smooth) / factor + smooth)
-    factors = np.where(wavelen < old_context_len / high_freq_factor, np.float32(1.0),
-                       np.where(wavelen > old_context_len / low_freq_factor, factor, between))
+    factors = np.where(
+        wavelen < old_context_len / high_freq_factor,
+        np.float32(1.0),
+        np.where(wavelen > old_context_len / low_freq_factor, factor, between),
+    )
     return factors.astype(np.float32)
 
 
@@ -55,7 +59,7 @@ class Llama(Architecture):
     rope_scaling_types = ("linear", "yarn", "llama3")
 
     def space_prefix(self, stated: bool | None, vocab_model: str) -> bool | None:
-        return stated   # llama.cpp writes tokenizer_config's add_prefix_space for llama-family models
+        return stated  # llama.cpp writes tokenizer_config's add_prefix_space for llama-family models
 
     def add_parameters(self, w: GGUFWriter) -> None:
         super().add_parameters(w)

@@ -1,4 +1,5 @@
 """general.* keys: what the file is, its size class, and the sampling defaults of generation_config.json."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ SAMPLING_KEYS = {
 }
 
 
-def add_general(w: GGUFWriter, name: str, file_type: LlamaFileType, tensors: list[PlannedTensor],
-                directory: Path) -> None:
+def add_general(
+    w: GGUFWriter, name: str, file_type: LlamaFileType, tensors: list[PlannedTensor], directory: Path
+) -> None:
     w.add_type(GGUFType.MODEL)
     w.add_name(name)
     n_params = sum(math.prod(t.shape) for t in tensors)

@@ -1,4 +1,5 @@
 """Output tensor types: which GGML type each tensor gets, its size, and the encoding itself."""
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ SOURCE_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dt
 
 
 def source_dtype(data: np.ndarray) -> str:
-    """"F32", "F16" or "BF16" (raw uint16 bits) for an array as source.py loads them."""
+    """ "F32", "F16" or "BF16" (raw uint16 bits) for an array as source.py loads them."""
     return SOURCE_DTYPES[data.dtype.newbyteorder("=")]
 
 
@@ -78,14 +79,14 @@ def encode(data: np.ndarray, src_dtype: str, qtype: GGMLQuantizationType) -> np.
     so memory holds the source, the output and one chunk's temporaries.
     """
     if SAME_BITS[src_dtype] == qtype:
-        return data   # the bits pass through unchanged
+        return data  # the bits pass through unchanged
     if data.ndim < 2 or data.size <= CHUNK_ELEMENTS:
         return _encode_block(data, src_dtype, qtype)
-    rows = data.reshape(-1, data.shape[-1])                 # [n_rows, n_cols]
+    rows = data.reshape(-1, data.shape[-1])  # [n_rows, n_cols]
     step = max(1, CHUNK_ELEMENTS // rows.shape[1])
-    first = _encode_block(rows[:step], src_dtype, qtype)    # [step, n_cols or row bytes]
+    first = _encode_block(rows[:step], src_dtype, qtype)  # [step, n_cols or row bytes]
     out = np.empty((rows.shape[0], first.shape[1]), dtype=first.dtype)
     out[:step] = first
     for r in range(step, rows.shape[0], step):
-        out[r:r + step] = _encode_block(rows[r:r + step], src_dtype, qtype)
+        out[r : r + step] = _encode_block(rows[r : r + step], src_dtype, qtype)
     return out.reshape(*data.shape[:-1], first.shape[1])

@@ -7,6 +7,7 @@ attention factor sqrt(1 + ln(s)/ln(n_orig)), s = max_position_embeddings / n_ori
 multiplies rope's cos and sin; the runtime takes the long factors when the context exceeds
 n_orig = original_max_position_embeddings. sliding_window is written as given, 0 for none.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,12 @@ T = MODEL_TENSOR
 class Phi3(Architecture):
     gguf_arch = MODEL_ARCH.PHI3
     # Phi3Config's defaults
-    config_defaults = {"rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
-                       "partial_rotary_factor": 1.0}
+    config_defaults = {
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "partial_rotary_factor": 1.0,
+    }
     layer_tensors = (T.ATTN_NORM, T.ATTN_QKV, T.ATTN_OUT, T.FFN_NORM, T.FFN_UP, T.FFN_DOWN)
     rope_scaling_types = ("longrope", "su")
 
@@ -36,8 +41,10 @@ class Phi3(Architecture):
     def prepare_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         config = super().prepare_config(config)
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        config.setdefault("original_max_position_embeddings",
-                          rope.get("original_max_position_embeddings", config["max_position_embeddings"]))
+        config.setdefault(
+            "original_max_position_embeddings",
+            rope.get("original_max_position_embeddings", config["max_position_embeddings"]),
+        )
         if "partial_rotary_factor" in rope:
             config["partial_rotary_factor"] = rope["partial_rotary_factor"]
         return config
@@ -71,7 +78,9 @@ class Phi3(Architecture):
         w.add_sliding_window(int(hp.config.get("sliding_window") or 0))
         if self._long_rope():
             scale = hp.n_ctx_train / self.n_ctx_orig
-            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(self.n_ctx_orig)) if scale > 1 else 1.0)
+            w.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(self.n_ctx_orig)) if scale > 1 else 1.0
+            )
 
     def _long_rope(self) -> dict[str, Any] | None:
         rope = self.hparams.rope_scaling
@@ -81,10 +90,17 @@ class Phi3(Architecture):
         rope = self._long_rope()
         if rope is None:
             return {}
-        factors = {name: np.asarray(rope.get(key) or [], dtype=np.float32)
-                   for name, key in (("rope_factors_long.weight", "long_factor"), ("rope_factors_short.weight", "short_factor"))}
+        factors = {
+            name: np.asarray(rope.get(key) or [], dtype=np.float32)
+            for name, key in (
+                ("rope_factors_long.weight", "long_factor"),
+                ("rope_factors_short.weight", "short_factor"),
+            )
+        }
         for name, f in factors.items():
             if f.shape != (self.n_rot // 2,):
-                raise ModelFileError(f"{self.hparams.path}: rope scaling has {f.size} factors for {name}, "
-                                     f"expected {self.n_rot // 2} (half the rotated dimensions)")
+                raise ModelFileError(
+                    f"{self.hparams.path}: rope scaling has {f.size} factors for {name}, "
+                    f"expected {self.n_rot // 2} (half the rotated dimensions)"
+                )
         return factors

@@ -8,6 +8,7 @@ implements. Where llama.cpp has several names for one split sequence, they diffe
 `clean_spaces` (whether decoding removes spaces before punctuation), which tokenizer_config's
 clean_up_tokenization_spaces states.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,23 +19,29 @@ from ott_gguf.errors import UnsupportedError
 
 # the split a ByteLevel pre-tokenizer with use_regex=true performs (GPT-2's regex)
 BYTE_LEVEL = "ByteLevel(use_regex)"
-DIGITS = r"\p{N}"          # Digits(individual_digits=true)
-DIGIT_RUNS = r"\p{N}+"     # Digits(individual_digits=false)
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+DIGITS = r"\p{N}"  # Digits(individual_digits=true)
+DIGIT_RUNS = r"\p{N}+"  # Digits(individual_digits=false)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # OpenAI's o200k split (Phi-4-mini)
-GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
 class KnownPre:
-    name: str                 # tokenizer.ggml.pre
-    splits: tuple[str, ...]   # isolated regex splits, in order, before the byte-level mapping
-    clean_spaces: bool        # llama.cpp's decoding behaviour for this name
+    name: str  # tokenizer.ggml.pre
+    splits: tuple[str, ...]  # isolated regex splits, in order, before the byte-level mapping
+    clean_spaces: bool  # llama.cpp's decoding behaviour for this name
 
 
 # first entry of a split sequence is the choice when clean_up_tokenization_spaces is not stated
@@ -70,8 +77,10 @@ def _splits(pre: dict[str, Any] | None, where: Path) -> list[str]:
         pattern = pre.get("pattern", {})
         regex = pattern.get("Regex")
         if regex is None or pre.get("behavior") != "Isolated" or pre.get("invert", False):
-            raise UnsupportedError(f"{where}: Split pre-tokenizer {pattern} {pre.get('behavior')} is not supported "
-                                   f"(only Isolated regex splits)")
+            raise UnsupportedError(
+                f"{where}: Split pre-tokenizer {pattern} {pre.get('behavior')} is not supported "
+                f"(only Isolated regex splits)"
+            )
         return [regex]
     raise UnsupportedError(f"{where}: pre-tokenizer type {kind} is not supported")
 
@@ -84,7 +93,8 @@ def pre_tokenizer_name(tokenizer: dict[str, Any], clean_up_spaces: bool | None, 
     splits = tuple(_splits(tokenizer.get("pre_tokenizer"), where))
     candidates = [k for k in KNOWN_PRES if k.splits == splits]
     if not candidates:
-        raise UnsupportedError(f"{where}: unknown pre-tokenizer (splits {list(splits)}); known: "
-                               f"{', '.join(k.name for k in KNOWN_PRES)}")
+        raise UnsupportedError(
+            f"{where}: unknown pre-tokenizer (splits {list(splits)}); known: {', '.join(k.name for k in KNOWN_PRES)}"
+        )
     exact = [k for k in candidates if k.clean_spaces == clean_up_spaces]
     return (exact or candidates)[0].name

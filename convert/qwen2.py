@@ -3,6 +3,7 @@
 GGML runs Qwen2's rope in NeoX mode, which rotates the same (i, i + n_embd_head/2) pairs as
 HF, so unlike llama no rows are permuted.
 """
+
 from __future__ import annotations
 
 from gguf import MODEL_ARCH, MODEL_TENSOR

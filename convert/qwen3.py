@@ -1,6 +1,7 @@
 """Qwen3 (GGUF architecture "qwen3"): Qwen2 without Q/K/V biases, with an RMS norm over each
 head of Q and of K before rope (attn_q_norm, attn_k_norm), rope in NeoX mode (no row
 permutation), head_dim stated in config.json."""
+
 from __future__ import annotations
 
 from gguf import MODEL_ARCH, MODEL_TENSOR

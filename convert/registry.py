@@ -1,4 +1,5 @@
 """The converter's architectures, keyed by the Hugging Face class name in config.json."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,6 +21,7 @@ def register(*hf_names: str) -> Callable[[A], A]:
         for name in hf_names:
             ARCHITECTURES[name] = cls
         return cls
+
     return add
 
 
@@ -31,6 +33,7 @@ def architecture_for(config: dict[str, Any], path: Path) -> Architecture:
     name = config["architectures"][0]
     cls = ARCHITECTURES.get(name)
     if cls is None:
-        raise UnsupportedError(f"{path}: architecture {name} is not supported "
-                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+        raise UnsupportedError(
+            f"{path}: architecture {name} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
     return cls(parse_hparams(cls.prepare_config(config), path))

@@ -6,6 +6,7 @@ tokenizer.model is a protobuf `ModelProto`; only its `pieces` are needed:
     enum Type { NORMAL = 1; UNKNOWN = 2; CONTROL = 3; USER_DEFINED = 4; UNUSED = 5; BYTE = 6; }
 The Type values are those of gguf's TokenType.
 """
+
 from __future__ import annotations
 
 import struct
@@ -22,7 +23,7 @@ NORMAL = 1
 class Piece:
     text: str
     score: float
-    type: int     # SentencePiece Type == gguf TokenType
+    type: int  # SentencePiece Type == gguf TokenType
 
 
 class _Truncated(Exception):
@@ -52,10 +53,10 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             value, pos = _varint(buf, pos)
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos : pos + size], pos + size
         elif wire == 2:
             size, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos : pos + size], pos + size
         else:
             raise ValueError(f"wire type {wire}")
         if pos > len(buf):

@@ -7,6 +7,7 @@ tensor at a time. pytorch_model*.bin files are opened by torch (weights_only=Tru
 A loaded tensor is a numpy array of float32 or float16, or of uint16 holding the raw bits
 of a bfloat16 tensor (numpy has no bfloat16); TensorRef.dtype says which.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np
 
 @dataclass(frozen=True)
 class TensorRef:
-    name: str                     # HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
-    shape: tuple[int, ...]        # HF (PyTorch) order: [out_features, in_features]
-    dtype: str                    # "F32", "F16" or "BF16"
+    name: str  # HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    shape: tuple[int, ...]  # HF (PyTorch) order: [out_features, in_features]
+    dtype: str  # "F32", "F16" or "BF16"
     file: Path
     load: Callable[[], np.ndarray]
 
@@ -66,10 +67,12 @@ def _read_safetensors_header(path: Path) -> list[TensorRef]:
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise ModelFileError(f"{path}: tensor {name} has {end - begin} bytes for shape {list(shape)} {dtype_name}")
         if data_start + end > size:
-            raise ModelFileError(f"{path}: truncated safetensors file (tensor {name} ends at byte "
-                                 f"{data_start + end}, file has {size})")
-        refs.append(TensorRef(name, shape, dtype_name, path,
-                              _safetensors_loader(path, data_start + begin, shape, dtype)))
+            raise ModelFileError(
+                f"{path}: truncated safetensors file (tensor {name} ends at byte {data_start + end}, file has {size})"
+            )
+        refs.append(
+            TensorRef(name, shape, dtype_name, path, _safetensors_loader(path, data_start + begin, shape, dtype))
+        )
     return sorted(refs, key=lambda r: header[r.name]["data_offsets"][0])
 
 
@@ -83,6 +86,7 @@ def _safetensors_loader(path: Path, offset: int, shape: tuple[int, ...], dtype: 
             if f.readinto(memoryview(out).cast("B")) != out.nbytes:
                 raise ModelFileError(f"{path}: truncated while reading tensor data at byte {offset}")
         return out
+
     return load
 
 
@@ -100,12 +104,15 @@ def _torch_bin_refs(path: Path) -> list[TensorRef]:
     refs = []
     for name, tensor in state.items():
         if tensor.dtype not in names:
-            raise UnsupportedError(f"{path}: tensor {name} has dtype {tensor.dtype} (supported: float32, float16, bfloat16)")
+            raise UnsupportedError(
+                f"{path}: tensor {name} has dtype {tensor.dtype} (supported: float32, float16, bfloat16)"
+            )
 
         def load(t=tensor) -> np.ndarray:
             if t.dtype == torch.bfloat16:
                 return t.contiguous().view(torch.int16).numpy().view(np.uint16)
             return t.contiguous().numpy()
+
         refs.append(TensorRef(name, tuple(tensor.shape), names[tensor.dtype], path, load))
     return refs
 

@@ -5,6 +5,7 @@ tokenizer.json's post-processor says which tokens encoding adds, tokenizer_confi
 add_*_token flags override it; ids come from the token text named in tokenizer_config.json,
 else from config.json's *_token_id.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,8 @@ ADDED_TYPES = ("bos", "eos", "sep")
 
 @dataclass
 class SpecialTokens:
-    ids: dict[str, int] = field(default_factory=dict)     # "bos" -> token id
-    add: dict[str, bool] = field(default_factory=dict)    # "bos" -> encoding adds it
+    ids: dict[str, int] = field(default_factory=dict)  # "bos" -> token id
+    add: dict[str, bool] = field(default_factory=dict)  # "bos" -> encoding adds it
     chat_template: str | list[dict[str, str]] | None = None
 
 
@@ -68,11 +69,14 @@ def _chat_template(directory: Path, tokenizer_config: dict[str, Any]) -> str | l
         try:
             return (directory / "chat_template.jinja").read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise ModelFileError(f"{directory / 'chat_template.jinja'}: not UTF-8 ({e.reason} at byte {e.start})") from None
+            raise ModelFileError(
+                f"{directory / 'chat_template.jinja'}: not UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
     if (directory / "chat_template.json").is_file():
         doc = read_json(directory / "chat_template.json")
-        return _checked_template(doc.get("chat_template") if isinstance(doc, dict) else doc,
-                                 directory / "chat_template.json")
+        return _checked_template(
+            doc.get("chat_template") if isinstance(doc, dict) else doc, directory / "chat_template.json"
+        )
     return None
 
 
@@ -80,14 +84,16 @@ def _checked_template(template: Any, where: Path) -> str | list[dict[str, str]] 
     """A template is a string, or a list of {"name": ..., "template": ...} (named templates)."""
     if template is None or isinstance(template, str):
         return template
-    if isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                          and isinstance(t.get("template"), str) for t in template):
+    if isinstance(template, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in template
+    ):
         return template
     raise ModelFileError(f"{where}: chat_template must be a string or a list of named templates")
 
 
-def load_special_tokens(directory: Path, tokenizer_json: dict[str, Any] | None, tokens: list[str],
-                        config: dict[str, Any]) -> SpecialTokens:
+def load_special_tokens(
+    directory: Path, tokenizer_json: dict[str, Any] | None, tokens: list[str], config: dict[str, Any]
+) -> SpecialTokens:
     """tokens: the final token list (length n_vocab), used to find a special token's id by text."""
     path = directory / "tokenizer_config.json"
     tok_config = read_json(path) if path.is_file() else {}

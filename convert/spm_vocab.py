@@ -3,6 +3,7 @@
 Same result as llama.cpp's converter: the model's pieces with their scores and types,
 overridden by added_tokens.json and tokenizer_config.json's added_tokens_decoder.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,9 @@ def spm_tokens(directory: Path, n_vocab: int) -> tuple[list[str], list[float], l
     scores = [PAD_SCORE] * n_vocab
     types = [int(TokenType.UNUSED)] * n_vocab
     if len(pieces) > n_vocab:
-        log.warning("tokenizer.model has %d pieces, config.json's vocab_size is %d: ignoring the rest",
-                    len(pieces), n_vocab)
+        log.warning(
+            "tokenizer.model has %d pieces, config.json's vocab_size is %d: ignoring the rest", len(pieces), n_vocab
+        )
     for i, piece in enumerate(pieces[:n_vocab]):
         tokens[i] = piece.text
         scores[i] = piece.score

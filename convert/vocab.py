@@ -3,6 +3,7 @@
 tokenizer.model (SentencePiece) is preferred when present, like llama.cpp's converter does
 for llama and qwen2; otherwise tokenizer.json must hold a byte-level BPE.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,18 +23,19 @@ from .spm_vocab import spm_tokens
 
 @dataclass
 class Vocab:
-    model: str                     # tokenizer.ggml.model: "gpt2" or "llama"
-    pre: str                       # tokenizer.ggml.pre
-    tokens: list[str]              # [n_vocab]
-    types: list[int]               # [n_vocab] gguf TokenType
-    scores: list[float] | None     # [n_vocab], SentencePiece only
-    merges: list[str]              # "a b" pairs, BPE only
+    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    pre: str  # tokenizer.ggml.pre
+    tokens: list[str]  # [n_vocab]
+    types: list[int]  # [n_vocab] gguf TokenType
+    scores: list[float] | None  # [n_vocab], SentencePiece only
+    merges: list[str]  # "a b" pairs, BPE only
     special: SpecialTokens
     add_space_prefix: bool | None  # tokenizer_config's add_prefix_space, when stated
 
 
 def check_tokenizer_json(tokenizer: Any, path: Path) -> None:
     """The parts of tokenizer.json the converter reads have the shapes it expects."""
+
     def bad(what: str) -> ModelFileError:
         return ModelFileError(f"{path}: {what}")
 
@@ -55,8 +57,12 @@ def check_tokenizer_json(tokenizer: Any, path: Path) -> None:
     if not isinstance(added, list):
         raise bad("'added_tokens' must be a list")
     for i, a in enumerate(added):
-        if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)
-                and not isinstance(a.get("id"), bool)):
+        if not (
+            isinstance(a, dict)
+            and isinstance(a.get("content"), str)
+            and isinstance(a.get("id"), int)
+            and not isinstance(a.get("id"), bool)
+        ):
             raise bad(f"added_tokens[{i}] must have a string 'content' and an integer 'id'")
 
 

@@ -5,6 +5,7 @@ tensor infos (names, shapes, types, sizes known from the plan) are written first
 tensor is produced, written and dropped. The file is written as OUT.tmp beside OUT and
 renamed at the end; on any failure the .tmp file is removed, so no partial OUT ever exists.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,13 @@ from ott_gguf.errors import ModelFileError
 from .tensor_plan import PlannedTensor
 
 
-def write_gguf(out: Path, arch_name: str, add_metadata: Callable[[GGUFWriter], None],
-               tensors: list[PlannedTensor], produce: Callable[[PlannedTensor], np.ndarray]) -> None:
+def write_gguf(
+    out: Path,
+    arch_name: str,
+    add_metadata: Callable[[GGUFWriter], None],
+    tensors: list[PlannedTensor],
+    produce: Callable[[PlannedTensor], np.ndarray],
+) -> None:
     tmp = out.with_name(out.name + ".tmp")
     w = GGUFWriter(tmp, arch_name)
     try:

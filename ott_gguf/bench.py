@@ -7,6 +7,7 @@ each repeated `reps` times from the same depth-d state (the sequence is truncate
 between repetitions). One warm-up prompt and one warm-up decode run first. Reported rates
 are medians over the repetitions.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -21,9 +22,9 @@ from .errors import ContextFullError, InvalidArgumentError
 
 @dataclass
 class BenchRow:
-    test: str                 # "pp512" (prompt) or "tg128" (decode), llama-bench's names
-    depth: int                # tokens already in the sequence when the timing starts
-    tokens_per_s: float       # median over the repetitions
+    test: str  # "pp512" (prompt) or "tg128" (decode), llama-bench's names
+    depth: int  # tokens already in the sequence when the timing starts
+    tokens_per_s: float  # median over the repetitions
     samples: list[float] = field(default_factory=list)  # tokens/s of each repetition
 
     @property
@@ -31,8 +32,16 @@ class BenchRow:
         return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
 
 
-def bench(model, n_prompt: int = 512, n_gen: int = 128, depths=(0,), reps: int = 5,
-          progress: bool = True, seed: int = 0, seq: int = 0) -> list[BenchRow]:
+def bench(
+    model,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    depths=(0,),
+    reps: int = 5,
+    progress: bool = True,
+    seed: int = 0,
+    seq: int = 0,
+) -> list[BenchRow]:
     """Rows (pp then tg for each depth) of median tokens/s; uses and clears sequence `seq`."""
     depths = list(depths)
     if n_prompt < 0 or n_gen < 0 or n_prompt + n_gen == 0:
@@ -41,8 +50,10 @@ def bench(model, n_prompt: int = 512, n_gen: int = 128, depths=(0,), reps: int =
         raise InvalidArgumentError(f"bench: need reps >= 1 and depths >= 0, got reps={reps}, depths={depths}")
     n_needed = max(depths) + max(n_prompt, n_gen)
     if n_needed > model.n_ctx:
-        raise ContextFullError(f"bench: depth {max(depths)} + {max(n_prompt, n_gen)} tokens = {n_needed} "
-                               f"exceeds the context of {model.n_ctx} tokens")
+        raise ContextFullError(
+            f"bench: depth {max(depths)} + {max(n_prompt, n_gen)} tokens = {n_needed} "
+            f"exceeds the context of {model.n_ctx} tokens"
+        )
 
     rng = np.random.default_rng(seed)
 

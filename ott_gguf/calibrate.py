@@ -17,6 +17,7 @@ The keys and values are read back from the runtime itself: each calibration wind
 through the fp16 cache, whose stores are then exported (Model.kv_head_state). The text is cut into windows of n_ctx tokens (BOS first when the vocabulary
 adds it), at most n_seqs of them; everything is deterministic.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,21 +35,24 @@ from .reference.rotation import hadamard
 @dataclass(frozen=True)
 class Calibration:
     """Statistics of one model on calibration text, per layer and KV head."""
+
     arch: str
-    model_hash: str               # ott_model_fingerprint, 16 hex digits
-    n_tokens: int                 # tokens the statistics were taken over (per layer and head)
-    text: str                     # what the text was (for the sidecar's record)
-    rot_k: np.ndarray             # float32 [n_layer, n_head_kv, d, d]
-    center_k: np.ndarray          # float32 [n_layer, n_head_kv, d]
+    model_hash: str  # ott_model_fingerprint, 16 hex digits
+    n_tokens: int  # tokens the statistics were taken over (per layer and head)
+    text: str  # what the text was (for the sidecar's record)
+    rot_k: np.ndarray  # float32 [n_layer, n_head_kv, d, d]
+    center_k: np.ndarray  # float32 [n_layer, n_head_kv, d]
     rot_v: np.ndarray
     center_v: np.ndarray
 
 
-def principal_rotation(sum_x: np.ndarray, sum_xx: np.ndarray, n: int, hd_rot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def principal_rotation(
+    sum_x: np.ndarray, sum_xx: np.ndarray, n: int, hd_rot: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(R, c) of one head from the sums of its n vectors: sum_x [d], sum_xx [d, d] (float64)."""
     c = sum_x / n
     cov = sum_xx / n - np.outer(c, c)
-    w, u = np.linalg.eigh(cov)                                     # ascending eigenvalues
+    w, u = np.linalg.eigh(cov)  # ascending eigenvalues
     u = u[:, ::-1]
     u *= np.where(u[np.abs(u).argmax(axis=0), np.arange(u.shape[1])] < 0, -1.0, 1.0)
     return hd_rot @ u.T, c
@@ -63,15 +67,22 @@ class _Sums:
         self.n = np.zeros((n_layer, n_head_kv), dtype=np.int64)  # vectors summed (a local layer's ring holds fewer)
 
     def add(self, il: int, h: int, rows: np.ndarray) -> None:
-        r = rows.astype(np.float64)                               # [n, d]
+        r = rows.astype(np.float64)  # [n, d]
         self.x[il, h] += r.sum(axis=0)
         self.xx[il, h] += r.T @ r
         self.n[il, h] += len(r)
 
 
-def collect(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs: int = 16,
-            n_threads: int | None = None, device: str | None = None, progress: bool = True,
-            text_name: str = "") -> Calibration:
+def collect(
+    model_path: str | os.PathLike,
+    text: str,
+    n_ctx: int = 2048,
+    n_seqs: int = 16,
+    n_threads: int | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    text_name: str = "",
+) -> Calibration:
     """Keys and values of `model_path` on `text`, reduced to rotations and centres."""
     from .model import Model
     from .perplexity import tokenize_for_windows
@@ -89,12 +100,12 @@ def collect(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs:
         d, L, H = info.n_embd_head, info.n_layer, info.n_head_kv
         sums = {"k": _Sums(L, H, d), "v": _Sums(L, H, d)}
         for w in tqdm(range(n_win), desc="calibrate", unit="window", disable=not progress):
-            window = ids[w * n_ctx:(w + 1) * n_ctx]
+            window = ids[w * n_ctx : (w + 1) * n_ctx]
             if bos is not None:
                 window = [bos] + window[1:]
             model.truncate(0)
             for i in range(0, n_ctx, model.n_ubatch):
-                model.eval(window[i:i + model.n_ubatch])
+                model.eval(window[i : i + model.n_ubatch])
             for il in range(L):
                 for h in range(H):
                     st = model.kv_head_state(il, 0, h)
@@ -106,8 +117,9 @@ def collect(model_path: str | os.PathLike, text: str, n_ctx: int = 2048, n_seqs:
             rots, centres = np.empty((L, H, d, d)), np.empty((L, H, d))
             for il in range(L):
                 for h in range(H):
-                    rots[il, h], centres[il, h] = principal_rotation(s.x[il, h], s.xx[il, h], int(s.n[il, h]),
-                                                                     hadamard(d, il, h, kind == "v"))
+                    rots[il, h], centres[il, h] = principal_rotation(
+                        s.x[il, h], s.xx[il, h], int(s.n[il, h]), hadamard(d, il, h, kind == "v")
+                    )
             out[kind] = (rots.astype(np.float32), centres.astype(np.float32))
         return Calibration(info.arch, f"{model.fingerprint():016x}", n, text_name, *out["k"], *out["v"])
     finally:

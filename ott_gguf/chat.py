@@ -12,6 +12,7 @@ the output at most MAX_RENDER_CHARS, at most MAX_RANGE_ITEMS items from `range` 
 rendering, and Python's recursion limit on macros; past a limit rendering stops with an
 UnsupportedError naming it.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -31,7 +32,7 @@ from ott_gguf.errors import InvalidArgumentError, ModelFileError, UnsupportedErr
 from ott_gguf.tokenizer import metadata_value
 
 MAX_TEMPLATE_CHARS = 1 << 20  # real templates are a few kB
-MAX_RENDER_CHARS = 1 << 22    # a prompt of 4 Mi characters is far past any context
+MAX_RENDER_CHARS = 1 << 22  # a prompt of 4 Mi characters is far past any context
 MAX_RANGE_ITEMS = 1 << 20
 
 CHATML_TEMPLATE = (
@@ -43,7 +44,7 @@ CHATML_TEMPLATE = (
 
 
 # around each message's text while rendering (render_parts); removed from the text itself
-_OPEN, _CLOSE = "\U000F0000", "\U000F0001"
+_OPEN, _CLOSE = "\U000f0000", "\U000f0001"
 _MARKED = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.DOTALL)
 
 
@@ -89,17 +90,23 @@ def _bounded_filter(f):
     def wrapper(*args, **kwargs):
         _check_args(list(args[1:]) + list(kwargs.values()))
         return _check_size(f(*args, **kwargs))
+
     return wrapper
 
 
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
     """The sandbox with every operator, call and filter checked against the limits."""
+
     intercepted_binops = frozenset(["+", "*", "%", "**", "//"])
 
     def call_binop(self, context, op: str, left: Any, right: Any) -> Any:
         if op == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_RENDER_CHARS:
+                if (
+                    isinstance(seq, (str, list, tuple))
+                    and isinstance(n, int)
+                    and len(seq) * max(n, 0) > MAX_RENDER_CHARS
+                ):
                     raise _LimitExceeded(f"a repetition to {len(seq) * n} items (limit {MAX_RENDER_CHARS})")
         elif op == "**":
             if isinstance(right, int) and abs(right) > 1024:
@@ -117,8 +124,13 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaised(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson sorts keys and HTML-escapes <, >, &, ' — not what a prompt wants.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -190,8 +202,12 @@ class ChatTemplate:
         them trimmed here too."""
         if not isinstance(messages, Sequence) or isinstance(messages, str):
             raise InvalidArgumentError(f"chat messages must be a list of dicts, got {type(messages).__name__}")
-        marked = [{**m, "content": _OPEN + _unmarked(m["content"]) + _CLOSE}
-                  if isinstance(m, Mapping) and isinstance(m.get("content"), str) else m for m in messages]
+        marked = [
+            {**m, "content": _OPEN + _unmarked(m["content"]) + _CLOSE}
+            if isinstance(m, Mapping) and isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
         pieces = _MARKED.split(self.render(marked, add_generation_prompt))  # template, content, template, ...
         if any(_OPEN in p or _CLOSE in p for p in pieces):
             raise UnsupportedError("chat template cuts into a message's text: cannot tell it from the template's own")
@@ -213,8 +229,12 @@ class ChatTemplate:
         token = _range_left.set([MAX_RANGE_ITEMS])
         try:
             out, n = [], 0
-            for piece in self._template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                 bos_token=self.bos_token, eos_token=self.eos_token):
+            for piece in self._template.generate(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            ):
                 n += len(piece)
                 if n > MAX_RENDER_CHARS:
                     raise _LimitExceeded(f"an output of more than {MAX_RENDER_CHARS} characters")
@@ -228,9 +248,15 @@ class ChatTemplate:
             raise InvalidArgumentError(f"chat template rejected the messages: {exc}") from exc
         except SecurityError as exc:
             raise UnsupportedError(f"chat template refused by the sandbox: {exc}") from exc
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
-                ArithmeticError) as exc:
-            raise InvalidArgumentError(
-                f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            ArithmeticError,
+        ) as exc:
+            raise InvalidArgumentError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
         finally:
             _range_left.reset(token)

@@ -1,4 +1,5 @@
 """A chat conversation held in one sequence of the KV cache (the `chat` command's engine)."""
+
 from __future__ import annotations
 
 from .errors import ContextFullError
@@ -45,7 +46,7 @@ class ChatSession:
 
         yield from stream_text(self.model.tokenizer, record())
         self.messages.append({"role": "assistant", "content": self.model.detokenize(generated)})
-        self.cached = (ids + generated)[:self.model.seq_len(self.seq)]
+        self.cached = (ids + generated)[: self.model.seq_len(self.seq)]
 
     def _prompt_ids(self) -> list[int]:
         model = self.model
@@ -57,9 +58,11 @@ class ChatSession:
                 self.messages = messages
                 return ids
             if len(messages) - first_turn <= 1:
-                raise ContextFullError(f"chat: the message needs {len(ids)} tokens plus {self.max_reply} for the "
-                                       f"reply, the context holds {model.n_ctx} (raise -c or lower -n)")
-            del messages[first_turn:first_turn + 2]  # the oldest user message and its reply
+                raise ContextFullError(
+                    f"chat: the message needs {len(ids)} tokens plus {self.max_reply} for the "
+                    f"reply, the context holds {model.n_ctx} (raise -c or lower -n)"
+                )
+            del messages[first_turn : first_turn + 2]  # the oldest user message and its reply
 
 
 def chat_prompt_ids(model, messages: list[dict]) -> list[int]:

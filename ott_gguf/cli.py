@@ -4,6 +4,7 @@ MODEL is a GGUF path, a Hub repo id `org/name[:file.gguf]`, or omitted for the d
 SmolLM2-135M-Instruct Q4_1 (see resolve.py). Errors print one line `error: ...` on stderr
 and exit with 1 (2 for a bad command line); `--verbose` adds the traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,13 +23,20 @@ from .reference.rotation import ROTATIONS
 # info and tokenize evaluate nothing: a small context keeps the KV allocation negligible.
 _NO_EVAL_CTX = 256
 # --kv-* overrides: KVConfig knob -> what it sets
-_KV_KNOBS = {"bits_k": "bits per key code", "bits_v": "bits per value code",
-             "group_k": "tokens per key group", "group_v": "channels per value group",
-             "block": "tokens quantized together", "window": "fp16 window R",
-             "pool": "outlier tokens per KV head", "extra_pool": "extra-pool tokens per KV head",
-             "skip_layers": "first layers without outlier tracing", "sink": "first tokens kept in fp16",
-             "clip": "clipped group ranges (1) or min-max (0)",
-             "param_bits": "bits of a group's scale and min: 16 or 8"}
+_KV_KNOBS = {
+    "bits_k": "bits per key code",
+    "bits_v": "bits per value code",
+    "group_k": "tokens per key group",
+    "group_v": "channels per value group",
+    "block": "tokens quantized together",
+    "window": "fp16 window R",
+    "pool": "outlier tokens per KV head",
+    "extra_pool": "extra-pool tokens per KV head",
+    "skip_layers": "first layers without outlier tracing",
+    "sink": "first tokens kept in fp16",
+    "clip": "clipped group ranges (1) or min-max (0)",
+    "param_bits": "bits of a group's scale and min: 16 or 8",
+}
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}
 
@@ -57,6 +65,7 @@ def _int_at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         return value
+
     return parse
 
 
@@ -70,8 +79,22 @@ def _depth_list(text: str) -> list[int]:
     return depths
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
-               "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
 
 
 def _size(text: str) -> int:
@@ -93,42 +116,74 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                         help="show tracebacks on errors")
+    verbose.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
     common = argparse.ArgumentParser(add_help=False, parents=[verbose])
-    common.add_argument("model", nargs="?", metavar="MODEL",
-                        help="GGUF path, Hub repo id org/name[:file.gguf], or omitted for SmolLM2-135M-Instruct Q4_1")
+    common.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF path, Hub repo id org/name[:file.gguf], or omitted for SmolLM2-135M-Instruct Q4_1",
+    )
 
     kvopts = argparse.ArgumentParser(add_help=False)
-    kvopts.add_argument("--kv", default="f16", choices=[*_KV_PRESETS, "auto"],
-                        help="KV cache mode (default f16; auto: the recommended quantized cache)")
+    kvopts.add_argument(
+        "--kv",
+        default="f16",
+        choices=[*_KV_PRESETS, "auto"],
+        help="KV cache mode (default f16; auto: the recommended quantized cache)",
+    )
     for knob, what in _KV_KNOBS.items():
-        kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", type=_int_at_least(0),
-                            metavar="N", help=f"override the mode's {what}")
+        kvopts.add_argument(
+            f"--kv-{knob.replace('_', '-')}",
+            dest=f"kv_{knob}",
+            type=_int_at_least(0),
+            metavar="N",
+            help=f"override the mode's {what}",
+        )
     for knob, what in _KV_ROTATIONS.items():
-        kvopts.add_argument(f"--kv-{knob.replace('_', '-')}", dest=f"kv_{knob}", choices=ROTATIONS,
-                            help=f"override the mode's rotation of {what}")
-    kvopts.add_argument("--kv-calib", type=Path, metavar="FILE",
-                        help="calibration sidecar of calibrated rotations (default: MODEL.kvcalib.gguf beside the model)")
-    kvopts.add_argument("--prefill-fp16", action="store_true",
-                        help="a prompt attends in full precision and is quantized afterwards (quantized modes)")
+        kvopts.add_argument(
+            f"--kv-{knob.replace('_', '-')}",
+            dest=f"kv_{knob}",
+            choices=ROTATIONS,
+            help=f"override the mode's rotation of {what}",
+        )
+    kvopts.add_argument(
+        "--kv-calib",
+        type=Path,
+        metavar="FILE",
+        help="calibration sidecar of calibrated rotations (default: MODEL.kvcalib.gguf beside the model)",
+    )
+    kvopts.add_argument(
+        "--prefill-fp16",
+        action="store_true",
+        help="a prompt attends in full precision and is quantized afterwards (quantized modes)",
+    )
 
     runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts])
     runtime.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
-    runtime.add_argument("--device", help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and "
-                                          "one is present, else cpu)")
+    runtime.add_argument(
+        "--device",
+        help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and one is present, else cpu)",
+    )
 
     sampling = argparse.ArgumentParser(add_help=False)
-    sampling.add_argument("-n", "--n-predict", type=_int_at_least(1), default=256,
-                          help="tokens to generate at most (default 256)")
+    sampling.add_argument(
+        "-n", "--n-predict", type=_int_at_least(1), default=256, help="tokens to generate at most (default 256)"
+    )
     sampling.add_argument("-c", "--ctx-size", type=_int_at_least(2), help="context size (default: the model's)")
     sampling.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     sampling.add_argument("--top-k", type=_int_at_least(0), default=40, help="0 = off (default 40)")
     sampling.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
     sampling.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
     sampling.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
-    sampling.add_argument("--repeat-last-n", type=_int_at_least(-1), default=64,
-                          help="tokens the penalty looks back; -1 = all, 0 = off (default 64)")
+    sampling.add_argument(
+        "--repeat-last-n",
+        type=_int_at_least(-1),
+        default=64,
+        help="tokens the penalty looks back; -1 = all, 0 = off (default 64)",
+    )
     sampling.add_argument("--seed", type=_int_at_least(0), help="random seed (default: random)")
 
     p = sub.add_parser("run", parents=[common, runtime, sampling], help="generate text from a prompt")
@@ -138,42 +193,80 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system message for --chat")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("chat", parents=[common, runtime, sampling],
-                       help="interactive chat with the model's chat template, one message per stdin line")
+    p = sub.add_parser(
+        "chat",
+        parents=[common, runtime, sampling],
+        help="interactive chat with the model's chat template, one message per stdin line",
+    )
     p.add_argument("--system", help="system message")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("serve", parents=[common, runtime],
-                       help="OpenAI-compatible HTTP server with continuous batching (docs/server.md)")
+    p = sub.add_parser(
+        "serve",
+        parents=[common, runtime],
+        help="OpenAI-compatible HTTP server with continuous batching (docs/server.md)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_int_at_least(0), default=8080, help="port (default 8080)")
-    p.add_argument("--parallel", type=_slot_count, default=4, metavar="N|auto",
-                   help="slots: sequences decoded together (default 4); auto: as many as --kv-memory fits")
+    p.add_argument(
+        "--parallel",
+        type=_slot_count,
+        default=4,
+        metavar="N|auto",
+        help="slots: sequences decoded together (default 4); auto: as many as --kv-memory fits",
+    )
     p.add_argument("-c", "--ctx-size", type=_int_at_least(2), help="tokens per slot (default: the model's context)")
-    p.add_argument("--kv-memory", type=_size, metavar="SIZE",
-                   help="KV cache budget for all slots, e.g. 2GiB (with --parallel auto: picks the slot count)")
-    p.add_argument("-b", "--batch", type=_int_at_least(1), default=512,
-                   help="tokens per step: one per generating slot, then prompt chunks (default 512)")
-    p.add_argument("--max-queue", type=_int_at_least(0), default=64,
-                   help="requests that may wait for a slot; more get 503 (default 64)")
+    p.add_argument(
+        "--kv-memory",
+        type=_size,
+        metavar="SIZE",
+        help="KV cache budget for all slots, e.g. 2GiB (with --parallel auto: picks the slot count)",
+    )
+    p.add_argument(
+        "-b",
+        "--batch",
+        type=_int_at_least(1),
+        default=512,
+        help="tokens per step: one per generating slot, then prompt chunks (default 512)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_int_at_least(0),
+        default=64,
+        help="requests that may wait for a slot; more get 503 (default 64)",
+    )
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route except /health")
     p.add_argument("--alias", help="model id in the API (default: the file name without .gguf)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("info", parents=[common, kvopts], help="describe a model: architecture, sizes, tensor types, KV bytes")
-    p.add_argument("-c", "--ctx-size", type=_int_at_least(1),
-                   help="context of the KV bytes and footprint lines (default: the trained context)")
+    p = sub.add_parser(
+        "info", parents=[common, kvopts], help="describe a model: architecture, sizes, tensor types, KV bytes"
+    )
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=_int_at_least(1),
+        help="context of the KV bytes and footprint lines (default: the trained context)",
+    )
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("perplexity", parents=[common, runtime],
-                       help="perplexity over non-overlapping windows, llama.cpp's method")
+    p = sub.add_parser(
+        "perplexity", parents=[common, runtime], help="perplexity over non-overlapping windows, llama.cpp's method"
+    )
     p.add_argument("-f", "--file", required=True, type=Path, help="text file (UTF-8)")
     p.add_argument("-c", "--ctx-size", type=_int_at_least(4), default=512, help="window size in tokens (default 512)")
     p.add_argument("--chunks", type=_int_at_least(1), help="number of windows (default: all)")
-    p.add_argument("-b", "--ubatch", type=_int_at_least(1),
-                   help="tokens per decode call (default: decode-faithful chunks for a quantized cache, else 512)")
-    p.add_argument("--kl", action="store_true",
-                   help="also run the f16 cache and report the mean KL divergence to it and top-1 agreement")
+    p.add_argument(
+        "-b",
+        "--ubatch",
+        type=_int_at_least(1),
+        help="tokens per decode call (default: decode-faithful chunks for a quantized cache, else 512)",
+    )
+    p.add_argument(
+        "--kl",
+        action="store_true",
+        help="also run the f16 cache and report the mean KL divergence to it and top-1 agreement",
+    )
     p.set_defaults(func=cmd_perplexity)
 
     p = sub.add_parser("bench", parents=[common, runtime], help="prompt and decode tokens/s at context depths")
@@ -191,18 +284,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS even if the vocabulary does")
     p.set_defaults(func=cmd_tokenize)
 
-    p = sub.add_parser("calibrate", parents=[common],
-                       help="rotations of the KV cache from the model's keys and values on a text (a sidecar GGUF)")
+    p = sub.add_parser(
+        "calibrate",
+        parents=[common],
+        help="rotations of the KV cache from the model's keys and values on a text (a sidecar GGUF)",
+    )
     p.add_argument("-f", "--file", required=True, type=Path, help="calibration text (UTF-8), not the evaluation text")
     p.add_argument("-o", "--output", type=Path, help="sidecar to write (default: MODEL.kvcalib.gguf beside the model)")
     p.add_argument("-c", "--ctx-size", type=_int_at_least(16), default=2048, help="tokens per window (default 2048)")
-    p.add_argument("--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)")
+    p.add_argument(
+        "--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)"
+    )
     p.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
     p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("convert", parents=[verbose], help="convert a Hugging Face checkpoint to GGUF",
-                       description="Convert a Hugging Face checkpoint to GGUF.")
+    p = sub.add_parser(
+        "convert",
+        parents=[verbose],
+        help="convert a Hugging Face checkpoint to GGUF",
+        description="Convert a Hugging Face checkpoint to GGUF.",
+    )
     _converter_cli().add_arguments(p)
     p.set_defaults(func=cmd_convert)
     return parser
@@ -242,10 +344,16 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512):
     from .model import Model
     from .resolve import resolve_model
 
-    model = Model(resolve_model(args.model), n_ctx=n_ctx, n_ubatch=n_ubatch,
-                  n_threads=getattr(args, "threads", None), kv=_kv_config(args),
-                  prefill_fp16=getattr(args, "prefill_fp16", False), device=getattr(args, "device", None),
-                  kv_calib=getattr(args, "kv_calib", None))
+    model = Model(
+        resolve_model(args.model),
+        n_ctx=n_ctx,
+        n_ubatch=n_ubatch,
+        n_threads=getattr(args, "threads", None),
+        kv=_kv_config(args),
+        prefill_fp16=getattr(args, "prefill_fp16", False),
+        device=getattr(args, "device", None),
+        kv_calib=getattr(args, "kv_calib", None),
+    )
     if model.n_ctx_note:
         print(f"note: {model.n_ctx_note} (-c sets the context size)", file=sys.stderr)
     return model
@@ -256,14 +364,18 @@ def _kv_config(args):
     from .reference.config import preset
 
     cfg = preset(getattr(args, "kv", "f16"))
-    rotations = {knob: None if getattr(args, f"kv_{knob}", None) is None else ROTATIONS.index(getattr(args, f"kv_{knob}"))
-                 for knob in _KV_ROTATIONS}
+    rotations = {
+        knob: None if getattr(args, f"kv_{knob}", None) is None else ROTATIONS.index(getattr(args, f"kv_{knob}"))
+        for knob in _KV_ROTATIONS
+    }
     return cfg.with_overrides(**{knob: getattr(args, f"kv_{knob}", None) for knob in _KV_KNOBS}, **rotations)
 
 
 def _kv_description(kv: str, fp) -> str:
-    return (f"{kv}: {fp.bytes_per_token_per_layer:.1f} bytes per token per layer, "
-            f"{fp.bits_per_element:.2f} bits per element at {fp.n_ctx} tokens (everything counted)")
+    return (
+        f"{kv}: {fp.bytes_per_token_per_layer:.1f} bytes per token per layer, "
+        f"{fp.bits_per_element:.2f} bits per element at {fp.n_ctx} tokens (everything counted)"
+    )
 
 
 def _layer_kinds(weights, n_ctx: int) -> str:
@@ -272,21 +384,33 @@ def _layer_kinds(weights, n_ctx: int) -> str:
     n = weights.info.n_layer
     if not local:
         window = weights.info.n_swa
-        return f"{n}" + (f" (sliding window of {window} tokens, not shorter than the context: all global)" if window else "")
+        return f"{n}" + (
+            f" (sliding window of {window} tokens, not shorter than the context: all global)" if window else ""
+        )
     glob = [il for il in range(n) if il not in local]
     listed = ", ".join(map(str, glob)) if glob else "none"
-    return (f"{n}: {len(local)} local (sliding window of {weights.info.n_swa} tokens, fp16 ring), "
-            f"{len(glob)} global ({listed})")
+    return (
+        f"{n}: {len(local)} local (sliding window of {weights.info.n_swa} tokens, fp16 ring), "
+        f"{len(glob)} global ({listed})"
+    )
 
 
 def _sampling(args):
     from .sampling import SamplingParams
 
-    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+    return SamplingParams(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        seed=args.seed,
+    )
 
 
 # ---- run / chat -----------------------------------------------------------------------------
+
 
 def cmd_run(args) -> int:
     if args.chat:
@@ -346,13 +470,28 @@ def cmd_serve(args) -> int:
 
     kv_cfg = _kv_config(args)
     weights = Weights(resolve_model(args.model), device=args.device)
-    ctx, plan = open_slots(weights, kv_config=kv_cfg,
-                           n_ctx=args.ctx_size or weights.info.n_ctx_train, parallel=args.parallel,
-                           kv_memory=args.kv_memory, batch=args.batch, n_threads=args.threads,
-                           prefill_fp16=args.prefill_fp16, kv_calib=args.kv_calib)
+    ctx, plan = open_slots(
+        weights,
+        kv_config=kv_cfg,
+        n_ctx=args.ctx_size or weights.info.n_ctx_train,
+        parallel=args.parallel,
+        kv_memory=args.kv_memory,
+        batch=args.batch,
+        n_threads=args.threads,
+        prefill_fp16=args.prefill_fp16,
+        kv_calib=args.kv_calib,
+    )
     model_id = args.alias or weights.path.name.removesuffix(".gguf")
-    serve(ctx, plan, host=args.host, port=args.port, model_id=model_id, api_key=args.api_key,
-          max_queue=args.max_queue, batch=args.batch)
+    serve(
+        ctx,
+        plan,
+        host=args.host,
+        port=args.port,
+        model_id=model_id,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        batch=args.batch,
+    )
     return 0
 
 
@@ -368,37 +507,56 @@ def cmd_info(args) -> int:
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size
     n_ctx = args.ctx_size or info.n_ctx_train
-    fp = model.weights.kv_footprint(model.kv_config, n_ctx, n_ctx, model.n_ubatch)   # a context of n_ctx tokens
+    fp = model.weights.kv_footprint(model.kv_config, n_ctx, n_ctx, model.n_ubatch)  # a context of n_ctx tokens
     kv_per_token = int(round(fp.bytes_per_token_per_layer * info.n_layer))
     local = model.weights.local_layers(n_ctx)
     rows = [
         ("file", f"{model.path} ({file_bytes / 2**20:.1f} MiB)"),
         ("name", meta.get("general.name", "-")),
         ("architecture", info.arch),
-        ("parameters", f"{info.n_params / 1e6:.2f} M (weights {info.weight_bytes / 2**20:.1f} MiB, "
-                       f"{8 * info.weight_bytes / info.n_params:.2f} bits per weight)"),
+        (
+            "parameters",
+            f"{info.n_params / 1e6:.2f} M (weights {info.weight_bytes / 2**20:.1f} MiB, "
+            f"{8 * info.weight_bytes / info.n_params:.2f} bits per weight)",
+        ),
         ("context", f"{info.n_ctx_train} tokens (trained)"),
         ("layers", _layer_kinds(model.weights, n_ctx)),
         ("embedding", str(info.n_embd)),
         ("feed-forward", str(info.n_ff)),
         ("heads", f"{info.n_head} query, {info.n_head_kv} key/value, head size {info.n_embd_head}"),
-        ("rope", f"{_ROPE_NAMES.get(info.rope_type, info.rope_type)}, base {info.rope_freq_base:g}, "
-                 f"scale {info.rope_freq_scale:g}"),
+        (
+            "rope",
+            f"{_ROPE_NAMES.get(info.rope_type, info.rope_type)}, base {info.rope_freq_base:g}, "
+            f"scale {info.rope_freq_scale:g}",
+        ),
         ("rms norm eps", f"{info.norm_rms_eps:g}"),
         ("output", "tied to the token embedding" if info.tied_output else "separate matrix"),
-        ("vocabulary", f"{info.n_vocab} tokens, {meta.get('tokenizer.ggml.model', '?')} "
-                       f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', 'default')}), "
-                       f"BOS {model.tokenizer.bos_id} ({'added' if model.tokenizer.add_bos else 'not added'}), "
-                       f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}"),
+        (
+            "vocabulary",
+            f"{info.n_vocab} tokens, {meta.get('tokenizer.ggml.model', '?')} "
+            f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', 'default')}), "
+            f"BOS {model.tokenizer.bos_id} ({'added' if model.tokenizer.add_bos else 'not added'}), "
+            f"EOS {meta.get('tokenizer.ggml.eos_token_id', '-')}",
+        ),
         ("chat template", "yes" if "tokenizer.chat_template" in meta else "no (ChatML is used)"),
-        (f"KV cache {model.kv}", f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
-                                 f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"
-                                 + (f"; {model.kv} on the {info.n_layer - len(local)} global layers, an fp16 ring of "
-                                    f"{ring_rows(info.n_swa, n_ctx, model.n_ubatch)} tokens on the {len(local)} local"
-                                    if local else "")),
+        (
+            f"KV cache {model.kv}",
+            f"{kv_per_token} bytes per token ({kv_per_token / 1024:.1f} KiB; "
+            f"{kv_per_token * n_ctx / 2**20:.1f} MiB for {n_ctx} tokens)"
+            + (
+                f"; {model.kv} on the {info.n_layer - len(local)} global layers, an fp16 ring of "
+                f"{ring_rows(info.n_swa, n_ctx, model.n_ubatch)} tokens on the {len(local)} local"
+                if local
+                else ""
+            ),
+        ),
         ("KV footprint", _kv_description(model.kv, fp)),
-        ("tensor types", ", ".join(f"{name.lower()} {n}" for name, n in
-                                   sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0])))),
+        (
+            "tensor types",
+            ", ".join(
+                f"{name.lower()} {n}" for name, n in sorted(model.tensor_types.items(), key=lambda kv: (-kv[1], kv[0]))
+            ),
+        ),
     ]
     width = max(len(k) for k, _ in rows) + 2
     for key, value in rows:
@@ -414,11 +572,20 @@ def cmd_calibrate(args) -> int:
     path = resolve_model(args.model)
     text = _read_text(args.file)
     out = args.output or default_calibration(path)
-    cal = collect(path, text, n_ctx=args.ctx_size, n_seqs=args.windows, n_threads=args.threads,
-                  device=args.device, text_name=args.file.name)
+    cal = collect(
+        path,
+        text,
+        n_ctx=args.ctx_size,
+        n_seqs=args.windows,
+        n_threads=args.threads,
+        device=args.device,
+        text_name=args.file.name,
+    )
     write(cal, out)
-    print(f"wrote {out}: rotations of keys and values, {cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, "
-          f"from {cal.n_tokens} tokens of {args.file.name}")
+    print(
+        f"wrote {out}: rotations of keys and values, {cal.rot_k.shape[0]} layers x {cal.rot_k.shape[1]} KV heads, "
+        f"from {cal.n_tokens} tokens of {args.file.name}"
+    )
     return 0
 
 
@@ -462,6 +629,7 @@ def cmd_tokenize(args) -> int:
 
 # ---- perplexity / bench ---------------------------------------------------------------------
 
+
 def cmd_perplexity(args) -> int:
     from tqdm import tqdm
 
@@ -479,14 +647,28 @@ def cmd_perplexity(args) -> int:
     reference = None
     if args.kl:  # an f16 cache on the same weights
         from .model import Context
+
         reference = Context(model.weights, n_ctx=n_ctx, n_ubatch=min(ubatch or 512, n_ctx), n_threads=args.threads)
     chunking = f"ubatch {ubatch}" if ubatch else "decode-faithful chunks (to each quantization event)"
-    print(f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
-          f"{chunking}, kv {model.kv}{', KL to the f16 cache' if reference else ''}", flush=True)
-    result = perplexity(model, text, n_ctx, n_chunks=args.chunks, ubatch=ubatch, progress=True,
-                        on_chunk=lambda i, ppl: tqdm.write(f"[{i}]{ppl:.4f}"), reference=reference)
-    print(f"Final estimate: PPL = {result.ppl:.4f} ± {result.stderr:.5f} "
-          f"({result.chunks} windows, {result.n_tokens_scored} tokens scored)")
+    print(
+        f"perplexity: {args.file}, windows of {n_ctx} tokens ({n_ctx // 2 - 1} scored each), "
+        f"{chunking}, kv {model.kv}{', KL to the f16 cache' if reference else ''}",
+        flush=True,
+    )
+    result = perplexity(
+        model,
+        text,
+        n_ctx,
+        n_chunks=args.chunks,
+        ubatch=ubatch,
+        progress=True,
+        on_chunk=lambda i, ppl: tqdm.write(f"[{i}]{ppl:.4f}"),
+        reference=reference,
+    )
+    print(
+        f"Final estimate: PPL = {result.ppl:.4f} ± {result.stderr:.5f} "
+        f"({result.chunks} windows, {result.n_tokens_scored} tokens scored)"
+    )
     if reference is not None:
         print(f"KL to f16 cache = {result.kl:.6f} nats, top-1 agreement = {100 * result.top1:.2f} %")
     return 0
@@ -499,8 +681,10 @@ def cmd_bench(args) -> int:
     n_ctx = max(args.depths) + max(args.n_prompt, args.n_gen)
     model = _load(args, n_ctx, n_ubatch=min(args.ubatch, n_ctx))
     rows = bench(model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depths, reps=args.reps)
-    print(f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
-          f"ubatch {args.ubatch} | {args.reps} repetitions")
+    print(
+        f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
+        f"ubatch {args.ubatch} | {args.reps} repetitions"
+    )
     print(format_table(rows))
     print(f"KV footprint {_kv_description(model.kv, model.kv_footprint())}")
     return 0

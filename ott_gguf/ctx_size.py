@@ -8,11 +8,12 @@ attention buffers (a score and a mask entry per head, ubatch row and context pos
 in a quarter of the memory available now (MemAvailable, and the cgroup's limit where one is
 set), rounded down to a multiple of 256 tokens. An explicit n_ctx is never capped.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-MEMORY_FRACTION = 4   # the default context may take 1/MEMORY_FRACTION of the available memory
+MEMORY_FRACTION = 4  # the default context may take 1/MEMORY_FRACTION of the available memory
 CTX_ALIGN = 256
 F32_BYTES = 4
 

@@ -3,6 +3,7 @@
 `generate_text` streams the text of one sequence; `generate_batch` decodes several prompts
 together, one batch per step with one token per live sequence.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,8 +17,9 @@ from .sampling import Sampler, SamplingParams
 
 def check_fits(model: Model, n_prompt: int, what: str = "prompt") -> None:
     if n_prompt >= model.n_ctx:
-        raise ContextFullError(f"{what} has {n_prompt} tokens but the context holds {model.n_ctx} "
-                               f"(raise -c/--ctx-size)")
+        raise ContextFullError(
+            f"{what} has {n_prompt} tokens but the context holds {model.n_ctx} (raise -c/--ctx-size)"
+        )
 
 
 def prefill(model: Model, ids: Sequence[int], seq: int = 0, n_keep: int = 0) -> np.ndarray:
@@ -37,8 +39,9 @@ def decode_one_token(model: Model, token: int, seq: int = 0) -> np.ndarray:
     return model.eval([token], seq=seq)
 
 
-def generate_tokens(model: Model, prompt_ids: Sequence[int], max_tokens: int, sampler: Sampler,
-                    seq: int = 0, n_keep: int = 0) -> Iterator[int]:
+def generate_tokens(
+    model: Model, prompt_ids: Sequence[int], max_tokens: int, sampler: Sampler, seq: int = 0, n_keep: int = 0
+) -> Iterator[int]:
     """Yield sampled tokens until an end-of-generation token, max_tokens or a full context.
     n_keep: leading prompt tokens already cached in `seq` (see prefill)."""
     if not prompt_ids:
@@ -70,19 +73,28 @@ def stream_text(tokenizer, tokens: Iterable[int]) -> Iterator[str]:
         yield rest
 
 
-def generate_text(model: Model, prompt: str | Sequence[int], max_tokens: int, sampling: SamplingParams,
-                  *, seq: int = 0, parse_special: bool = True) -> Iterator[str]:
+def generate_text(
+    model: Model,
+    prompt: str | Sequence[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+    *,
+    seq: int = 0,
+    parse_special: bool = True,
+) -> Iterator[str]:
     """Stream the continuation of `prompt` as text pieces (complete UTF-8 only)."""
     ids = model.tokenize(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
     yield from stream_text(model.tokenizer, generate_tokens(model, ids, max_tokens, Sampler(sampling), seq=seq))
 
 
-def generate_batch(model: Model, prompts: Sequence[str], max_tokens: int, sampling: SamplingParams,
-                   *, parse_special: bool = True) -> list[str]:
+def generate_batch(
+    model: Model, prompts: Sequence[str], max_tokens: int, sampling: SamplingParams, *, parse_special: bool = True
+) -> list[str]:
     """Generate for several prompts at once: sequence i holds prompt i."""
     if len(prompts) > model.n_seq_max:
-        raise InvalidArgumentError(f"{len(prompts)} prompts but the context holds {model.n_seq_max} sequences "
-                                   f"(raise n_seq_max)")
+        raise InvalidArgumentError(
+            f"{len(prompts)} prompts but the context holds {model.n_seq_max} sequences (raise n_seq_max)"
+        )
     ids = [model.tokenize(p, parse_special=parse_special) for p in prompts]
     for i, p in enumerate(ids):
         if not p:
@@ -114,6 +126,7 @@ def generate_batch(model: Model, prompts: Sequence[str], max_tokens: int, sampli
         live = [i for i, _ in step]
         if not live or n_done == max_tokens:
             break
-        logits = model.decode_batch([t for _, t in step], [len(history[i]) - 1 for i, _ in step],
-                                    live, [True] * len(step))
+        logits = model.decode_batch(
+            [t for _, t in step], [len(history[i]) - 1 for i, _ in step], live, [True] * len(step)
+        )
     return [model.detokenize(o) for o in out]

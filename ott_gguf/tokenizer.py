@@ -16,6 +16,7 @@ llama.cpp's vocabulary loader sets for them (Phi-3's tokenizer.json rstrips thos
 Token types, default special ids, add_bos/add_eos and the end-of-generation set follow
 llama.cpp's vocabulary loader, including its detection of control tokens by their text.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -34,6 +35,7 @@ from .pretokenize import PreTokenizer, byte_decode, byte_encode, pre_tokenizer
 
 class Attr(IntFlag):
     """What a token is; several flags when llama.cpp promotes a token to control."""
+
     NORMAL = 1
     UNKNOWN = 2
     CONTROL = 4
@@ -43,13 +45,24 @@ class Attr(IntFlag):
 
 
 # GGUF `tokenizer.ggml.token_type` value -> Attr (0 and values past the table: undefined).
-_TYPE_TO_ATTR = np.array([0, Attr.NORMAL, Attr.UNKNOWN, Attr.CONTROL, Attr.USER_DEFINED,
-                          Attr.UNUSED, Attr.BYTE], dtype=np.uint8)
+_TYPE_TO_ATTR = np.array(
+    [0, Attr.NORMAL, Attr.UNKNOWN, Attr.CONTROL, Attr.USER_DEFINED, Attr.UNUSED, Attr.BYTE], dtype=np.uint8
+)
 
 # Token texts llama.cpp recognises when the GGUF does not name the token. The first text
 # present (in this order) is taken; llama.cpp takes whichever its hash map yields first.
-_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_EOT_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+)
 _EOM_TEXTS = ("<|eom_id|>",)
 _FIM_PRE_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>")
 _FIM_SUF_TEXTS = ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>")
@@ -59,9 +72,24 @@ _FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<rep
 _FIM_SEP_TEXTS = ("<|file_sep|>",)
 # Tokens that end generation whatever the GGUF says (llama.cpp's list for the formats
 # this runtime meets); eos, eot, eom and the fim pad/rep/sep tokens are added to them.
-_EOG_TEXTS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                        "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>"))
+_EOG_TEXTS = frozenset(
+    (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<｜end▁of▁sentence｜>",
+    )
+)
 
 _SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
 _ASCII_SPACE = " \t\n\v\f\r"  # C's isspace, which llama.cpp strips with
@@ -200,13 +228,18 @@ class Tokenizer:
         # Texts cut out before tokenizing, longest first: (text, id, only with parse_special).
         ids = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)).tolist()
         name = (metadata_value(fields, "general.name", "str") or "").lower()
-        self._rstrip: frozenset[int] = frozenset(
-            [i for i in ids if self._tokens[i] not in _RSTRIP_EXCEPT] +
-            [self._token_to_id[t] for t in ("</s>",) if t in self._token_to_id]
-        ) if any(n in name for n in _RSTRIP_NAMES) else frozenset()
+        self._rstrip: frozenset[int] = (
+            frozenset(
+                [i for i in ids if self._tokens[i] not in _RSTRIP_EXCEPT]
+                + [self._token_to_id[t] for t in ("</s>",) if t in self._token_to_id]
+            )
+            if any(n in name for n in _RSTRIP_NAMES)
+            else frozenset()
+        )
         ids.sort(key=lambda i: -len(self._tokens[i]))
         self._specials: list[tuple[str, int, bool]] = [
-            (self._tokens[i], i, bool(self._attrs[i] & (Attr.CONTROL | Attr.UNKNOWN))) for i in ids]
+            (self._tokens[i], i, bool(self._attrs[i] & (Attr.CONTROL | Attr.UNKNOWN))) for i in ids
+        ]
         self._pieces: list[bytes | None] = [None] * n  # token_to_piece(id, special=True), filled on use
         for i in np.flatnonzero(attrs & Attr.BYTE).tolist():
             if self._spm and not _BYTE_TEXT.fullmatch(self._tokens[i]):
@@ -245,13 +278,16 @@ class Tokenizer:
         # pad/rep/sep also end generation.
         for kind, texts in (("pre", _FIM_PRE_TEXTS), ("suf", _FIM_SUF_TEXTS), ("mid", _FIM_MID_TEXTS)):
             from_key_or_text(f"fim_{kind}_token_id", texts)
-        fim_eog = [from_key_or_text(f"fim_{kind}_token_id", texts)
-                   for kind, texts in (("pad", _FIM_PAD_TEXTS), ("rep", _FIM_REP_TEXTS), ("sep", _FIM_SEP_TEXTS))]
+        fim_eog = [
+            from_key_or_text(f"fim_{kind}_token_id", texts)
+            for kind, texts in (("pad", _FIM_PAD_TEXTS), ("rep", _FIM_REP_TEXTS), ("sep", _FIM_SEP_TEXTS))
+        ]
 
         eog_by_text = {to_id[t] for t in _EOG_TEXTS if t in to_id}
         found_by_text |= eog_by_text
         self._eog: frozenset[int] = frozenset(
-            eog_by_text | {i for i in (self.eos_id, self.eot_id, self.eom_id, *fim_eog) if i is not None})
+            eog_by_text | {i for i in (self.eos_id, self.eot_id, self.eom_id, *fim_eog) if i is not None}
+        )
         for i in found_by_text:
             attrs[i] |= Attr.CONTROL
 
@@ -266,13 +302,19 @@ class Tokenizer:
     @classmethod
     def from_reader(cls, reader) -> Tokenizer:
         """From an open gguf.GGUFReader."""
-        return cls({name: field.contents() for name, field in reader.fields.items()
-                    if name.startswith(_KEY) or name == "general.name"})
+        return cls(
+            {
+                name: field.contents()
+                for name, field in reader.fields.items()
+                if name.startswith(_KEY) or name == "general.name"
+            }
+        )
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
         """From the metadata of a GGUF file."""
         from gguf import GGUFReader
+
         if not os.path.isfile(path):
             raise ModelFileError(f"{path}: no such file")
         try:
@@ -354,7 +396,11 @@ class Tokenizer:
         for tok_text, tok_id, needs_parse in self._specials:
             cut: list[str | int] = []
             for fragment in fragments:
-                if isinstance(fragment, int) or tok_text not in fragment or (needs_parse and isinstance(fragment, _Plain)):
+                if (
+                    isinstance(fragment, int)
+                    or tok_text not in fragment
+                    or (needs_parse and isinstance(fragment, _Plain))
+                ):
                     cut.append(fragment)
                     continue
                 kind = type(fragment)
@@ -398,10 +444,10 @@ class Tokenizer:
         if self._pre.ignore_merges and word in to_id:
             return (to_id[word],)
         ranks = self._ranks
-        sym = list(word)                        # symbol texts; "" once merged into the left neighbour
-        nxt = list(range(1, len(sym))) + [-1]   # linked list of live symbols
+        sym = list(word)  # symbol texts; "" once merged into the left neighbour
+        nxt = list(range(1, len(sym))) + [-1]  # linked list of live symbols
         prv = list(range(-1, len(sym) - 1))
-        heap = []                               # (rank, left, right, merged text)
+        heap = []  # (rank, left, right, merged text)
         for i in range(len(sym) - 1):
             rank = ranks.get(sym[i] + " " + sym[i + 1])
             if rank is not None:

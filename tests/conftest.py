@@ -13,6 +13,7 @@ cache's allocations): those pass device="cpu". On a GPU, ggml-cuda's quantized m
 round differently with each batch size (README, "CUDA"); the CUDA path has its own tests
 in test_cuda.py and test_kv_native.py.
 """
+
 import json
 import os
 from pathlib import Path

@@ -3,6 +3,7 @@
 The HF names, the inverse of llama's Q/K row permutation and the file formats are written
 out here independently of convert/, so the tests check the converter against them.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,15 @@ GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -41,8 +48,9 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     mapping, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -78,6 +86,7 @@ def write_sentencepiece_model(path: Path, pieces: list[tuple[str, float, int]]) 
     """A protobuf ModelProto: `pieces` (text, score, SentencePiece type) and a TrainerSpec saying
     BPE with byte fallback (model_type = 3, byte_fallback = 35), which sentencepiece needs to
     accept <0xNN> pieces."""
+
     def varint(n: int) -> bytes:
         out = bytearray()
         while True:
@@ -91,7 +100,13 @@ def write_sentencepiece_model(path: Path, pieces: list[tuple[str, float, int]]) 
 
     model = b""
     for text, score, kind in pieces:
-        piece = field_bytes(1, text.encode()) + varint(2 << 3 | 5) + struct.pack("<f", score) + varint(3 << 3) + varint(kind)
+        piece = (
+            field_bytes(1, text.encode())
+            + varint(2 << 3 | 5)
+            + struct.pack("<f", score)
+            + varint(3 << 3)
+            + varint(kind)
+        )
         model += field_bytes(1, piece)
     model += field_bytes(2, varint(3 << 3) + varint(2) + varint(35 << 3) + varint(1))
     path.write_bytes(model)
@@ -99,10 +114,13 @@ def write_sentencepiece_model(path: Path, pieces: list[tuple[str, float, int]]) 
 
 # ---- SmolLM2 rebuilt from its GGUF ------------------------------------------------------------
 
-SMOLLM2_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
-    {"type": "Digits", "individual_digits": True},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-]}
+SMOLLM2_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
 
 
 def smollm2_checkpoint(gguf_path: Path, directory: Path) -> dict[str, np.ndarray]:
@@ -114,7 +132,7 @@ def smollm2_checkpoint(gguf_path: Path, directory: Path) -> dict[str, np.ndarray
 
     expected, hf = {}, {}
     for t in reader.tensors:
-        data = dequantize(t.data, t.tensor_type).astype(np.float32)   # [n_rows, n_cols]
+        data = dequantize(t.data, t.tensor_type).astype(np.float32)  # [n_rows, n_cols]
         expected[t.name] = data
         if ".attn_q." in t.name:
             data = unpermute_rope_rows(data, n_head)
@@ -128,51 +146,92 @@ def smollm2_checkpoint(gguf_path: Path, directory: Path) -> dict[str, np.ndarray
     def short(x: float) -> float:
         return float(str(np.float32(x)))
 
-    write_json(directory / "config.json", {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": meta["llama.embedding_length"], "intermediate_size": meta["llama.feed_forward_length"],
-        "num_hidden_layers": meta["llama.block_count"], "num_attention_heads": n_head,
-        "num_key_value_heads": n_head_kv, "max_position_embeddings": meta["llama.context_length"],
-        "rms_norm_eps": short(meta["llama.attention.layer_norm_rms_epsilon"]),
-        "rope_theta": short(meta["llama.rope.freq_base"]), "rope_scaling": None,
-        "vocab_size": meta["llama.vocab_size"], "tie_word_embeddings": "output.weight" not in expected,
-        "bos_token_id": meta["tokenizer.ggml.bos_token_id"], "eos_token_id": meta["tokenizer.ggml.eos_token_id"],
-        "hidden_act": "silu", "torch_dtype": "float32",
-    })
+    write_json(
+        directory / "config.json",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": meta["llama.embedding_length"],
+            "intermediate_size": meta["llama.feed_forward_length"],
+            "num_hidden_layers": meta["llama.block_count"],
+            "num_attention_heads": n_head,
+            "num_key_value_heads": n_head_kv,
+            "max_position_embeddings": meta["llama.context_length"],
+            "rms_norm_eps": short(meta["llama.attention.layer_norm_rms_epsilon"]),
+            "rope_theta": short(meta["llama.rope.freq_base"]),
+            "rope_scaling": None,
+            "vocab_size": meta["llama.vocab_size"],
+            "tie_word_embeddings": "output.weight" not in expected,
+            "bos_token_id": meta["tokenizer.ggml.bos_token_id"],
+            "eos_token_id": meta["tokenizer.ggml.eos_token_id"],
+            "hidden_act": "silu",
+            "torch_dtype": "float32",
+        },
+    )
 
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
     special = [i for i, t in enumerate(types) if t == TokenType.CONTROL]
-    write_json(directory / "tokenizer.json", {
-        "version": "1.0",
-        "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i in special],
-        "normalizer": None,
-        "pre_tokenizer": SMOLLM2_PRE_TOKENIZER,
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "vocab": {tok: i for i, tok in enumerate(tokens)}, "merges": meta["tokenizer.ggml.merges"]},
-    })
-    write_json(directory / "tokenizer_config.json", {
-        "add_prefix_space": False, "clean_up_tokenization_spaces": False,
-        "bos_token": tokens[meta["tokenizer.ggml.bos_token_id"]],
-        "eos_token": tokens[meta["tokenizer.ggml.eos_token_id"]],
-        "unk_token": tokens[meta["tokenizer.ggml.unknown_token_id"]],
-        "pad_token": tokens[meta["tokenizer.ggml.padding_token_id"]],
-        "chat_template": meta["tokenizer.chat_template"],
-        "model_max_length": meta["llama.context_length"], "tokenizer_class": "GPT2Tokenizer",
-        "added_tokens_decoder": {str(i): {"content": tokens[i], "special": True} for i in special},
-    })
-    write_json(directory / "generation_config.json", {"bos_token_id": meta["tokenizer.ggml.bos_token_id"],
-                                                      "eos_token_id": meta["tokenizer.ggml.eos_token_id"]})
+    write_json(
+        directory / "tokenizer.json",
+        {
+            "version": "1.0",
+            "added_tokens": [
+                {
+                    "id": i,
+                    "content": tokens[i],
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": True,
+                }
+                for i in special
+            ],
+            "normalizer": None,
+            "pre_tokenizer": SMOLLM2_PRE_TOKENIZER,
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {
+                "type": "BPE",
+                "dropout": None,
+                "unk_token": None,
+                "continuing_subword_prefix": None,
+                "end_of_word_suffix": None,
+                "fuse_unk": False,
+                "byte_fallback": False,
+                "vocab": {tok: i for i, tok in enumerate(tokens)},
+                "merges": meta["tokenizer.ggml.merges"],
+            },
+        },
+    )
+    write_json(
+        directory / "tokenizer_config.json",
+        {
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "bos_token": tokens[meta["tokenizer.ggml.bos_token_id"]],
+            "eos_token": tokens[meta["tokenizer.ggml.eos_token_id"]],
+            "unk_token": tokens[meta["tokenizer.ggml.unknown_token_id"]],
+            "pad_token": tokens[meta["tokenizer.ggml.padding_token_id"]],
+            "chat_template": meta["tokenizer.chat_template"],
+            "model_max_length": meta["llama.context_length"],
+            "tokenizer_class": "GPT2Tokenizer",
+            "added_tokens_decoder": {str(i): {"content": tokens[i], "special": True} for i in special},
+        },
+    )
+    write_json(
+        directory / "generation_config.json",
+        {"bos_token_id": meta["tokenizer.ggml.bos_token_id"], "eos_token_id": meta["tokenizer.ggml.eos_token_id"]},
+    )
     return expected
 
 
 # ---- tiny random checkpoints ------------------------------------------------------------------
 
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 TINY_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r")]
 TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TINY = dict(n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_layer=2)
@@ -190,17 +249,37 @@ def tiny_byte_bpe_tokenizer(split: str = QWEN2_SPLIT) -> tuple[dict, list[str]]:
     tokens = list(bytes_to_unicode().values()) + ["".join(m) for m in TINY_MERGES] + TINY_SPECIALS
     tokenizer = {
         "version": "1.0",
-        "added_tokens": [{"id": tokens.index(s), "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for s in TINY_SPECIALS],
+        "added_tokens": [
+            {
+                "id": tokens.index(s),
+                "content": s,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for s in TINY_SPECIALS
+        ],
         "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
         "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {t: i for i, t in enumerate(tokens) if t not in TINY_SPECIALS},
-                  "merges": [list(m) for m in TINY_MERGES]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {t: i for i, t in enumerate(tokens) if t not in TINY_SPECIALS},
+            "merges": [list(m) for m in TINY_MERGES],
+        },
     }
     return tokenizer, tokens
 
@@ -209,9 +288,11 @@ def tiny_qwen2_checkpoint(directory: Path, rng: np.random.Generator, n_vocab: in
     """Qwen2ForCausalLM, BF16 weights in two safetensors shards with an index; returns the HF tensors (F32)."""
     e, h, kv, ff = TINY["n_embd"], TINY["n_head"], TINY["n_head_kv"], TINY["n_ff"]
     hd = e // h
-    tensors = {"model.embed_tokens.weight": bf16_exact(rng, (n_vocab, e)),
-               "model.norm.weight": bf16_exact(rng, (e,), 1.0),
-               "lm_head.weight": bf16_exact(rng, (n_vocab, e))}
+    tensors = {
+        "model.embed_tokens.weight": bf16_exact(rng, (n_vocab, e)),
+        "model.norm.weight": bf16_exact(rng, (e,), 1.0),
+        "lm_head.weight": bf16_exact(rng, (n_vocab, e)),
+    }
     for il in range(TINY["n_layer"]):
         p = f"model.layers.{il}."
         tensors |= {
@@ -230,43 +311,73 @@ def tiny_qwen2_checkpoint(directory: Path, rng: np.random.Generator, n_vocab: in
         }
     directory.mkdir(parents=True, exist_ok=True)
     names = list(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, part in shards.items():
         write_bf16_safetensors(directory / file, {n: tensors[n] for n in part})
-    write_json(directory / "model.safetensors.index.json",
-               {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}})
+    write_json(
+        directory / "model.safetensors.index.json",
+        {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}},
+    )
 
     tokenizer, tokens = tiny_byte_bpe_tokenizer()
     write_json(directory / "tokenizer.json", tokenizer)
-    write_json(directory / "tokenizer_config.json", {
-        "add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": None,
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
-    })
-    write_json(directory / "config.json", {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": e, "intermediate_size": ff,
-        "num_hidden_layers": TINY["n_layer"], "num_attention_heads": h, "num_key_value_heads": kv,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": n_vocab,
-        "tie_word_embeddings": False, "bos_token_id": tokens.index("<|endoftext|>"),
-        "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": "bfloat16", "use_sliding_window": False,
-    })
-    write_json(directory / "generation_config.json",
-               {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05})
+    write_json(
+        directory / "tokenizer_config.json",
+        {
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}",
+        },
+    )
+    write_json(
+        directory / "config.json",
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_size": e,
+            "intermediate_size": ff,
+            "num_hidden_layers": TINY["n_layer"],
+            "num_attention_heads": h,
+            "num_key_value_heads": kv,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "vocab_size": n_vocab,
+            "tie_word_embeddings": False,
+            "bos_token_id": tokens.index("<|endoftext|>"),
+            "eos_token_id": tokens.index("<|im_end|>"),
+            "torch_dtype": "bfloat16",
+            "use_sliding_window": False,
+        },
+    )
+    write_json(
+        directory / "generation_config.json",
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
+    )
     return tensors
 
 
 # SentencePiece types: NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6
-TINY_SPM_PIECES = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)] + \
-    [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)] + \
-    [("▁t", -1.0, 1), ("he", -2.0, 1), ("▁the", -3.0, 1), ("in", -4.0, 1), ("▁a", -5.0, 1), ("<tool>", 0.0, 4)]
+TINY_SPM_PIECES = (
+    [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)]
+    + [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
+    + [("▁t", -1.0, 1), ("he", -2.0, 1), ("▁the", -3.0, 1), ("in", -4.0, 1), ("▁a", -5.0, 1), ("<tool>", 0.0, 4)]
+)
 
 
-def tiny_llama_checkpoint(directory: Path, rng: np.random.Generator, rope_scaling: dict | None) -> dict[str, np.ndarray]:
+def tiny_llama_checkpoint(
+    directory: Path, rng: np.random.Generator, rope_scaling: dict | None
+) -> dict[str, np.ndarray]:
     """LlamaForCausalLM with a SentencePiece tokenizer.model and tied embeddings, F16 weights in
     model.safetensors; returns the HF tensors (F32 values exact in F16)."""
     e, h, kv, ff = TINY["n_embd"], TINY["n_head"], TINY["n_head_kv"], TINY["n_ff"]
-    n_vocab = len(TINY_SPM_PIECES) + 1   # one id beyond the SentencePiece model: added token
+    n_vocab = len(TINY_SPM_PIECES) + 1  # one id beyond the SentencePiece model: added token
 
     def f16(shape, scale=0.05):
         return (rng.standard_normal(shape) * scale).astype(np.float16).astype(np.float32)
@@ -289,18 +400,39 @@ def tiny_llama_checkpoint(directory: Path, rng: np.random.Generator, rope_scalin
     directory.mkdir(parents=True, exist_ok=True)
     save_file({n: a.astype(np.float16) for n, a in tensors.items()}, str(directory / "model.safetensors"))
     write_sentencepiece_model(directory / "tokenizer.model", TINY_SPM_PIECES)
-    write_json(directory / "tokenizer_config.json", {
-        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "add_prefix_space": True,
-        "added_tokens_decoder": {str(n_vocab - 1): {"content": "<|user|>", "special": True}},
-    })
-    write_json(directory / "config.json", {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": e, "intermediate_size": ff,
-        "num_hidden_layers": TINY["n_layer"], "num_attention_heads": h, "num_key_value_heads": kv,
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": n_vocab,
-        "rope_scaling": rope_scaling, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
-        "torch_dtype": "float16",
-    })
+    write_json(
+        directory / "tokenizer_config.json",
+        {
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "add_prefix_space": True,
+            "added_tokens_decoder": {str(n_vocab - 1): {"content": "<|user|>", "special": True}},
+        },
+    )
+    write_json(
+        directory / "config.json",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": e,
+            "intermediate_size": ff,
+            "num_hidden_layers": TINY["n_layer"],
+            "num_attention_heads": h,
+            "num_key_value_heads": kv,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "vocab_size": n_vocab,
+            "rope_scaling": rope_scaling,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float16",
+        },
+    )
     return tensors
 
 
@@ -316,28 +448,47 @@ GEMMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
     "{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 PHI3_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
 QWEN3_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 # Gemma's SentencePiece vocabulary in small: its four specials first, bytes, a few merges, and
 # the chat-turn tokens that tokenizer_config marks special
-GEMMA3_SPM_PIECES = [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)] + \
-    [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)] + \
-    [("▁t", -1.0, 1), ("he", -2.0, 1), ("▁the", -3.0, 1), ("in", -4.0, 1), ("▁a", -5.0, 1), ("at", -6.0, 1),
-     ("▁c", -7.0, 1), ("▁cat", -8.0, 1), ("▁▁", -9.0, 1), ("<start_of_turn>", 0.0, 4), ("<end_of_turn>", 0.0, 4)]
+GEMMA3_SPM_PIECES = (
+    [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)]
+    + [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
+    + [
+        ("▁t", -1.0, 1),
+        ("he", -2.0, 1),
+        ("▁the", -3.0, 1),
+        ("in", -4.0, 1),
+        ("▁a", -5.0, 1),
+        ("at", -6.0, 1),
+        ("▁c", -7.0, 1),
+        ("▁cat", -8.0, 1),
+        ("▁▁", -9.0, 1),
+        ("<start_of_turn>", 0.0, 4),
+        ("<end_of_turn>", 0.0, 4),
+    ]
+)
 PHI3_SPM_ADDED = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"]
-GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
-def _random_weights(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], norm_mean: float,
-                    embed_std: float = 1.0) -> dict[str, np.ndarray]:
+def _random_weights(
+    rng: np.random.Generator, shapes: dict[str, tuple[int, ...]], norm_mean: float, embed_std: float = 1.0
+) -> dict[str, np.ndarray]:
     """HF name -> float32 values exact in bfloat16: 1-D tensors are norms around norm_mean,
     the embedding ~ N(0, embed_std²), matrices ~ N(0, 1/n_in)."""
     out = {}
@@ -371,19 +522,53 @@ def tiny_qwen3_checkpoint(directory: Path, seed: int = 3) -> dict:
     shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,), "lm_head.weight": (n_vocab, e)}
     for il in range(n_layer):
         p = f"model.layers.{il}."
-        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.q_proj.weight": (h * hd, e),
-                   p + "self_attn.k_proj.weight": (kv * hd, e), p + "self_attn.v_proj.weight": (kv * hd, e),
-                   p + "self_attn.o_proj.weight": (e, h * hd), p + "self_attn.q_norm.weight": (hd,),
-                   p + "self_attn.k_norm.weight": (hd,), p + "post_attention_layernorm.weight": (e,),
-                   p + "mlp.gate_proj.weight": (ff, e), p + "mlp.up_proj.weight": (ff, e), p + "mlp.down_proj.weight": (e, ff)}
-    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": e, "intermediate_size": ff,
-              "num_hidden_layers": n_layer, "num_attention_heads": h, "num_key_value_heads": kv, "head_dim": hd,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": n_vocab,
-              "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": tokens.index("<|endoftext|>"),
-              "eos_token_id": tokens.index("<|im_end|>"), "torch_dtype": "bfloat16", "use_sliding_window": False}
-    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 1.0), config, {
-        "add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": None, "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "chat_template": QWEN3_TEMPLATE}, bf16=True)
+        shapes |= {
+            p + "input_layernorm.weight": (e,),
+            p + "self_attn.q_proj.weight": (h * hd, e),
+            p + "self_attn.k_proj.weight": (kv * hd, e),
+            p + "self_attn.v_proj.weight": (kv * hd, e),
+            p + "self_attn.o_proj.weight": (e, h * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "post_attention_layernorm.weight": (e,),
+            p + "mlp.gate_proj.weight": (ff, e),
+            p + "mlp.up_proj.weight": (ff, e),
+            p + "mlp.down_proj.weight": (e, ff),
+        }
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": e,
+        "intermediate_size": ff,
+        "num_hidden_layers": n_layer,
+        "num_attention_heads": h,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "vocab_size": n_vocab,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "bos_token_id": tokens.index("<|endoftext|>"),
+        "eos_token_id": tokens.index("<|im_end|>"),
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+    }
+    _save(
+        directory,
+        _random_weights(np.random.default_rng(seed), shapes, 1.0),
+        config,
+        {
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "chat_template": QWEN3_TEMPLATE,
+        },
+        bf16=True,
+    )
     write_json(directory / "tokenizer.json", tokenizer)
     return config
 
@@ -398,31 +583,75 @@ def tiny_gemma3_checkpoint(directory: Path, seed: int = 4, sliding_window: int =
     shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,)}
     for il in range(len(layer_types)):
         p = f"model.layers.{il}."
-        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.q_proj.weight": (h * hd, e),
-                   p + "self_attn.k_proj.weight": (kv * hd, e), p + "self_attn.v_proj.weight": (kv * hd, e),
-                   p + "self_attn.o_proj.weight": (e, h * hd), p + "self_attn.q_norm.weight": (hd,),
-                   p + "self_attn.k_norm.weight": (hd,), p + "post_attention_layernorm.weight": (e,),
-                   p + "pre_feedforward_layernorm.weight": (e,), p + "post_feedforward_layernorm.weight": (e,),
-                   p + "mlp.gate_proj.weight": (ff, e), p + "mlp.up_proj.weight": (ff, e), p + "mlp.down_proj.weight": (e, ff)}
-    config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": e,
-              "intermediate_size": ff, "num_hidden_layers": len(layer_types), "num_attention_heads": h,
-              "num_key_value_heads": kv, "head_dim": hd, "query_pre_attn_scalar": hd, "max_position_embeddings": 2048,
-              "rms_norm_eps": 1e-6, "sliding_window": sliding_window, "layer_types": layer_types,
-              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-              "vocab_size": n_vocab, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
-              "final_logit_softcapping": None, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
-              "pad_token_id": 0, "torch_dtype": "bfloat16"}
-    turns = {str(i): {"content": t, "special": True} for i, (t, _, _) in enumerate(GEMMA3_SPM_PIECES) if "_of_turn" in t}
-    _save(directory, _random_weights(np.random.default_rng(seed), shapes, 0.0, 1 / np.sqrt(e)), config, {
-        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
-        "pad_token": "<pad>", "added_tokens_decoder": turns, "chat_template": GEMMA3_TEMPLATE}, bf16=True)
+        shapes |= {
+            p + "input_layernorm.weight": (e,),
+            p + "self_attn.q_proj.weight": (h * hd, e),
+            p + "self_attn.k_proj.weight": (kv * hd, e),
+            p + "self_attn.v_proj.weight": (kv * hd, e),
+            p + "self_attn.o_proj.weight": (e, h * hd),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "post_attention_layernorm.weight": (e,),
+            p + "pre_feedforward_layernorm.weight": (e,),
+            p + "post_feedforward_layernorm.weight": (e,),
+            p + "mlp.gate_proj.weight": (ff, e),
+            p + "mlp.up_proj.weight": (ff, e),
+            p + "mlp.down_proj.weight": (e, ff),
+        }
+    config = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": e,
+        "intermediate_size": ff,
+        "num_hidden_layers": len(layer_types),
+        "num_attention_heads": h,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "query_pre_attn_scalar": hd,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": sliding_window,
+        "layer_types": layer_types,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vocab_size": n_vocab,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+    turns = {
+        str(i): {"content": t, "special": True} for i, (t, _, _) in enumerate(GEMMA3_SPM_PIECES) if "_of_turn" in t
+    }
+    _save(
+        directory,
+        _random_weights(np.random.default_rng(seed), shapes, 0.0, 1 / np.sqrt(e)),
+        config,
+        {
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "unk_token": "<unk>",
+            "pad_token": "<pad>",
+            "added_tokens_decoder": turns,
+            "chat_template": GEMMA3_TEMPLATE,
+        },
+        bf16=True,
+    )
     write_sentencepiece_model(directory / "tokenizer.model", GEMMA3_SPM_PIECES)
     return config
 
 
-def tiny_phi3_checkpoint(directory: Path, seed: int = 5, sliding_window: int | None = 24,
-                         long_rope: bool = True, bpe: bool = False) -> dict:
+def tiny_phi3_checkpoint(
+    directory: Path, seed: int = 5, sliding_window: int | None = 24, long_rope: bool = True, bpe: bool = False
+) -> dict:
     """Phi3ForCausalLM: fused qkv_proj and gate_up_proj, rope over half of each head
     (partial_rotary_factor 0.5), LongRoPE factors with original context 32 (long factors beyond
     it), F32 weights. Tokenizer: Phi-3's SentencePiece with its added chat tokens, or (bpe)
@@ -437,31 +666,69 @@ def tiny_phi3_checkpoint(directory: Path, seed: int = 5, sliding_window: int | N
     shapes = {"model.embed_tokens.weight": (n_vocab, e), "model.norm.weight": (e,), "lm_head.weight": (n_vocab, e)}
     for il in range(n_layer):
         p = f"model.layers.{il}."
-        shapes |= {p + "input_layernorm.weight": (e,), p + "self_attn.qkv_proj.weight": ((h + 2 * kv) * hd, e),
-                   p + "self_attn.o_proj.weight": (e, h * hd), p + "post_attention_layernorm.weight": (e,),
-                   p + "mlp.gate_up_proj.weight": (2 * ff, e), p + "mlp.down_proj.weight": (e, ff)}
+        shapes |= {
+            p + "input_layernorm.weight": (e,),
+            p + "self_attn.qkv_proj.weight": ((h + 2 * kv) * hd, e),
+            p + "self_attn.o_proj.weight": (e, h * hd),
+            p + "post_attention_layernorm.weight": (e,),
+            p + "mlp.gate_up_proj.weight": (2 * ff, e),
+            p + "mlp.down_proj.weight": (e, ff),
+        }
     rng = np.random.default_rng(seed)
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     if long_rope:
-        n = hd // 2 // 2   # half of the rotated dimensions
-        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "long_factor": (1.0 + 3.0 * rng.random(n)).round(4).tolist(),
-                "short_factor": (1.0 + 0.2 * rng.random(n)).round(4).tolist()}
-    config = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": e, "intermediate_size": ff,
-              "num_hidden_layers": n_layer, "num_attention_heads": h, "num_key_value_heads": kv,
-              "max_position_embeddings": 256, "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5,
-              "rms_norm_eps": 1e-5, "rope_scaling": rope if long_rope else None, "rope_theta": 10000.0,
-              "sliding_window": sliding_window, "vocab_size": n_vocab, "tie_word_embeddings": False,
-              "hidden_act": "silu", "torch_dtype": "float32", "pad_token_id": None}
+        n = hd // 2 // 2  # half of the rotated dimensions
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "long_factor": (1.0 + 3.0 * rng.random(n)).round(4).tolist(),
+            "short_factor": (1.0 + 0.2 * rng.random(n)).round(4).tolist(),
+        }
+    config = {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "hidden_size": e,
+        "intermediate_size": ff,
+        "num_hidden_layers": n_layer,
+        "num_attention_heads": h,
+        "num_key_value_heads": kv,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 32,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": rope if long_rope else None,
+        "rope_theta": 10000.0,
+        "sliding_window": sliding_window,
+        "vocab_size": n_vocab,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        "pad_token_id": None,
+    }
     if bpe:
         config |= {"bos_token_id": tokens.index("<|endoftext|>"), "eos_token_id": tokens.index("<|im_end|>")}
-        tok_config = {"add_prefix_space": False, "clean_up_tokenization_spaces": False, "bos_token": "<|endoftext|>",
-                      "eos_token": "<|im_end|>", "tokenizer_class": "GPT2Tokenizer", "chat_template": QWEN3_TEMPLATE}
+        tok_config = {
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "tokenizer_class": "GPT2Tokenizer",
+            "chat_template": QWEN3_TEMPLATE,
+        }
     else:
         config |= {"bos_token_id": 1, "eos_token_id": len(TINY_SPM_PIECES) + PHI3_SPM_ADDED.index("<|endoftext|>")}
-        tok_config = {"add_bos_token": False, "add_eos_token": False, "bos_token": "<s>", "eos_token": "<|endoftext|>",
-                      "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizer", "chat_template": PHI3_TEMPLATE,
-                      "added_tokens_decoder": {str(len(TINY_SPM_PIECES) + i): {"content": t, "special": True}
-                                               for i, t in enumerate(PHI3_SPM_ADDED)}}
+        tok_config = {
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "bos_token": "<s>",
+            "eos_token": "<|endoftext|>",
+            "unk_token": "<unk>",
+            "tokenizer_class": "LlamaTokenizer",
+            "chat_template": PHI3_TEMPLATE,
+            "added_tokens_decoder": {
+                str(len(TINY_SPM_PIECES) + i): {"content": t, "special": True} for i, t in enumerate(PHI3_SPM_ADDED)
+            },
+        }
     _save(directory, _random_weights(rng, shapes, 1.0), config, tok_config, bf16=False)
     if bpe:
         write_json(directory / "tokenizer.json", tokenizer)

@@ -5,6 +5,7 @@ ChatML control tokens) and a ChatML chat template, so every layer of the runtime
 exercised without a real checkpoint. Weights are random: projections ~ N(0, 1/n_in), so
 activations and logits keep unit scale instead of collapsing to a uniform distribution.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,28 @@ WEIGHT_TYPES = {
 }
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # a few English merges, each joining two tokens that exist by then (Ġ is the byte-level space)
-MERGES = ["Ġ t", "h e", "i n", "e r", "a n", "o n", "r e", "Ġ a", "Ġ s", "Ġt he",
-          "Ġ w", "a t", "e n", "o r", "i s", "Ġ c", "in g", "Ġ o", "Ġ i", "Ġ b"]
+MERGES = [
+    "Ġ t",
+    "h e",
+    "i n",
+    "e r",
+    "a n",
+    "o n",
+    "r e",
+    "Ġ a",
+    "Ġ s",
+    "Ġt he",
+    "Ġ w",
+    "a t",
+    "e n",
+    "o r",
+    "i s",
+    "Ġ c",
+    "in g",
+    "Ġ o",
+    "Ġ i",
+    "Ġ b",
+]
 
 
 def byte_alphabet() -> list[str]:
@@ -52,10 +73,22 @@ def vocabulary(n_vocab: int | None) -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
-def write_random_model(path, arch: str = "qwen2", n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                       n_head_kv: int = 2, n_ff: int = 128, n_vocab: int | None = None, seed: int = 0,
-                       dtype: str = "f16", tied_output: bool = False, n_ctx_train: int = 512,
-                       rope_freq_base: float = 10000.0, rms_eps: float = 1e-6) -> Path:
+def write_random_model(
+    path,
+    arch: str = "qwen2",
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_vocab: int | None = None,
+    seed: int = 0,
+    dtype: str = "f16",
+    tied_output: bool = False,
+    n_ctx_train: int = 512,
+    rope_freq_base: float = 10000.0,
+    rms_eps: float = 1e-6,
+) -> Path:
     """Write a random model to `path` and return it. Matrices are stored as `dtype`, norms and biases as F32;
     n_vocab None means exactly the tokenizer's tokens. qwen2 gets Q/K/V biases, llama none."""
     if arch not in ("llama", "qwen2"):
@@ -63,8 +96,10 @@ def write_random_model(path, arch: str = "qwen2", n_embd: int = 64, n_layer: int
     if dtype not in WEIGHT_TYPES:
         raise ValueError(f"dtype must be one of {sorted(WEIGHT_TYPES)}, got {dtype!r}")
     if n_embd % n_head or n_head % n_head_kv or (n_embd // n_head) % 2:
-        raise ValueError(f"need n_head | n_embd, n_head_kv | n_head and an even head size: "
-                         f"n_embd={n_embd} n_head={n_head} n_head_kv={n_head_kv}")
+        raise ValueError(
+            f"need n_head | n_embd, n_head_kv | n_head and an even head size: "
+            f"n_embd={n_embd} n_head={n_head} n_head_kv={n_head_kv}"
+        )
     if dtype == "q8_0" and (n_embd % 32 or n_ff % 32):
         raise ValueError(f"q8_0 needs n_embd and n_ff divisible by 32, got {n_embd} and {n_ff}")
     qtype, file_type = WEIGHT_TYPES[dtype]
@@ -134,8 +169,15 @@ def write_random_model(path, arch: str = "qwen2", n_embd: int = 64, n_layer: int
     return Path(path)
 
 
-def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False, keys: dict | None = None,
-               drop: tuple[str, ...] = (), arch: str | None = None) -> Path:
+def write_copy(
+    src,
+    dst,
+    n_layer: int | None = None,
+    dequantize: bool = False,
+    keys: dict | None = None,
+    drop: tuple[str, ...] = (),
+    arch: str | None = None,
+) -> Path:
     """Copy the GGUF file `src` to `dst`, keeping its first n_layer blocks (all when None) and
     with dequantize, storing every quantized matrix as F32 (the same values, unrounded).
     keys: metadata to set, name -> (value, GGUFValueType, element type of an array or None);
@@ -155,7 +197,9 @@ def write_copy(src, dst, n_layer: int | None = None, dequantize: bool = False, k
             value = n_layer
         vtype = field.types[0]
         if field.name not in (keys or {}):
-            writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+            writer.add_key_value(
+                field.name, value, vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None
+            )
     for name, (value, vtype, sub_type) in (keys or {}).items():
         writer.add_key_value(name, value, vtype, sub_type=sub_type)
     for t in reader.tensors:

@@ -10,6 +10,7 @@
 
 The tests read these files only; they never run llama.cpp.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,27 +56,61 @@ def make_tokenizer(bin_dir: Path, models: Path, version: str) -> None:
     strings = json.loads((DATA / "tokenizer_strings.json").read_text(encoding="utf-8"))
     (DATA / "tokenizer").mkdir(exist_ok=True)
     for name, file in TOKENIZER_MODELS.items():
-        cases = [{"text": s, "ids": tokenize(bin_dir, models / file, s, False),
-                  "ids_parse_special": tokenize(bin_dir, models / file, s, True)} for s in strings]
-        doc = {"producer": f"llama.cpp {version} llama-tokenize --stdin --ids --no-escape [--no-parse-special]",
-               "model": file, "cases": cases}
-        (DATA / "tokenizer" / f"{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n",
-                                                        encoding="utf-8")
+        cases = [
+            {
+                "text": s,
+                "ids": tokenize(bin_dir, models / file, s, False),
+                "ids_parse_special": tokenize(bin_dir, models / file, s, True),
+            }
+            for s in strings
+        ]
+        doc = {
+            "producer": f"llama.cpp {version} llama-tokenize --stdin --ids --no-escape [--no-parse-special]",
+            "model": file,
+            "cases": cases,
+        }
+        (DATA / "tokenizer" / f"{name}.json").write_text(
+            json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8"
+        )
         print(f"tokenizer/{name}.json: {len(cases)} strings")
 
 
 def make_perplexity(bin_dir: Path, models: Path, wikitext: Path, version: str) -> None:
     runs = []
     for name, file, n_ctx, chunks in PERPLEXITY_RUNS:
-        cmd = [bin_dir / "llama-perplexity", "-m", models / file, "-f", wikitext, "-c", str(n_ctx),
-               "--chunks", str(chunks), "-t", "2", "-fa", "on"]
+        cmd = [
+            bin_dir / "llama-perplexity",
+            "-m",
+            models / file,
+            "-f",
+            wikitext,
+            "-c",
+            str(n_ctx),
+            "--chunks",
+            str(chunks),
+            "-t",
+            "2",
+            "-fa",
+            "on",
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", out.stdout + out.stderr)
-        runs.append({"model": name, "file": file, "n_ctx": n_ctx, "chunks": chunks, "kv": "f16",
-                     "ppl": float(m.group(1)), "err": float(m.group(2))})
+        runs.append(
+            {
+                "model": name,
+                "file": file,
+                "n_ctx": n_ctx,
+                "chunks": chunks,
+                "kv": "f16",
+                "ppl": float(m.group(1)),
+                "err": float(m.group(2)),
+            }
+        )
         print(f"{name} -c {n_ctx} --chunks {chunks}: {m.group(1)} +/- {m.group(2)}")
-    doc = {"producer": f"llama.cpp {version} llama-perplexity -f wiki.test.raw -c N --chunks K -t 2 -fa on (CPU)",
-           "runs": runs}
+    doc = {
+        "producer": f"llama.cpp {version} llama-perplexity -f wiki.test.raw -c N --chunks K -t 2 -fa on (CPU)",
+        "runs": runs,
+    }
     (DATA / "perplexity.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 

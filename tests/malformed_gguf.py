@@ -19,6 +19,7 @@ OttError prints `name: TRACEBACK ...` and the runner exits 1; one that aborts th
 leaves `name: ...` as the last line it printed. The tests and the sanitizer script run it
 as a child process.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ STRING, ARRAY = 8, 9
 class KV:
     key: bytes
     type: int
-    value: object            # scalar, bytes (string), or (elem_type, [items]) for arrays
+    value: object  # scalar, bytes (string), or (elem_type, [items]) for arrays
 
 
 @dataclass
@@ -58,13 +59,13 @@ class GGUF:
     tensors: list[TensorInfo]
     data: bytes
     alignment: int = 32
-    marks: list[int] = field(default_factory=list)   # structural offsets of the serialized file
+    marks: list[int] = field(default_factory=list)  # structural offsets of the serialized file
 
 
 def _read_value(buf: bytes, pos: int, t: int):
     if t == STRING:
         n = struct.unpack_from("<Q", buf, pos)[0]
-        return buf[pos + 8:pos + 8 + n], pos + 8 + n
+        return buf[pos + 8 : pos + 8 + n], pos + 8 + n
     if t == ARRAY:
         et, n = struct.unpack_from("<IQ", buf, pos)
         pos += 12
@@ -83,13 +84,13 @@ def parse(buf: bytes) -> GGUF:
     pos, kvs, tensors = 24, [], []
     for _ in range(n_kv):
         n = struct.unpack_from("<Q", buf, pos)[0]
-        key = buf[pos + 8:pos + 8 + n]
+        key = buf[pos + 8 : pos + 8 + n]
         t = struct.unpack_from("<I", buf, pos + 8 + n)[0]
         value, pos = _read_value(buf, pos + 12 + n, t)
         kvs.append(KV(key, t, value))
     for _ in range(n_tensors):
         n = struct.unpack_from("<Q", buf, pos)[0]
-        name = buf[pos + 8:pos + 8 + n]
+        name = buf[pos + 8 : pos + 8 + n]
         pos += 8 + n
         n_dims = struct.unpack_from("<I", buf, pos)[0]
         dims = list(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
@@ -120,8 +121,11 @@ def serialize(g: GGUF, n_kv: int | None = None, n_tensors: int | None = None) ->
     """The file of `g`; `g.marks` gets its structural offsets. n_kv / n_tensors: counts to
     declare instead of the real ones."""
     out, marks = bytearray(b"GGUF"), []
-    for fmt, v in (("<I", g.version), ("<Q", len(g.tensors) if n_tensors is None else n_tensors),
-                   ("<Q", len(g.kvs) if n_kv is None else n_kv)):
+    for fmt, v in (
+        ("<I", g.version),
+        ("<Q", len(g.tensors) if n_tensors is None else n_tensors),
+        ("<Q", len(g.kvs) if n_kv is None else n_kv),
+    ):
         marks.append(len(out))
         out += struct.pack(fmt, v)
     for kv in g.kvs:
@@ -224,14 +228,24 @@ def corpus(base: bytes, seed: int = 0) -> list[tuple[str, bytes]]:
     # offsets: overlapping, misaligned, out of the file, huge; shapes
     for i, t in enumerate(g.tensors[:6]):
         other = g.tensors[(i + 1) % len(g.tensors)]
-        for label, off in (("overlap", other.offset), ("misaligned", t.offset + 1), ("past-end", len(g.data)),
-                           ("huge", (1 << 63) - 1), ("end-1", len(g.data) - 1)):
+        for label, off in (
+            ("overlap", other.offset),
+            ("misaligned", t.offset + 1),
+            ("past-end", len(g.data)),
+            ("huge", (1 << 63) - 1),
+            ("end-1", len(g.data) - 1),
+        ):
             h = replace(g, tensors=list(g.tensors))
             h.tensors[i] = replace(t, offset=off)
             cases.append((f"offset:{t.name.decode()}:{label}", serialize(h)))
-        for label, dims in (("swapped", t.dims[::-1]), ("doubled", [2 * d for d in t.dims]),
-                            ("zero", [0] + t.dims[1:]), ("extra-dim", t.dims + [3]), ("5-dims", t.dims + [1] * 4),
-                            ("none", [])):
+        for label, dims in (
+            ("swapped", t.dims[::-1]),
+            ("doubled", [2 * d for d in t.dims]),
+            ("zero", [0] + t.dims[1:]),
+            ("extra-dim", t.dims + [3]),
+            ("5-dims", t.dims + [1] * 4),
+            ("none", []),
+        ):
             h = replace(g, tensors=list(g.tensors))
             h.tensors[i] = replace(t, dims=dims)
             cases.append((f"shape:{t.name.decode()}:{label}", serialize(h)))
@@ -241,34 +255,54 @@ def corpus(base: bytes, seed: int = 0) -> list[tuple[str, bytes]]:
     h = replace(g, kvs=list(g.kvs) + [g.kvs[1]])
     cases.append(("duplicate-key", serialize(h)))
     for i, kv in enumerate(g.kvs):
-        cases.append((f"missing-key:{kv.key.decode()}", serialize(replace(g, kvs=g.kvs[:i] + g.kvs[i + 1:]))))
+        cases.append((f"missing-key:{kv.key.decode()}", serialize(replace(g, kvs=g.kvs[:i] + g.kvs[i + 1 :]))))
     for i, t in enumerate(g.tensors):
-        cases.append((f"missing-tensor:{t.name.decode()}", serialize(replace(g, tensors=g.tensors[:i] + g.tensors[i + 1:]))))
+        cases.append(
+            (f"missing-tensor:{t.name.decode()}", serialize(replace(g, tensors=g.tensors[:i] + g.tensors[i + 1 :])))
+        )
     # hostile values (tests/test_hostile_gguf.py has them by name, this is their raw form)
     arch = next(kv.value for kv in g.kvs if kv.key == b"general.architecture")
     a = arch + b"."
     nan, inf = float("nan"), float("inf")
-    for key, t, value in ((a + b"rope.dimension_count", 4, 15), (a + b"attention.layer_norm_rms_epsilon", 6, nan),
-                          (a + b"attention.layer_norm_rms_epsilon", 6, -1.0), (a + b"rope.freq_base", 6, nan),
-                          (a + b"rope.freq_base", 6, 0.0), (a + b"rope.freq_base", 6, -inf),
-                          (a + b"context_length", 4, 1 << 24), (a + b"block_count", 4, 1 << 30),
-                          (a + b"attention.head_count", 4, 0), (a + b"attention.head_count_kv", 4, 0),
-                          (a + b"embedding_length", 4, 33), (b"general.architecture", STRING, arch + b"\0x"),
-                          (b"general.alignment", 4, 0), (b"general.alignment", 4, 3), (b"general.alignment", 4, 1 << 31),
-                          (b"tokenizer.ggml.tokens", ARRAY, (4, [1, 2, 3])),
-                          (b"tokenizer.ggml.merges", ARRAY, (6, [0.5])),
-                          (b"tokenizer.ggml.token_type", ARRAY, (STRING, [b"x"])),
-                          (b"tokenizer.ggml.bos_token_id", STRING, b"1"),
-                          (b"tokenizer.ggml.eos_token_id", 4, (1 << 32) - 1),
-                          (b"tokenizer.ggml.add_bos_token", STRING, b"yes"),
-                          (b"tokenizer.ggml.model", 4, 1), (b"tokenizer.ggml.pre", STRING, b"no-such-pre"),
-                          (b"tokenizer.chat_template", 4, 7), (b"tokenizer.chat_template", STRING, b"{{ 'x' * 10**9 }}"),
-                          (b"key\0with-nul", 4, 1), (b"", 4, 1)):
+    for key, t, value in (
+        (a + b"rope.dimension_count", 4, 15),
+        (a + b"attention.layer_norm_rms_epsilon", 6, nan),
+        (a + b"attention.layer_norm_rms_epsilon", 6, -1.0),
+        (a + b"rope.freq_base", 6, nan),
+        (a + b"rope.freq_base", 6, 0.0),
+        (a + b"rope.freq_base", 6, -inf),
+        (a + b"context_length", 4, 1 << 24),
+        (a + b"block_count", 4, 1 << 30),
+        (a + b"attention.head_count", 4, 0),
+        (a + b"attention.head_count_kv", 4, 0),
+        (a + b"embedding_length", 4, 33),
+        (b"general.architecture", STRING, arch + b"\0x"),
+        (b"general.alignment", 4, 0),
+        (b"general.alignment", 4, 3),
+        (b"general.alignment", 4, 1 << 31),
+        (b"tokenizer.ggml.tokens", ARRAY, (4, [1, 2, 3])),
+        (b"tokenizer.ggml.merges", ARRAY, (6, [0.5])),
+        (b"tokenizer.ggml.token_type", ARRAY, (STRING, [b"x"])),
+        (b"tokenizer.ggml.bos_token_id", STRING, b"1"),
+        (b"tokenizer.ggml.eos_token_id", 4, (1 << 32) - 1),
+        (b"tokenizer.ggml.add_bos_token", STRING, b"yes"),
+        (b"tokenizer.ggml.model", 4, 1),
+        (b"tokenizer.ggml.pre", STRING, b"no-such-pre"),
+        (b"tokenizer.chat_template", 4, 7),
+        (b"tokenizer.chat_template", STRING, b"{{ 'x' * 10**9 }}"),
+        (b"key\0with-nul", 4, 1),
+        (b"", 4, 1),
+    ):
         cases.append((f"value:{key.decode(errors='replace')}={value!r:.24}", serialize(_with_kv(g, key, t, value))))
     # declared counts that disagree with the content
-    for label, nk, nt in (("n_kv+1", len(g.kvs) + 1, None), ("n_kv-1", len(g.kvs) - 1, None),
-                          ("n_tensors+1", None, len(g.tensors) + 1), ("n_tensors-1", None, len(g.tensors) - 1),
-                          ("n_kv=4097", 4097, None), ("n_tensors=16385", None, 16385)):
+    for label, nk, nt in (
+        ("n_kv+1", len(g.kvs) + 1, None),
+        ("n_kv-1", len(g.kvs) - 1, None),
+        ("n_tensors+1", None, len(g.tensors) + 1),
+        ("n_tensors-1", None, len(g.tensors) - 1),
+        ("n_kv=4097", 4097, None),
+        ("n_tensors=16385", None, 16385),
+    ):
         cases.append((f"count:{label}", serialize(g, n_kv=nk, n_tensors=nt)))
     # fuzzer findings, rebuilt from their recipes
     if REGRESSIONS.is_file():
@@ -295,10 +329,10 @@ def mutate(data: bytes, seed: int, iteration: int) -> bytes:
             v = rng.choice((0, 1, 0x7FFFFFFF, 0xFFFFFFFF, 1 << 31, (1 << 63) - 1, (1 << 64) - 1, 4097, 16385))
             struct.pack_into(fmt, b, pos, v & ((1 << (8 * struct.calcsize(fmt))) - 1))
         elif kind == 3:
-            del b[pos:pos + rng.randint(1, 64)]
+            del b[pos : pos + rng.randint(1, 64)]
         elif kind == 4:
             n = rng.randint(1, 64)
-            b[pos:pos] = b[pos:pos + n]
+            b[pos:pos] = b[pos : pos + n]
         else:
             del b[pos:]
     return bytes(b)
@@ -329,7 +363,7 @@ def main() -> int:
     ap.add_argument("base", type=Path)
     ap.add_argument("--cases", type=int, default=None, help="run the first N cases only")
     args = ap.parse_args()
-    cases = corpus(args.base.read_bytes())[:args.cases]
+    cases = corpus(args.base.read_bytes())[: args.cases]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, data) in enumerate(cases):

@@ -7,6 +7,7 @@ positions 0..n-1, no KV cache.
 GGUF stores a tensor's dimensions as ggml `ne` (fastest-varying first); the numpy array has them
 reversed, so a projection with ne = [n_in, n_out] is a numpy [n_out, n_in] matrix W and y = x @ W.T.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,8 +65,10 @@ class ReferenceModel:
         self.tokens = reader.fields["tokenizer.ggml.tokens"].contents()  # token texts, for looking ids up in tests
 
         # name -> dequantized array in numpy order (reversed ne)
-        self.w = {t.name: dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist()))).astype(dtype)
-                  for t in reader.tensors}
+        self.w = {
+            t.name: dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist()))).astype(dtype)
+            for t in reader.tensors
+        }
         self.types = {t.name: t.tensor_type for t in reader.tensors}
         if "output.weight" not in self.w:  # tied embeddings
             self.w["output.weight"] = self.w["token_embd.weight"]
@@ -83,7 +86,7 @@ class ReferenceModel:
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """x: [n_tokens, heads, n_embd_head]; rotates the first n_rot dims of each head."""
-        rot, rest = x[..., :self.n_rot], x[..., self.n_rot:]
+        rot, rest = x[..., : self.n_rot], x[..., self.n_rot :]
         half = self.n_rot // 2
         a, b = (rot[..., :half], rot[..., half:]) if self.neox else (rot[..., 0::2], rot[..., 1::2])
         c, s = cos[:, None, :], sin[:, None, :]
@@ -103,7 +106,9 @@ class ReferenceModel:
         xb = x.reshape(*x.shape[:-1], -1, block).astype(np.float32)
         amax = np.abs(xb).max(-1, keepdims=True)
         d = amax / np.float32(127)
-        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)  # as ggml's AVX2 path
+        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(
+            np.float32
+        )  # as ggml's AVX2 path
         q = np.round(xb * inv)
         d = d if block == 256 else d.astype(np.float16).astype(np.float32)
         return (q * d).reshape(x.shape).astype(self.dtype)
@@ -122,7 +127,7 @@ class ReferenceModel:
         cos, sin = self.rope_tables(n)
         causal = np.triu(np.full((n, n), -np.inf, dtype=self.dtype), k=1)  # [n_q, n_k]
         group = self.n_head // self.n_head_kv
-        x = self.w["token_embd.weight"][np.asarray(tokens)]                 # [n, n_embd]
+        x = self.w["token_embd.weight"][np.asarray(tokens)]  # [n, n_embd]
 
         for il in range(self.n_layer):
             blk = f"blk.{il}"
@@ -131,15 +136,16 @@ class ReferenceModel:
             k = self.linear(h, f"{blk}.attn_k").reshape(n, self.n_head_kv, self.n_embd_head)
             v = self.linear(h, f"{blk}.attn_v").reshape(n, self.n_head_kv, self.n_embd_head)
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
-            q, k, v = self.to_fp16(q), self.to_fp16(k), self.to_fp16(v)         # fp16 KV cache
+            q, k, v = self.to_fp16(q), self.to_fp16(k), self.to_fp16(v)  # fp16 KV cache
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head i uses kv head i // group
             scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(self.n_embd_head) + causal  # [n_head, n, n]
             attn = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, self.n_head * self.n_embd_head)
             x = x + self.linear(attn, f"{blk}.attn_output")
 
             h = rms_norm(x, self.w[f"{blk}.ffn_norm.weight"], self.eps)
-            x = x + self.linear(silu(self.linear(h, f"{blk}.ffn_gate")) * self.linear(h, f"{blk}.ffn_up"),
-                                f"{blk}.ffn_down")
+            x = x + self.linear(
+                silu(self.linear(h, f"{blk}.ffn_gate")) * self.linear(h, f"{blk}.ffn_up"), f"{blk}.ffn_down"
+            )
 
         x = rms_norm(x, self.w["output_norm.weight"], self.eps)
         return self.activations_for(x, "output.weight") @ self.w["output.weight"].T  # [n, n_vocab]

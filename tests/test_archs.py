@@ -2,6 +2,7 @@
 converter and runtime, against transformers' own forward pass and llama.cpp's results on the
 same GGUF files (data/llamacpp_tiny_archs.json); every KV mode on each; the real Gemma 3
 270M against llama.cpp's WikiText-2 perplexity."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from ott_gguf.reference.config import PRESETS
 from tiny_archs import CHECKPOINTS, FIXTURE, LLAMACPP_CHECKED, PPL_BYTES, PPL_CHUNKS, PPL_CTX, TOKENIZER_TEXTS, build
 
 PROMPT = "the cat in the hat sat on the mat, and then the cat ate a hat. " * 2
-N_PROMPT = 72          # longer than every window (16, 24) and than Phi-3's original context (32)
+N_PROMPT = 72  # longer than every window (16, 24) and than Phi-3's original context (32)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,9 @@ def llamacpp():
 def hf_logits(directory, ids, **overrides) -> np.ndarray:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager"
+    )
     for key, value in overrides.items():
         setattr(model.config, key, value)
     with torch.no_grad():
@@ -56,12 +59,12 @@ def test_logits_match_transformers(ggufs, name, n_ubatch):
     model = Model(paths[name], n_ctx=128, n_ubatch=n_ubatch, n_threads=2, device="cpu")
     ids = model.tokenize(PROMPT)[:N_PROMPT]
     assert len(ids) == N_PROMPT
-    ours = np.concatenate([model.eval(ids[i:i + n_ubatch], all_logits=True) for i in range(0, N_PROMPT, n_ubatch)])
+    ours = np.concatenate([model.eval(ids[i : i + n_ubatch], all_logits=True) for i in range(0, N_PROMPT, n_ubatch)])
     ref = hf_logits(root / name, ids)
-    budget = 0.02 * np.sqrt(np.mean(ref ** 2))
+    budget = 0.02 * np.sqrt(np.mean(ref**2))
     assert np.abs(ours - ref).max() < budget, (np.abs(ours - ref).max(), budget)
     assert (ours.argmax(1) == ref.argmax(1)).all()
-    if model.weights.info.n_swa:   # the window matters: without it the reference moves far more
+    if model.weights.info.n_swa:  # the window matters: without it the reference moves far more
         assert np.abs(hf_logits(root / name, ids, sliding_window=4096) - ref).max() > 20 * budget
 
 
@@ -104,8 +107,8 @@ def test_every_kv_mode_runs(ggufs, name, kv):
     assert len(local) == {"qwen3": 0, "gemma3": 3, "phi3-window": 2}[name]
     assert (stats.bits_per_element < 16) == (len(local) < info.n_layer)
     fp = model.kv_footprint(400)
-    assert fp.bytes["local"] == len(local) * info.n_head_kv * 400 * 2 * 2 * info.n_embd_head   # ring of 512 rows
-    assert fp.total_bytes * 0.98 <= stats.bytes_used <= fp.total_bytes   # the formula bounds the extra pool
+    assert fp.bytes["local"] == len(local) * info.n_head_kv * 400 * 2 * 2 * info.n_embd_head  # ring of 512 rows
+    assert fp.total_bytes * 0.98 <= stats.bytes_used <= fp.total_bytes  # the formula bounds the extra pool
 
 
 def test_gemma3_layer_kinds_and_info(ggufs, capsys):
@@ -120,11 +123,18 @@ def test_gemma3_layer_kinds_and_info(ggufs, capsys):
     assert "ott2 on the 1 global layers, an fp16 ring of 128 tokens on the 3 local" in out
 
 
-@pytest.mark.parametrize("name, messages, expected", [
-    ("gemma3", [{"role": "user", "content": "hi"}], "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"),
-    ("phi3", [{"role": "user", "content": "hi"}], "<|user|>\nhi<|end|>\n<|assistant|>\n"),
-    ("qwen3", [{"role": "user", "content": "hi"}], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
-])
+@pytest.mark.parametrize(
+    "name, messages, expected",
+    [
+        (
+            "gemma3",
+            [{"role": "user", "content": "hi"}],
+            "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+        ),
+        ("phi3", [{"role": "user", "content": "hi"}], "<|user|>\nhi<|end|>\n<|assistant|>\n"),
+        ("qwen3", [{"role": "user", "content": "hi"}], "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+    ],
+)
 def test_chat_templates_render(ggufs, name, messages, expected):
     weights = Weights(ggufs[0][name])
     assert weights.chat_template.render(messages, add_generation_prompt=True) == expected
@@ -136,24 +146,35 @@ def test_ring_cannot_truncate_into_dropped_positions(ggufs):
     model = Model(ggufs[0]["gemma3"], n_ctx=128, n_ubatch=8, n_threads=2, device="cpu")
     ids = model.tokenize(PROMPT)[:N_PROMPT]
     for i in range(0, N_PROMPT, 8):
-        model.eval(ids[i:i + 8])
+        model.eval(ids[i : i + 8])
     with pytest.raises(UnsupportedError, match="sliding-window cache no longer holds"):
         model.truncate(0, 30)
     assert model.seq_len(0) == N_PROMPT
-    model.truncate(0, N_PROMPT - 4)   # within the ring
+    model.truncate(0, N_PROMPT - 4)  # within the ring
     assert model.seq_len(0) == N_PROMPT - 4
     model.truncate(0, 0)
     assert model.seq_len(0) == 0
 
 
-@pytest.mark.parametrize("name, keys, drop, words", [
-    ("gemma3", {"gemma3.attention.sliding_window_pattern": ([True, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)}, (),
-     "'gemma3.attention.sliding_window_pattern' must be an array of 4 booleans"),
-    ("gemma3", {}, ("blk.1.attn_q_norm.weight",), "tensor 'blk.1.attn_q_norm.weight' is missing"),
-    ("gemma3", {"gemma3.rope.scaling.type": ("longrope", GGUFValueType.STRING, None)}, (),
-     "rope scaling type 'longrope' is not supported"),
-    ("phi3", {}, ("rope_factors_short.weight",), "tensor 'rope_factors_short.weight' is missing"),
-])
+@pytest.mark.parametrize(
+    "name, keys, drop, words",
+    [
+        (
+            "gemma3",
+            {"gemma3.attention.sliding_window_pattern": ([True, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)},
+            (),
+            "'gemma3.attention.sliding_window_pattern' must be an array of 4 booleans",
+        ),
+        ("gemma3", {}, ("blk.1.attn_q_norm.weight",), "tensor 'blk.1.attn_q_norm.weight' is missing"),
+        (
+            "gemma3",
+            {"gemma3.rope.scaling.type": ("longrope", GGUFValueType.STRING, None)},
+            (),
+            "rope scaling type 'longrope' is not supported",
+        ),
+        ("phi3", {}, ("rope_factors_short.weight",), "tensor 'rope_factors_short.weight' is missing"),
+    ],
+)
 def test_unsupported_file_is_one_error_naming_it(ggufs, tmp_path, name, keys, drop, words):
     bad = write_copy(ggufs[0][name], tmp_path / "bad.gguf", keys=keys, drop=drop)
     with pytest.raises((ModelFileError, UnsupportedError)) as e:
@@ -161,12 +182,19 @@ def test_unsupported_file_is_one_error_naming_it(ggufs, tmp_path, name, keys, dr
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name, change, error, words", [
-    ("gemma3", {"query_pre_attn_scalar": 256}, UnsupportedError, "query_pre_attn_scalar = 256 is not supported"),
-    ("gemma3", {"hidden_activation": "gelu"}, UnsupportedError, "hidden_activation 'gelu' is not supported"),
-    ("phi3", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, ModelFileError,
-     "expected 4 (half the rotated dimensions)"),
-])
+@pytest.mark.parametrize(
+    "name, change, error, words",
+    [
+        ("gemma3", {"query_pre_attn_scalar": 256}, UnsupportedError, "query_pre_attn_scalar = 256 is not supported"),
+        ("gemma3", {"hidden_activation": "gelu"}, UnsupportedError, "hidden_activation 'gelu' is not supported"),
+        (
+            "phi3",
+            {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+            ModelFileError,
+            "expected 4 (half the rotated dimensions)",
+        ),
+    ],
+)
 def test_converter_refuses_what_gguf_cannot_say(ggufs, tmp_path, name, change, error, words):
     directory = ggufs[1] / name
     config = json.loads((directory / "config.json").read_text())

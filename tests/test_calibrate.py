@@ -1,5 +1,6 @@
 """Calibration sidecars (ott_gguf/calibrate.py, native/src/kv/kv_calib.h): deterministic,
 read back by the runtime exactly as written, and refused with one line when they do not fit."""
+
 import shutil
 
 import numpy as np
@@ -12,7 +13,7 @@ from ott_gguf.model import Model, default_calibration
 from ott_gguf.reference.config import preset
 from ott_gguf.reference.rotation import CALIBRATED
 
-N_CTX, N_SEQS = 256, 2           # small windows: the statistics, not their quality, are tested
+N_CTX, N_SEQS = 256, 2  # small windows: the statistics, not their quality, are tested
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_deterministic_and_orthogonal(sidecar, calib_text, tmp_path):
     write(collect(model, calib_text, n_ctx=N_CTX, n_seqs=N_SEQS, n_threads=1, device="cpu", progress=False), again)
     assert default_calibration(model).read_bytes() == again.read_bytes()
     assert cal.n_tokens == N_CTX * N_SEQS and len(cal.model_hash) == 16
-    r = cal.rot_v.astype(np.float64)                                       # [L, H, d, d]
+    r = cal.rot_v.astype(np.float64)  # [L, H, d, d]
     assert np.abs(r @ r.transpose(0, 1, 3, 2) - np.eye(r.shape[-1])).max() < 1e-5
 
 
@@ -52,7 +53,7 @@ def test_runtime_stores_the_calibrated_rotation(sidecar, calib_text):
     another layer's or head's rotation would give (about 100 %)."""
     model, cal = sidecar
     cfg = preset("ott2").with_overrides(rot_k=CALIBRATED, rot_v=CALIBRATED)
-    rotated = Model(model, n_ctx=64, kv=cfg, n_threads=2, device="cpu")     # the sidecar found beside it
+    rotated = Model(model, n_ctx=64, kv=cfg, n_threads=2, device="cpu")  # the sidecar found beside it
     plain = Model(model, n_ctx=64, n_threads=2, device="cpu")
     ids = rotated.tokenize(calib_text[:2000])[:40]
     rotated.eval(ids)
@@ -68,13 +69,14 @@ def test_runtime_stores_the_calibrated_rotation(sidecar, calib_text):
                 if il == 0:
                     # each side rounds to fp16 once (2^-11 relative): the rotated one its result,
                     # the plain one its input x, whose rounding the rotation spreads over the row
-                    rms = np.sqrt((x ** 2).mean(axis=1, keepdims=True))
+                    rms = np.sqrt((x**2).mean(axis=1, keepdims=True))
                     assert (err <= 2**-10 * (np.abs(want) + rms)).all(), (h, kind, err.max())
 
 
 def corrupt(src, dst, **changes):
     """A copy of sidecar src with some tensors replaced (name -> array) or dropped (None)."""
     from gguf import GGUFWriter
+
     r = GGUFReader(src)
     w = GGUFWriter(str(dst), arch="ott-kvcalib")
     for k, f in r.fields.items():
@@ -92,8 +94,10 @@ def corrupt(src, dst, **changes):
     return dst
 
 
-@pytest.mark.parametrize("case", ["missing", "truncated", "another-model", "another-file", "not-orthogonal",
-                                  "wrong-shape", "nan", "dropped-tensor"])
+@pytest.mark.parametrize(
+    "case",
+    ["missing", "truncated", "another-model", "another-file", "not-orthogonal", "wrong-shape", "nan", "dropped-tensor"],
+)
 def test_bad_sidecars_are_one_error(sidecar, qwen05_path, tmp_path, case):
     model, cal = sidecar
     good = default_calibration(model)
@@ -115,10 +119,12 @@ def test_bad_sidecars_are_one_error(sidecar, qwen05_path, tmp_path, case):
         data[-1000] ^= 1
         target.write_bytes(data)
     else:
-        changes = {"not-orthogonal": {"ott.rot_v.3": rot * 1.01},
-                   "wrong-shape": {"ott.rot_v.3": rot[:, :-1, :-1]},
-                   "nan": {"ott.center_v.3": np.full_like(tensors(good)["ott.center_v.3"], np.nan)},
-                   "dropped-tensor": {"ott.rot_v.3": None}}[case]
+        changes = {
+            "not-orthogonal": {"ott.rot_v.3": rot * 1.01},
+            "wrong-shape": {"ott.rot_v.3": rot[:, :-1, :-1]},
+            "nan": {"ott.center_v.3": np.full_like(tensors(good)["ott.center_v.3"], np.nan)},
+            "dropped-tensor": {"ott.rot_v.3": None},
+        }[case]
         corrupt(good, path, **changes)
         error = ModelFileError
     with pytest.raises(error) as e:
@@ -134,7 +140,9 @@ def test_calibration_needs_enough_text(smollm2_path):
 
 def test_record_says_what_it_was_computed_from(sidecar):
     model, cal = sidecar
-    f = {k: v.contents() for k, v in GGUFReader(default_calibration(model)).fields.items() if k.startswith("ott.calib.")}
+    f = {
+        k: v.contents() for k, v in GGUFReader(default_calibration(model)).fields.items() if k.startswith("ott.calib.")
+    }
     assert f["ott.calib.architecture"] == "llama" and f["ott.calib.block_count"] == 30
     assert f["ott.calib.model_hash"] == f"{Model(model, n_ctx=16, n_threads=1, device='cpu').fingerprint():016x}"
     assert f["ott.calib.n_tokens"] == N_CTX * N_SEQS and isinstance(cal, Calibration)

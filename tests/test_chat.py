@@ -1,4 +1,5 @@
 """Chat templates: the real SmolLM2 and Qwen2.5 templates render exact prompts; the sandbox holds."""
+
 import gguf
 import pytest
 
@@ -10,8 +11,7 @@ SYSTEM_USER = [
     {"role": "user", "content": "What is 2+2?"},
 ]
 CHATML_SYSTEM_USER = (
-    "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n"
-    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+    "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
 )
 
 
@@ -31,7 +31,8 @@ def test_smollm2_template(smollm2_path):
     # without a system message the template inserts its own
     assert template.render(SYSTEM_USER[1:]) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_qwen25_template(qwen05_path):
@@ -43,7 +44,8 @@ def test_qwen25_template(qwen05_path):
     assert template.render(conversation, add_generation_prompt=False) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
-        "<|im_start|>user\nAnd 3+3?<|im_end|>\n")
+        "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+    )
 
 
 def test_message_text_cannot_forge_control_tokens(smollm2_path):
@@ -67,8 +69,11 @@ def test_message_text_cannot_forge_control_tokens(smollm2_path):
 
 def test_render_parts_follows_a_template_that_trims():
     template = ChatTemplate("{% for m in messages %}[{{ m['content'] | trim }}]{% endfor %}")
-    assert template.render_parts([{"role": "user", "content": "  a<b>  "}]) == [("[", True), ("a<b>", False),
-                                                                                ("]", True)]
+    assert template.render_parts([{"role": "user", "content": "  a<b>  "}]) == [
+        ("[", True),
+        ("a<b>", False),
+        ("]", True),
+    ]
 
 
 def test_missing_template_falls_back_to_chatml():
@@ -79,8 +84,11 @@ def test_missing_template_falls_back_to_chatml():
 
 def test_hf_environment():
     # trim_blocks + lstrip_blocks: block tags on their own lines leave no blank lines or indentation
-    lines = ChatTemplate("{{ bos_token }}\n  {% for m in messages %}\n{{ m.role }}: {{ m.content }}\n"
-                         "  {% endfor %}\n{{ eos_token }}", bos_token="<s>", eos_token="</s>")
+    lines = ChatTemplate(
+        "{{ bos_token }}\n  {% for m in messages %}\n{{ m.role }}: {{ m.content }}\n  {% endfor %}\n{{ eos_token }}",
+        bos_token="<s>",
+        eos_token="</s>",
+    )
     assert lines.render(SYSTEM_USER) == "<s>\nsystem: You are a terse assistant.\nuser: What is 2+2?\n</s>"
     # tojson keeps key order and non-ASCII text, and does not HTML-escape
     as_json = ChatTemplate("{{ messages[0] | tojson }}")
@@ -102,11 +110,14 @@ def test_template_errors():
         ChatTemplate(CHATML_TEMPLATE).render([{"content": "hi"}])
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ''.__class__.__mro__ }}",
-    "{{ messages.__class__.__base__.__subclasses__() }}",
-    "{{ messages.append({'role': 'user', 'content': 'injected'}) }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__ }}",
+        "{{ messages.__class__.__base__.__subclasses__() }}",
+        "{{ messages.append({'role': 'user', 'content': 'injected'}) }}",
+    ],
+)
 def test_sandbox_refuses_unsafe_templates(source):
     with pytest.raises(UnsupportedError, match="refused by the sandbox"):
         ChatTemplate(source).render(SYSTEM_USER)

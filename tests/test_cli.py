@@ -3,6 +3,7 @@
 Every failure must be one line `error: ...` on stderr naming the file or flag, a non-zero
 exit code (2 for command-line usage), and no traceback unless --verbose.
 """
+
 import json
 import os
 import re
@@ -23,8 +24,15 @@ PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
 
 def cli(*args, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "ott_gguf", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, cwd=PACKAGE_ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ott_gguf", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=PACKAGE_ROOT,
+        env=env,
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> str:
@@ -39,13 +47,17 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, code
 
 # ---- working commands -----------------------------------------------------------------------
 
+
 def test_info_describes_the_model(smollm2_path):
     proc = cli("info", smollm2_path)
     assert proc.returncode == 0, proc.stderr
     fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in proc.stdout.strip().splitlines())
     reader = gguf.GGUFReader(smollm2_path)
-    meta = {k: reader.fields[k].contents() for k in reader.fields if not k.startswith("GGUF.")
-            and "tokens" not in k and "merges" not in k and "token_type" not in k}
+    meta = {
+        k: reader.fields[k].contents()
+        for k in reader.fields
+        if not k.startswith("GGUF.") and "tokens" not in k and "merges" not in k and "token_type" not in k
+    }
     n_layer, n_head_kv = meta["llama.block_count"], meta["llama.attention.head_count_kv"]
     head = meta["llama.embedding_length"] // meta["llama.attention.head_count"]
     assert fields["architecture"] == "llama"
@@ -94,6 +106,7 @@ def test_tokenize_prints_id_and_piece_lines(smollm2_path):
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     from ott_gguf.model import Model
+
     model = Model(smollm2_path, n_ctx=256, n_threads=2)
     yield model
     model.close()
@@ -112,8 +125,19 @@ def test_run_greedy_matches_the_python_api(smollm2_path, smollm2):
 
 
 def test_chat_answers_each_line_and_keeps_the_conversation(smollm2_path):
-    proc = cli("chat", smollm2_path, "--temp", 0, "-n", 24, "-c", 512, "-t", 2,
-               stdin="What is the capital of France?\nAnd of Italy?\n")
+    proc = cli(
+        "chat",
+        smollm2_path,
+        "--temp",
+        0,
+        "-n",
+        24,
+        "-c",
+        512,
+        "-t",
+        2,
+        stdin="What is the capital of France?\nAnd of Italy?\n",
+    )
     assert proc.returncode == 0, proc.stderr
     replies = proc.stdout.strip("\n").split("\n")
     assert len([r for r in replies if r.strip()]) >= 2, proc.stdout
@@ -123,8 +147,9 @@ def _fresh_greedy(model, messages, max_tokens):
     from ott_gguf.generate import generate_text
     from ott_gguf.sampling import SamplingParams
 
-    ids = model.tokenize(model.chat_template.render(messages, add_generation_prompt=True),
-                         add_special=False, parse_special=True)
+    ids = model.tokenize(
+        model.chat_template.render(messages, add_generation_prompt=True), add_special=False, parse_special=True
+    )
     return "".join(generate_text(model, ids, max_tokens, SamplingParams(temperature=0)))
 
 
@@ -158,12 +183,17 @@ def test_chat_session_drops_the_oldest_turns_when_the_context_is_full(smollm2_pa
 
     with Model(smollm2_path, n_ctx=128, n_threads=2) as model:
         session = ChatSession(model, SamplingParams(temperature=0), max_reply=16)
-        questions = ["What is the capital of France?", "And of Italy?", "And what about the capital of Spain?",
-                     "Which of these cities is the largest?", "Name a river in each of them."]
+        questions = [
+            "What is the capital of France?",
+            "And of Italy?",
+            "And what about the capital of Spain?",
+            "Which of these cities is the largest?",
+            "Name a river in each of them.",
+        ]
         for question in questions:
             "".join(session.reply(question))
         users = [m["content"] for m in session.messages if m["role"] == "user"]
-        assert users == questions[-len(users):] and len(users) < len(questions)
+        assert users == questions[-len(users) :] and len(users) < len(questions)
         assert model.seq_len(0) <= model.n_ctx
         with pytest.raises(ContextFullError, match="the context holds 128"):
             list(session.reply("word " * 200))
@@ -180,8 +210,11 @@ def test_perplexity_prints_running_values_and_the_estimate(smollm2_path, smollm2
     assert proc.returncode == 0, proc.stderr
     running = re.findall(r"^\[(\d)\](\d+\.\d{4})$", proc.stdout, re.MULTILINE)
     assert [i for i, _ in running] == ["1", "2"]
-    final = re.search(r"^Final estimate: PPL = (\d+\.\d{4}) ± (\d+\.\d{5}) \(2 windows, 126 tokens scored\)$",
-                      proc.stdout, re.MULTILINE)
+    final = re.search(
+        r"^Final estimate: PPL = (\d+\.\d{4}) ± (\d+\.\d{5}) \(2 windows, 126 tokens scored\)$",
+        proc.stdout,
+        re.MULTILINE,
+    )
     assert final, proc.stdout
     expected = perplexity(smollm2, text, 128, n_chunks=2, progress=False)
     assert float(final[1]) == pytest.approx(expected.ppl, abs=1e-4)
@@ -198,15 +231,36 @@ def test_perplexity_kl_matches_two_separate_models(smollm2_path, wikitext_path, 
     text = wikitext_path.read_text(encoding="utf-8")[:20_000]
     sample = tmp_path / "sample.txt"
     sample.write_text(text, encoding="utf-8")
-    proc = cli("perplexity", smollm2_path, "-f", sample, "--chunks", 2, "-c", 128, "-t", 2, "--kv", "ott2", "--kl",
-               "--device", "cpu")
+    proc = cli(
+        "perplexity",
+        smollm2_path,
+        "-f",
+        sample,
+        "--chunks",
+        2,
+        "-c",
+        128,
+        "-t",
+        2,
+        "--kv",
+        "ott2",
+        "--kl",
+        "--device",
+        "cpu",
+    )
     assert proc.returncode == 0, proc.stderr
-    found = re.search(r"^KL to f16 cache = (\d+\.\d{6}) nats, top-1 agreement = (\d+\.\d{2}) %$", proc.stdout,
-                      re.MULTILINE)
+    found = re.search(
+        r"^KL to f16 cache = (\d+\.\d{6}) nats, top-1 agreement = (\d+\.\d{2}) %$", proc.stdout, re.MULTILINE
+    )
     assert found, proc.stdout
-    expected = perplexity(Model(smollm2_path, n_ctx=128, n_threads=2, kv="ott2", device="cpu"), text, 128,
-                          n_chunks=2, progress=False,
-                          reference=Model(smollm2_path, n_ctx=128, n_threads=2, device="cpu"))
+    expected = perplexity(
+        Model(smollm2_path, n_ctx=128, n_threads=2, kv="ott2", device="cpu"),
+        text,
+        128,
+        n_chunks=2,
+        progress=False,
+        reference=Model(smollm2_path, n_ctx=128, n_threads=2, device="cpu"),
+    )
     assert 0 < float(found[1]) == pytest.approx(expected.kl, abs=1e-6)
     assert float(found[2]) == pytest.approx(100 * expected.top1, abs=0.01)
 
@@ -230,6 +284,7 @@ def test_convert_subcommand(tmp_path):
 
 
 # ---- bad input ------------------------------------------------------------------------------
+
 
 def test_missing_model_file(tmp_path):
     assert_one_line_error(cli("info", tmp_path / "missing.gguf"), "missing.gguf")
@@ -283,8 +338,9 @@ def test_serve_refuses_bad_slot_settings(smollm2_path):
     assert_one_line_error(cli("serve", smollm2_path, "--kv-memory", "lots"), "--kv-memory", "lots", code=2)
     assert_one_line_error(cli("serve", smollm2_path, "--parallel", "0"), "--parallel", code=2)
     # the budget holds no slot of 4096 f16 tokens (90 MiB each)
-    assert_one_line_error(cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"),
-                          "16.0 MiB holds no slot")
+    assert_one_line_error(
+        cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"), "16.0 MiB holds no slot"
+    )
 
 
 def test_counts_beyond_int32(smollm2_path):

@@ -16,6 +16,7 @@
   in float: SmolLM2 as shipped (Q4_1) goes through ggml-cuda's quantized matmul kernels,
   whose rounding differs from the CPU's by far more (README, "CUDA").
 """
+
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,8 +38,9 @@ LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None)}
 # 16, CPU and CUDA by up to 0.17 (median 0.015), and ott2 from the f16 cache by a median 0.29.
 SMOL_BUDGET = {"f16": (3e-2, None), "ott2": (0.3, 0.05)}
 
-needs_gpu = pytest.mark.skipif(cuda_device_count() == 0,
-                               reason="no CUDA device, or this build has no CUDA support (OTT_CUDA)")
+needs_gpu = pytest.mark.skipif(
+    cuda_device_count() == 0, reason="no CUDA device, or this build has no CUDA support (OTT_CUDA)"
+)
 
 
 @pytest.mark.slow  # minutes per file for four architectures
@@ -46,8 +48,20 @@ needs_gpu = pytest.mark.skipif(cuda_device_count() == 0,
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=[p.name for p in CUDA_SOURCES])
 def test_cuda_source_compiles(tmp_path, source):
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
-    cmd = ["nvcc", "-c", "-std=c++17", "-O3", *gencode, "-I", str(REPO / "native" / "src"),
-           "-I", str(REPO / "native" / "include"), str(source), "-o", str(tmp_path / "out.o")]
+    cmd = [
+        "nvcc",
+        "-c",
+        "-std=c++17",
+        "-O3",
+        *gencode,
+        "-I",
+        str(REPO / "native" / "src"),
+        "-I",
+        str(REPO / "native" / "include"),
+        str(source),
+        "-o",
+        str(tmp_path / "out.o"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{source.name} does not compile:\n{proc.stderr[-4000:]}"
 
@@ -64,6 +78,7 @@ def test_device_names_are_checked(random_llama):
 
 def _ops_binary() -> Path:
     import ott_gguf._native as native
+
     return Path(native._mod.__file__).parent / "ott-cuda-ops"
 
 
@@ -100,7 +115,7 @@ def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tup
     assert cuda_model.info.device == "cuda:0"
     cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
     diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
-    same_prefix = N_GEN if diverged is None else diverged + 1    # steps whose inputs are equal
+    same_prefix = N_GEN if diverged is None else diverged + 1  # steps whose inputs are equal
     errs = [float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in zip(cpu_logits, cuda_logits)][:same_prefix]
     where = f"{Path(path).name} kv={kv}"
     if diverged is None:
@@ -108,24 +123,38 @@ def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tup
     else:
         gap = top2_gap(cpu_logits[diverged])
         noise = float(np.abs(cpu_logits[diverged] - cuda_logits[diverged]).max())
-        print(f"{where}: tokens equal up to {diverged}, then CPU top-2 gap {gap:.4f} vs largest logit "
-              f"difference {noise:.4f}; logits rel L2 up to there max {max(errs):.2e}")
-        assert gap <= 2 * noise, (f"{where}: greedy tokens differ at {diverged} although the CPU's top-2 gap "
-                                  f"{gap:.4f} exceeds twice the largest logit difference {noise:.4f}")
+        print(
+            f"{where}: tokens equal up to {diverged}, then CPU top-2 gap {gap:.4f} vs largest logit "
+            f"difference {noise:.4f}; logits rel L2 up to there max {max(errs):.2e}"
+        )
+        assert gap <= 2 * noise, (
+            f"{where}: greedy tokens differ at {diverged} although the CPU's top-2 gap "
+            f"{gap:.4f} exceeds twice the largest logit difference {noise:.4f}"
+        )
     assert max(errs) < worst, f"{where}: logits rel L2 CPU vs CUDA {max(errs):.2e} >= {worst}"
     if median is not None:
         print(f"{where}: median over the steps {np.median(errs):.2e}")
         assert np.median(errs) < median, f"{where}: median logits rel L2 CPU vs CUDA {np.median(errs):.2e} >= {median}"
 
 
-
 @pytest.fixture(scope="module")
 def random_llama(tmp_path_factory):
     """A random llama model with head_dim 64 and GQA 2 (shapes both backends support)."""
     from make_gguf import write_random_model
-    return write_random_model(tmp_path_factory.mktemp("cuda") / "llama-hd64.gguf", arch="llama", dtype="f16",
-                              n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512, seed=11,
-                              n_ctx_train=1024)
+
+    return write_random_model(
+        tmp_path_factory.mktemp("cuda") / "llama-hd64.gguf",
+        arch="llama",
+        dtype="f16",
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=512,
+        seed=11,
+        n_ctx_train=1024,
+    )
 
 
 @needs_gpu
@@ -135,14 +164,17 @@ def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
 
 
-SMOL_TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-             "combined movable metal type, oil-based ink and a screw press. ")
+SMOL_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a screw press. "
+)
 
 
 @pytest.fixture(scope="module")
 def smollm2_f32(smollm2_path, tmp_path_factory):
     """SmolLM2 with every matrix dequantized to F32: the same weights, multiplied in float on both backends."""
     from make_gguf import write_copy
+
     return write_copy(smollm2_path, tmp_path_factory.mktemp("smol") / "smollm2-f32.gguf", dequantize=True)
 
 

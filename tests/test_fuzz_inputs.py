@@ -2,6 +2,7 @@
 converter inputs with a random field replaced by a random JSON value. Either the command
 works, or it ends with exactly one `error:` line (exit 1, or 2 for a malformed command line);
 the converter either writes a file or raises an OttError with a one-line message."""
+
 import json
 import math
 import shutil
@@ -17,21 +18,36 @@ from make_gguf import write_random_model
 from ott_gguf.cli import main
 from ott_gguf.errors import OttError
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-INTS = st.one_of(st.integers(-3, 3), st.sampled_from([2**31, 2**40, -2**31, 2**63]), st.text(max_size=6))
-FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["nan", "inf", "-inf", "1e400"]),
-                   st.text(max_size=6))
+INTS = st.one_of(st.integers(-3, 3), st.sampled_from([2**31, 2**40, -(2**31), 2**63]), st.text(max_size=6))
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["nan", "inf", "-inf", "1e400"]),
+    st.text(max_size=6),
+)
 # flag -> strategy of its value (counts that would allocate or spawn in proportion stay small)
 FLAGS = {
     "-n": st.one_of(st.integers(-2, 3), st.sampled_from([2**31, 2**40])),
     "-c": st.one_of(st.integers(-2, 64), st.sampled_from([2**31, 2**40, 2**24 + 1])),
     "-t": st.one_of(st.integers(-1, 2), st.sampled_from([513, 2**31, 2**40])),
-    "--temp": FLOATS, "--top-p": FLOATS, "--min-p": FLOATS, "--repeat-penalty": FLOATS,
-    "--top-k": INTS, "--repeat-last-n": INTS, "--seed": INTS,
+    "--temp": FLOATS,
+    "--top-p": FLOATS,
+    "--min-p": FLOATS,
+    "--repeat-penalty": FLOATS,
+    "--top-k": INTS,
+    "--repeat-last-n": INTS,
+    "--seed": INTS,
     "--kv": st.sampled_from(["f16", "ott2", "kivi4", "bogus", ""]),
-    "--kv-bits-k": INTS, "--kv-group-v": INTS, "--kv-window": INTS, "--kv-pool": INTS,
+    "--kv-bits-k": INTS,
+    "--kv-group-v": INTS,
+    "--kv-window": INTS,
+    "--kv-pool": INTS,
 }
 
 
@@ -51,8 +67,11 @@ def _check_outcome(code: int, err: str) -> None:
 
 
 @SETTINGS
-@given(flags=st.dictionaries(st.sampled_from(sorted(FLAGS)), st.none(), max_size=5).flatmap(
-    lambda chosen: st.fixed_dictionaries({f: FLAGS[f] for f in chosen})))
+@given(
+    flags=st.dictionaries(st.sampled_from(sorted(FLAGS)), st.none(), max_size=5).flatmap(
+        lambda chosen: st.fixed_dictionaries({f: FLAGS[f] for f in chosen})
+    )
+)
 def test_run_with_random_flag_values(tiny, capsys, flags):
     argv = ["run", str(tiny), "-p", "hello", "-n", "2"]
     for flag, value in flags.items():
@@ -72,10 +91,16 @@ def checkpoint(tmp_path_factory):
 
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
-              st.text(max_size=8)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=8),
+    ),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 def _paths(obj, prefix=()):
@@ -119,9 +144,9 @@ def test_convert_with_a_random_json_field(checkpoint, tmp_path_factory, name, da
         assert not out.exists()
     else:
         from gguf import GGUFReader
+
         fields = GGUFReader(out).fields
         theta = fields.get("qwen2.rope.freq_base")
         assert theta is None or math.isfinite(theta.contents())
     finally:
         shutil.rmtree(work)
-

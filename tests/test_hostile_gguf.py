@@ -1,6 +1,7 @@
 """Hostile GGUF metadata: values that pass a naive parse but would abort ggml, compute NaN,
 read past what the tokenizer or template expect, or cost time or memory out of proportion to
 the file. Each must be refused with one line naming the key, or run within a stated bound."""
+
 import math
 import struct
 import time
@@ -15,8 +16,14 @@ from ott_gguf.chat import MAX_RENDER_CHARS
 from ott_gguf.errors import BackendError, ModelFileError, OttError, UnsupportedError
 from ott_gguf.model import Weights
 
-F32, U32, I32, STR, ARR, BOOL = (GGUFValueType.FLOAT32, GGUFValueType.UINT32, GGUFValueType.INT32,
-                                 GGUFValueType.STRING, GGUFValueType.ARRAY, GGUFValueType.BOOL)
+F32, U32, I32, STR, ARR, BOOL = (
+    GGUFValueType.FLOAT32,
+    GGUFValueType.UINT32,
+    GGUFValueType.INT32,
+    GGUFValueType.STRING,
+    GGUFValueType.ARRAY,
+    GGUFValueType.BOOL,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,32 +39,42 @@ def _load_error(path) -> OttError:
     return info.value
 
 
-@pytest.mark.parametrize("keys, words", [
-    ({"llama.rope.dimension_count": (15, U32, None)}, ["rope.dimension_count 15 is odd"]),
-    ({"llama.attention.layer_norm_rms_epsilon": (-1e-5, F32, None)}, ["layer_norm_rms_epsilon", "-1e-05"]),
-    ({"llama.attention.layer_norm_rms_epsilon": (math.nan, F32, None)}, ["layer_norm_rms_epsilon", "nan"]),
-    ({"llama.attention.layer_norm_rms_epsilon": (math.inf, F32, None)}, ["layer_norm_rms_epsilon", "inf"]),
-    ({"llama.attention.layer_norm_rms_epsilon": (0.0, F32, None)}, ["layer_norm_rms_epsilon", "= 0"]),
-    ({"llama.attention.layer_norm_rms_epsilon": ("small", STR, None)}, ["layer_norm_rms_epsilon", "not a number"]),
-    ({"llama.rope.freq_base": (math.nan, F32, None)}, ["rope.freq_base", "nan"]),
-    ({"llama.rope.freq_base": (0.0, F32, None)}, ["rope.freq_base", "= 0"]),
-    ({"llama.rope.freq_base": (-10000.0, F32, None)}, ["rope.freq_base", "-10000"]),
-    ({"llama.rope.freq_base": (math.inf, F32, None)}, ["rope.freq_base", "inf"]),
-    ({"llama.rope.scaling.type": ("linear", STR, None), "llama.rope.scaling.factor": (math.nan, F32, None)},
-     ["rope.scaling.factor", "nan"]),
-    ({"llama.attention.head_count": (6, U32, None), "llama.attention.head_count_kv": (3, U32, None)},
-     ["embedding_length 64 is not a multiple of head_count 6"]),
-    ({"llama.context_length": (1 << 30, U32, None)}, ["context_length", "out of range"]),
-    ({"tokenizer.ggml.tokens": ([1, 2, 3], ARR, I32)}, ["tokenizer.ggml.tokens", "array of strings"]),
-    ({"tokenizer.ggml.merges": ([1, 2], ARR, I32)}, ["tokenizer.ggml.merges", "array of strings"]),
-    ({"tokenizer.ggml.token_type": (["a"], ARR, STR)}, ["tokenizer.ggml.token_type", "array of integers"]),
-    ({"tokenizer.ggml.bos_token_id": ("1", STR, None)}, ["tokenizer.ggml.bos_token_id", "an integer"]),
-    ({"tokenizer.ggml.add_bos_token": ("yes", STR, None)}, ["tokenizer.ggml.add_bos_token", "a boolean"]),
-    ({"tokenizer.ggml.model": (2, U32, None)}, ["tokenizer.ggml.model", "a string"]),
-    ({"tokenizer.ggml.pre": (["qwen2"], ARR, STR)}, ["tokenizer.ggml.pre", "a string"]),
-    ({"tokenizer.chat_template": (7, U32, None)}, ["chat template must be a string"]),
-    ({"tokenizer.chat_template": ("{% for %}", STR, None)}, ["chat template does not compile"]),
-], ids=lambda v: "-".join(f"{k.split('.', 1)[1]}={str(x[0])[:12]}" for k, x in v.items()) if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    "keys, words",
+    [
+        ({"llama.rope.dimension_count": (15, U32, None)}, ["rope.dimension_count 15 is odd"]),
+        ({"llama.attention.layer_norm_rms_epsilon": (-1e-5, F32, None)}, ["layer_norm_rms_epsilon", "-1e-05"]),
+        ({"llama.attention.layer_norm_rms_epsilon": (math.nan, F32, None)}, ["layer_norm_rms_epsilon", "nan"]),
+        ({"llama.attention.layer_norm_rms_epsilon": (math.inf, F32, None)}, ["layer_norm_rms_epsilon", "inf"]),
+        ({"llama.attention.layer_norm_rms_epsilon": (0.0, F32, None)}, ["layer_norm_rms_epsilon", "= 0"]),
+        ({"llama.attention.layer_norm_rms_epsilon": ("small", STR, None)}, ["layer_norm_rms_epsilon", "not a number"]),
+        ({"llama.rope.freq_base": (math.nan, F32, None)}, ["rope.freq_base", "nan"]),
+        ({"llama.rope.freq_base": (0.0, F32, None)}, ["rope.freq_base", "= 0"]),
+        ({"llama.rope.freq_base": (-10000.0, F32, None)}, ["rope.freq_base", "-10000"]),
+        ({"llama.rope.freq_base": (math.inf, F32, None)}, ["rope.freq_base", "inf"]),
+        (
+            {"llama.rope.scaling.type": ("linear", STR, None), "llama.rope.scaling.factor": (math.nan, F32, None)},
+            ["rope.scaling.factor", "nan"],
+        ),
+        (
+            {"llama.attention.head_count": (6, U32, None), "llama.attention.head_count_kv": (3, U32, None)},
+            ["embedding_length 64 is not a multiple of head_count 6"],
+        ),
+        ({"llama.context_length": (1 << 30, U32, None)}, ["context_length", "out of range"]),
+        ({"tokenizer.ggml.tokens": ([1, 2, 3], ARR, I32)}, ["tokenizer.ggml.tokens", "array of strings"]),
+        ({"tokenizer.ggml.merges": ([1, 2], ARR, I32)}, ["tokenizer.ggml.merges", "array of strings"]),
+        ({"tokenizer.ggml.token_type": (["a"], ARR, STR)}, ["tokenizer.ggml.token_type", "array of integers"]),
+        ({"tokenizer.ggml.bos_token_id": ("1", STR, None)}, ["tokenizer.ggml.bos_token_id", "an integer"]),
+        ({"tokenizer.ggml.add_bos_token": ("yes", STR, None)}, ["tokenizer.ggml.add_bos_token", "a boolean"]),
+        ({"tokenizer.ggml.model": (2, U32, None)}, ["tokenizer.ggml.model", "a string"]),
+        ({"tokenizer.ggml.pre": (["qwen2"], ARR, STR)}, ["tokenizer.ggml.pre", "a string"]),
+        ({"tokenizer.chat_template": (7, U32, None)}, ["chat template must be a string"]),
+        ({"tokenizer.chat_template": ("{% for %}", STR, None)}, ["chat template does not compile"]),
+    ],
+    ids=lambda v: (
+        "-".join(f"{k.split('.', 1)[1]}={str(x[0])[:12]}" for k, x in v.items()) if isinstance(v, dict) else None
+    ),
+)
 def test_bad_metadata_is_one_line_naming_it(base, tmp_path, keys, words):
     message = str(_load_error(write_copy(base, tmp_path / "bad.gguf", keys=keys)))
     for word in words:
@@ -68,8 +85,9 @@ def test_scores_of_the_wrong_type(base, tmp_path):
     """An SPM vocabulary whose scores are strings (they are read as floats)."""
     n = len(GGUFReader(base).fields["tokenizer.ggml.tokens"].contents())
     keys = {"tokenizer.ggml.model": ("llama", STR, None), "tokenizer.ggml.scores": (["0.5"] * n, ARR, STR)}
-    assert "tokenizer.ggml.scores must be an array of numbers" in str(_load_error(
-        write_copy(base, tmp_path / "bad.gguf", keys=keys)))
+    assert "tokenizer.ggml.scores must be an array of numbers" in str(
+        _load_error(write_copy(base, tmp_path / "bad.gguf", keys=keys))
+    )
 
 
 def test_byte_token_must_be_hex(base, tmp_path):
@@ -81,7 +99,7 @@ def test_byte_token_must_be_hex(base, tmp_path):
 
 
 def test_nul_inside_the_architecture(base, tmp_path):
-    """"llama\\0x" would read as "llama" through a C string."""
+    """ "llama\\0x" would read as "llama" through a C string."""
     message = str(_load_error(write_copy(base, tmp_path / "bad.gguf", arch="llama\0x")))
     assert "general.architecture" in message and "NUL" in message
 
@@ -153,6 +171,7 @@ def test_too_many_tensors_are_refused(tmp_path):
 def test_unsupported_error_for_nested_arrays(tmp_path):
     path = tmp_path / "nested.gguf"
     key = b"a"
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + key
-                     + struct.pack("<IIQ", 9, 9, 1) + bytes(64))
+    path.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + key + struct.pack("<IIQ", 9, 9, 1) + bytes(64)
+    )
     assert isinstance(_load_error(path), ModelFileError)

@@ -1,6 +1,7 @@
 """KV cache modes on the real models: names and overrides in the Python API and the CLI,
 one clear error for invalid combinations (Python and native), the fp16 default, and a
 2K-token ott2 run on SmolLM2 whose memory accounting matches its allocation exactly."""
+
 import numpy as np
 import pytest
 
@@ -37,44 +38,60 @@ def test_modes_by_name(smollm2_path, name):
     cfg = model.kv_config
     assert model.tokens_until_event() == cfg.sink + cfg.window + cfg.block
     f16 = Model(smollm2_path, n_ctx=64, n_threads=2, device="cpu").eval(PROMPT)
-    logits = model.eval(PROMPT)                    # every token still in the fp16 window
+    logits = model.eval(PROMPT)  # every token still in the fp16 window
     assert int(np.argmax(logits)) == int(np.argmax(f16))
     assert np.abs(logits - f16).max() < 0.05 * np.abs(f16).max()
     st = model.kv_head_state(cfg.skip_layers, 0, 0)
     assert len(st.window_k) == len(PROMPT) and st.tracing == cfg.traces(cfg.skip_layers)
 
 
-@pytest.mark.parametrize("kv, kwargs, message", [
-    ("ott3", {}, "kv mode 'ott3' is not one of"),
-    (preset("ott2").with_overrides(group_v=48), {}, "group_v=48 does not divide head_dim=64"),
-    ("f16", {"prefill_fp16": True}, "prefill_fp16 applies to a quantized KV cache"),
-])
+@pytest.mark.parametrize(
+    "kv, kwargs, message",
+    [
+        ("ott3", {}, "kv mode 'ott3' is not one of"),
+        (preset("ott2").with_overrides(group_v=48), {}, "group_v=48 does not divide head_dim=64"),
+        ("f16", {"prefill_fp16": True}, "prefill_fp16 applies to a quantized KV cache"),
+    ],
+)
 def test_invalid_modes(smollm2_path, kv, kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):
         Model(smollm2_path, n_ctx=64, n_threads=2, kv=kv, **kwargs)
 
 
-@pytest.mark.parametrize("knobs, message", [
-    (dict(type=lib.OTT_KV_OTT, pool=0, extra_pool=0), "pool=0 must be > 0 in OTT mode"),
-    (dict(type=lib.OTT_KV_KIVI), "pool=3 must be 0 in KIVI mode"),
-    (dict(bits_k=3), "bits_k=3 is not one of 2, 4, 8"),
-    (dict(block=100), "block=100 must be a multiple of 8"),
-    (dict(group_k=48), "group_k=48 must divide block"),
-    (dict(group_v=48), "group_v=48 does not divide head_dim"),
-    (dict(pool=128), "pool=128 must be in 0..block-1"),
-    (dict(pool=0, type=lib.OTT_KV_KIVI), "extra_pool=32 needs pool > 0"),
-    (dict(window=-1), "window=-1 must be >= 0"),
-    (dict(type=lib.OTT_KV_F16), "the fp16 cache takes no quantization knobs"),
-    (dict(type=9), "unknown KV cache type 9"),
-])
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        (dict(type=lib.OTT_KV_OTT, pool=0, extra_pool=0), "pool=0 must be > 0 in OTT mode"),
+        (dict(type=lib.OTT_KV_KIVI), "pool=3 must be 0 in KIVI mode"),
+        (dict(bits_k=3), "bits_k=3 is not one of 2, 4, 8"),
+        (dict(block=100), "block=100 must be a multiple of 8"),
+        (dict(group_k=48), "group_k=48 must divide block"),
+        (dict(group_v=48), "group_v=48 does not divide head_dim"),
+        (dict(pool=128), "pool=128 must be in 0..block-1"),
+        (dict(pool=0, type=lib.OTT_KV_KIVI), "extra_pool=32 needs pool > 0"),
+        (dict(window=-1), "window=-1 must be >= 0"),
+        (dict(type=lib.OTT_KV_F16), "the fp16 cache takes no quantization knobs"),
+        (dict(type=9), "unknown KV cache type 9"),
+    ],
+)
 def test_native_rejects_invalid_knobs(smollm2_path, knobs, message):
     """C callers get one clear line too (the Python API validates before it gets here)."""
     model = Model(smollm2_path, n_ctx=64, n_threads=2)
     params = ffi.new("ott_context_params *", lib.ott_context_default_params())
     params.n_ctx = 64
     params.kv.type = lib.OTT_KV_OTT
-    for name in ("bits_k", "bits_v", "group_k", "group_v", "block", "window", "pool", "extra_pool",
-                 "skip_layers", "sink"):
+    for name in (
+        "bits_k",
+        "bits_v",
+        "group_k",
+        "group_v",
+        "block",
+        "window",
+        "pool",
+        "extra_pool",
+        "skip_layers",
+        "sink",
+    ):
         setattr(params.kv, name, getattr(preset("ott2"), name))
     for name, value in knobs.items():
         setattr(params.kv, name, value)
@@ -97,7 +114,7 @@ def test_ott2_2k_tokens_memory_accounting(smol_ott2, wikitext_path):
     assert n_tokens == 2064
 
     hd, n_kv = info.n_embd_head, info.n_head_kv
-    token = 2 * hd * 2                                          # K and V, fp16
+    token = 2 * hd * 2  # K and V, fp16
     alloc = used = n_extra = 0
     for il in range(info.n_layer):
         traces = cfg.traces(il)
@@ -108,10 +125,16 @@ def test_ott2_2k_tokens_memory_accounting(smol_ott2, wikitext_path):
             assert n_blocks == (n_tokens - cfg.window) // cfg.block
             alloc += n_blocks * st.blocks.shape[1]
             alloc += (cfg.sink + cfg.window + cfg.block) * token + pool_cap * (token + 4)
-            data = hd * cfg.block * (cfg.bits_k + cfg.bits_v) // 8 \
-                + (cfg.block // cfg.group_k * hd + cfg.block * hd // cfg.group_v) * 4 + (cfg.block // 8 if traces else 0)
-            used += n_blocks * data + (len(st.sink_k) + len(st.window_k)) * token \
+            data = (
+                hd * cfg.block * (cfg.bits_k + cfg.bits_v) // 8
+                + (cfg.block // cfg.group_k * hd + cfg.block * hd // cfg.group_v) * 4
+                + (cfg.block // 8 if traces else 0)
+            )
+            used += (
+                n_blocks * data
+                + (len(st.sink_k) + len(st.window_k)) * token
                 + (len(st.pool_k) + len(st.extra_k)) * (token + 4)
+            )
             assert len(st.pool_k) == (cfg.pool if traces else 0)
             n_extra += len(st.extra_k)
     stats = model.kv_stats()
@@ -147,7 +170,7 @@ def test_ott4_close_to_f16_on_text(smollm2_path, wikitext_path):
     parts, i = [], 0
     while i < len(ids):
         n = min(ott.tokens_until_event(), len(ids) - i)
-        parts.append(ott.decode_batch(ids[i:i + n], range(i, i + n), [0] * n, want[i:i + n]))
+        parts.append(ott.decode_batch(ids[i : i + n], range(i, i + n), [0] * n, want[i : i + n]))
         i += n
     b = np.concatenate(parts)
 
@@ -167,13 +190,35 @@ def test_cli_flags(smollm2_path, capsys):
     assert cli.main(["info", str(smollm2_path), "--kv", "ott2", "-c", "4096"]) == 0
     model = Model(smollm2_path, n_ctx=64, kv="ott2")
     want = model.kv_footprint(4096)
-    assert (f"{want.bytes_per_token_per_layer:.1f} bytes per token per layer, "
-            f"{want.bits_per_element:.2f} bits per element at 4096 tokens") in capsys.readouterr().out
+    assert (
+        f"{want.bytes_per_token_per_layer:.1f} bytes per token per layer, "
+        f"{want.bits_per_element:.2f} bits per element at 4096 tokens"
+    ) in capsys.readouterr().out
     assert cli.main(["run", str(smollm2_path), "--kv", "kivi2", "--kv-group-v", "48", "-p", "x", "-n", "1"]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "error: kv config: group_v=48 does not divide head_dim=64"
     assert cli.main(["run", str(smollm2_path), "--kv", "f16", "--kv-window", "8", "-p", "x", "-n", "1"]) == 1
     assert "window=8 does not apply to the fp16 cache" in capsys.readouterr().err
-    assert cli.main(["run", str(smollm2_path), "--kv", "ott4", "--kv-sink", "4", "--prefill-fp16", "-t", "2",
-                     "-p", "The capital of France is", "-n", "3", "--temp", "0"]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                str(smollm2_path),
+                "--kv",
+                "ott4",
+                "--kv-sink",
+                "4",
+                "--prefill-fp16",
+                "-t",
+                "2",
+                "-p",
+                "The capital of France is",
+                "-n",
+                "3",
+                "--temp",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert "Paris" in capsys.readouterr().out

@@ -13,6 +13,7 @@ reference LayerCache per layer. Then:
   differences are float32 rounding in the matmuls and the native attention's float32
   softmax (exp to 3e-7 relative) and accumulation.
 """
+
 import numpy as np
 import pytest
 
@@ -29,8 +30,9 @@ LOGIT_BUDGET = 2e-4 if cuda_device_count() == 0 else 5e-3
 # small blocks so that a few hundred tokens cross every boundary many times; groups of 16
 # take the native attention's fused path (decode rows read codes directly), groups of 8 or
 # 4 its materialised path (tiles dequantised first, as for prompt chunks)
-SMALL = KVConfig(bits_k=2, bits_v=2, group_k=16, group_v=16, block=16, window=4, pool=2,
-                 extra_pool=5, skip_layers=1, sink=2)
+SMALL = KVConfig(
+    bits_k=2, bits_v=2, group_k=16, group_v=16, block=16, window=4, pool=2, extra_pool=5, skip_layers=1, sink=2
+)
 
 
 class ReferenceRun:
@@ -43,9 +45,15 @@ class ReferenceRun:
         self.layers = [LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head) for il in range(info.n_layer)]
         self.n_tokens = 0
         # Hadamard rotations per layer and KV head (rotation.py), None where the config has none
-        self.rot = {kind: [[hadamard(info.n_embd_head, il, h, kind == "v") for h in range(info.n_head_kv)]
-                           for il in range(info.n_layer)] if getattr(cfg, f"rot_{kind}") == HADAMARD else None
-                    for kind in ("k", "v")}
+        self.rot = {
+            kind: [
+                [hadamard(info.n_embd_head, il, h, kind == "v") for h in range(info.n_head_kv)]
+                for il in range(info.n_layer)
+            ]
+            if getattr(cfg, f"rot_{kind}") == HADAMARD
+            else None
+            for kind in ("k", "v")
+        }
 
     def rotate_heads(self, x: np.ndarray, kind: str, il: int, undo: bool = False) -> np.ndarray:
         """x [n, heads, hd] with each head's rotation of its KV head (or its inverse)."""
@@ -60,7 +68,7 @@ class ReferenceRun:
         """Logits [n, n_vocab] of a chunk whose K/V per layer are kv[il] (float32 [n, n_head_kv, hd])."""
         r, n = self.ref, len(tokens)
         cos, sin = r.rope_tables(self.n_tokens + n)
-        cos, sin = cos[self.n_tokens:], sin[self.n_tokens:]
+        cos, sin = cos[self.n_tokens :], sin[self.n_tokens :]
         x = r.w["token_embd.weight"][np.asarray(tokens)]
         for il, layer in enumerate(self.layers):
             blk = f"blk.{il}"
@@ -104,7 +112,7 @@ def block_arrays(blocks: np.ndarray, offsets: dict, rb) -> dict:
     out = {}
     for name, off in offsets.items():
         want = getattr(rb, name)
-        out[name] = blocks[off:off + want.nbytes].view(want.dtype).reshape(want.shape)
+        out[name] = blocks[off : off + want.nbytes].view(want.dtype).reshape(want.shape)
     return out
 
 
@@ -116,10 +124,12 @@ def assert_same_state(model: Model, run: ReferenceRun, seq: int = 0) -> None:
             where = f"layer {il} head {h} at {head.n_tokens} tokens"
             assert st.n_tokens == head.n_tokens, where
             assert st.tracing == head.tracing, where
-            for name, ref, ours in [("sink", head.sink, (st.sink_k, st.sink_v, None)),
-                                    ("pool", head.pool, (st.pool_k, st.pool_v, st.pool_pos)),
-                                    ("extra", head.extra, (st.extra_k, st.extra_v, st.extra_pos)),
-                                    ("window", head.window, (st.window_k, st.window_v, None))]:
+            for name, ref, ours in [
+                ("sink", head.sink, (st.sink_k, st.sink_v, None)),
+                ("pool", head.pool, (st.pool_k, st.pool_v, st.pool_pos)),
+                ("extra", head.extra, (st.extra_k, st.extra_v, st.extra_pos)),
+                ("window", head.window, (st.window_k, st.window_v, None)),
+            ]:
                 assert ours[0].shape == ref.k.shape, f"{where}: {name} holds {len(ours[0])} not {len(ref)}"
                 assert (ours[0].view(np.uint16) == ref.k.view(np.uint16)).all(), f"{where}: {name} K"
                 assert (ours[1].view(np.uint16) == ref.v.view(np.uint16)).all(), f"{where}: {name} V"
@@ -141,9 +151,18 @@ def random_model(tmp_path, head_dim: int, gqa: int, n_layer: int = 2, seed: int 
 
     n_head_kv = 2 if gqa == 1 else 1
     n_head = n_head_kv * gqa
-    return write_random_model(tmp_path / f"r{head_dim}-{gqa}.gguf", arch="qwen2", dtype="f32",
-                              n_embd=head_dim * n_head, n_layer=n_layer, n_head=n_head,
-                              n_head_kv=n_head_kv, n_ff=128, seed=seed, n_ctx_train=4096)
+    return write_random_model(
+        tmp_path / f"r{head_dim}-{gqa}.gguf",
+        arch="qwen2",
+        dtype="f32",
+        n_embd=head_dim * n_head,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=128,
+        seed=seed,
+        n_ctx_train=4096,
+    )
 
 
 def run_chunks(model: Model, run: ReferenceRun, tokens: list[int], sizes, check_every: int = 1):
@@ -152,7 +171,7 @@ def run_chunks(model: Model, run: ReferenceRun, tokens: list[int], sizes, check_
     worst, i, c = 0.0, 0, 0
     while i < len(tokens):
         n = min(sizes[c % len(sizes)], len(tokens) - i)
-        chunk = tokens[i:i + n]
+        chunk = tokens[i : i + n]
         ours = model.eval(chunk, all_logits=True)
         theirs = run.chunk(chunk, stored_kv(model, n))
         worst = max(worst, float(rel_err(ours, theirs).max()))
@@ -179,9 +198,22 @@ CASES = [
     ("hd64-gqa3-rot-kv", 64, 3, SMALL.with_overrides(rot_k=HADAMARD, rot_v=HADAMARD), 120, [1, 4]),
     ("hd128-gqa1-rot-v-clip", 128, 1, SMALL.with_overrides(rot_v=HADAMARD, clip=1), 100, [3]),
     ("hd64-gqa3-params8", 64, 3, SMALL.with_overrides(param_bits=8), 150, [1, 4]),
-    ("hd128-gqa1-params8-4bit-rot", 128, 1, SMALL.with_overrides(param_bits=8, bits_k=4, bits_v=4, group_v=32,
-                                                                rot_v=HADAMARD), 100, [4]),
-    ("hd128-gqa1-clip-4bit", 128, 1, SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32), 120, [4]),
+    (
+        "hd128-gqa1-params8-4bit-rot",
+        128,
+        1,
+        SMALL.with_overrides(param_bits=8, bits_k=4, bits_v=4, group_v=32, rot_v=HADAMARD),
+        100,
+        [4],
+    ),
+    (
+        "hd128-gqa1-clip-4bit",
+        128,
+        1,
+        SMALL.with_overrides(clip=1, bits_k=4, bits_v=4, group_k=16, group_v=32),
+        120,
+        [4],
+    ),
 ]
 
 
@@ -214,8 +246,11 @@ def test_stop_rule_reached(tmp_path):
     assert not head.blocks[-1].masked.any()
 
 
-@pytest.mark.parametrize("cfg", [SMALL.with_overrides(skip_layers=0),
-                                 SMALL.with_overrides(skip_layers=0, window=0, sink=0)], ids=["small", "window0"])
+@pytest.mark.parametrize(
+    "cfg",
+    [SMALL.with_overrides(skip_layers=0), SMALL.with_overrides(skip_layers=0, window=0, sink=0)],
+    ids=["small", "window0"],
+)
 def test_large_chunks_one_layer(tmp_path, cfg):
     """Chunks larger than the window that span several events (prompt processing): the
     chunk attends to itself in full precision and is quantized as it is appended. A
@@ -229,7 +264,7 @@ def test_large_chunks_one_layer(tmp_path, cfg):
     tokens = np.random.default_rng(2).integers(0, model.n_vocab, 300).tolist()
     i = 0
     for n in [40, 1, 37, 64, 100, 3, 55]:
-        chunk = tokens[i:i + n]
+        chunk = tokens[i : i + n]
         ours = model.eval(chunk, all_logits=True)
         probe.eval(chunk)
         theirs = run.chunk(chunk, stored_kv(probe, n))
@@ -246,9 +281,9 @@ def test_prefill_fp16(tmp_path):
     run = ReferenceRun(ReferenceModel(path), SMALL, model)
     tokens = np.random.default_rng(3).integers(0, model.n_vocab, 100).tolist()
     ours = model.eval(tokens[:90], all_logits=True)
-    theirs = run.chunk(tokens[:90], stored_kv(model, 90))   # one reference chunk, then appended
+    theirs = run.chunk(tokens[:90], stored_kv(model, 90))  # one reference chunk, then appended
     assert rel_err(ours, theirs).max() < LOGIT_BUDGET
-    assert len(model.kv_head_state(1, 0, 0).blocks) == 0     # nothing quantized yet
+    assert len(model.kv_head_state(1, 0, 0).blocks) == 0  # nothing quantized yet
     for t in tokens[90:]:
         ours = model.eval([t], all_logits=True)
         theirs = run.chunk([t], stored_kv(model, 1))
@@ -290,7 +325,7 @@ def test_copy_sequence(tmp_path):
     two = model.eval(tokens[70:], seq=1, all_logits=True)
     assert np.array_equal(one, two)
     kept = model.kv_head_state(1, 1, 0)
-    model.truncate(0, 0)                               # the copy owns its memory
+    model.truncate(0, 0)  # the copy owns its memory
     model.eval(tokens[::-1], seq=0)
     after = model.kv_head_state(1, 1, 0)
     assert model.seq_len(1) == 90 and np.array_equal(kept.blocks, after.blocks)
@@ -304,14 +339,14 @@ def test_truncate(tmp_path):
     model.eval(tokens)
     st = model.kv_head_state(0, 0, 0)
     frozen = 60 - len(st.window_k)
-    model.truncate(0, frozen + 1)                      # only window tokens dropped
+    model.truncate(0, frozen + 1)  # only window tokens dropped
     assert model.seq_len() == frozen + 1
     with pytest.raises(UnsupportedError, match="quantized"):
         model.truncate(0, frozen - 1)
     model.truncate(0, 0)
     stats = model.kv_stats()
     assert model.seq_len() == 0 and stats.bytes_used == 0
-    if model.info.device == "cpu":   # the CPU cache frees its blocks; the CUDA one allocates once
+    if model.info.device == "cpu":  # the CPU cache frees its blocks; the CUDA one allocates once
         assert stats.bytes_allocated == 0
     again = Model(path, n_ctx=256, n_threads=2, kv=SMALL)
     assert np.array_equal(model.eval(tokens[:20], all_logits=True), again.eval(tokens[:20], all_logits=True))
@@ -341,7 +376,7 @@ def test_default_presets_on_qwen(qwen05_path):
     i = 0
     while i < len(tokens):
         n = min(32, len(tokens) - i)
-        model.eval(tokens[i:i + n])
+        model.eval(tokens[i : i + n])
         run.append(stored_kv(model, n))
         i += n
     assert len(run.layers[5].heads[0].blocks) == 2

@@ -3,6 +3,7 @@
 The real check reproduces llama.cpp's own number (tests/data/perplexity.json) for
 SmolLM2-135M-Instruct Q4_1, first 20 windows of 512 tokens, fp16 KV cache.
 """
+
 import math
 from dataclasses import dataclass
 
@@ -69,11 +70,11 @@ def reference_ppl(model: FakeModel, text: str, n_ctx: int, n_chunks: int):
     tokens = model.tokenize(text)
     nll = []
     for i in range(n_chunks):
-        window = tokens[i * n_ctx:(i + 1) * n_ctx]
+        window = tokens[i * n_ctx : (i + 1) * n_ctx]
         if model.tokenizer.add_bos:
             window[0] = model.tokenizer.bos_id
         for p in range(n_ctx // 2, n_ctx - 1):
-            logits = model.logits_after(window[:p + 1]).astype(np.float64)
+            logits = model.logits_after(window[: p + 1]).astype(np.float64)
             log_probs = logits - logits.max() - math.log(np.exp(logits - logits.max()).sum())
             nll.append(-log_probs[window[p + 1]])
     nll = np.array(nll)
@@ -89,8 +90,9 @@ TEXT = ("The quick brown fox jumps over the lazy dog.\n" * 3 + "Pack my box with
 def test_matches_the_method_written_out(add_bos, ubatch):
     model = FakeModel(add_bos)
     running = []
-    result = perplexity(model, TEXT, 32, n_chunks=5, ubatch=ubatch, progress=False,
-                        on_chunk=lambda i, ppl: running.append((i, ppl)))
+    result = perplexity(
+        model, TEXT, 32, n_chunks=5, ubatch=ubatch, progress=False, on_chunk=lambda i, ppl: running.append((i, ppl))
+    )
     ppl, stderr, count = reference_ppl(model, TEXT, 32, 5)
     assert result.chunks == 5
     assert result.n_tokens_scored == count == 5 * 15
@@ -120,7 +122,7 @@ def test_token_nll_is_exact_for_large_logits():
     logits = np.array([[1e4, 0.0, -1e4], [0.0, 1.0, 2.0]], dtype=np.float32)
     nll = token_nll(logits, np.array([0, 1]))
     assert nll[0] == pytest.approx(math.log1p(math.exp(-1e4) + math.exp(-2e4)), abs=1e-300)
-    assert nll[1] == pytest.approx(-1.0 + math.log(1 + math.e + math.e ** 2), rel=1e-14)
+    assert nll[1] == pytest.approx(-1.0 + math.log(1 + math.e + math.e**2), rel=1e-14)
 
 
 def test_text_shorter_than_two_windows_is_refused():
@@ -146,6 +148,7 @@ def test_prefix_tokenization_keeps_the_needed_tokens():
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     from ott_gguf.model import Model
+
     model = Model(smollm2_path, n_ctx=512, n_threads=2)
     yield model
     model.close()
@@ -183,7 +186,6 @@ def test_decode_faithful_chunks_follow_token_by_token_decoding(smollm2_path, wik
     window = np.asarray(model.tokenize(wikitext_path.read_text(encoding="utf-8")[:4000])[:320], dtype=np.int32)
     model.truncate(0)
     stepwise = np.stack([model.eval([int(t)]) for t in window[:-1]])  # one token per call, as decoding does
-    kl = {ub: kl_and_top1(stepwise, window_logits(model, window, 0, ub, 0))[0][160:].mean()
-          for ub in (None, 320, 128)}
+    kl = {ub: kl_and_top1(stepwise, window_logits(model, window, 0, ub, 0))[0][160:].mean() for ub in (None, 320, 128)}
     assert kl[None] < 0.05, kl
     assert kl[320] > 5 * kl[None] and kl[128] > 3 * kl[None], kl

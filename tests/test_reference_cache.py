@@ -1,5 +1,6 @@
 """The numpy KV-cache specification (ott_gguf/reference): quantizer, layout, schedule, OTT,
 attention and footprint."""
+
 import numpy as np
 import pytest
 
@@ -22,8 +23,9 @@ from ott_gguf.reference import (
 from ott_gguf.reference.quant import CLIP_SHRINK
 
 # A small OTT config so that many events happen in few tokens.
-SMALL = KVConfig(bits_k=2, bits_v=2, group_k=8, group_v=4, block=16, window=4, pool=2,
-                 extra_pool=5, skip_layers=0, sink=2)
+SMALL = KVConfig(
+    bits_k=2, bits_v=2, group_k=8, group_v=4, block=16, window=4, pool=2, extra_pool=5, skip_layers=0, sink=2
+)
 
 
 def rng(seed):
@@ -65,6 +67,7 @@ def scalar_quantize_clipped(x, bits):
 
 
 # ---------------------------------------------------------------- quantizer and packing
+
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_quantize_error_within_half_scale(bits):
@@ -119,6 +122,7 @@ def test_clipped_ranges_halve_the_error_of_gaussian_groups():
 def scalar_params8(x, bits):
     """The 8-bit parameter recipe of quant.py one scalar at a time (kv_quant.c's shape)."""
     from ott_gguf.reference.quant import decode_scale8
+
     f = [np.float32(e) for e in x]
     mn, mx = min(f), max(f)
     levels = np.float32(2**bits - 1)
@@ -142,7 +146,7 @@ def scalar_params8(x, bits):
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_params8_match_scalar_recipe_and_never_clip(bits):
     x = rng(13).standard_normal((300, 32)) * rng(14).uniform(0.001, 30, (300, 1)) + rng(15).uniform(-200, 200, (300, 1))
-    x[:5] = 3.5                                                       # constant groups
+    x[:5] = 3.5  # constant groups
     x[5] = 0.0
     x = x.astype(np.float16)
     codes, s8, z = quantize_groups(x, bits, param_bits=8)
@@ -151,6 +155,7 @@ def test_params8_match_scalar_recipe_and_never_clip(bits):
         c, s, m = scalar_params8(x[g], bits)
         assert codes[g].tolist() == c and s8[g] == s and z[g] == m
     from ott_gguf.reference.quant import decode_min8, decode_scale8
+
     scale = decode_scale8(s8).astype(np.float64)
     lo = decode_min8(z, decode_scale8(s8)).astype(np.float64)
     xf = x.astype(np.float64)
@@ -199,8 +204,9 @@ def test_pack_is_lsb_first():
 
 
 def test_block_layout():
-    cfg = KVConfig(bits_k=2, bits_v=4, group_k=8, group_v=4, block=16, window=0, pool=0,
-                   extra_pool=0, skip_layers=0, sink=0)
+    cfg = KVConfig(
+        bits_k=2, bits_v=4, group_k=8, group_v=4, block=16, window=0, pool=0, extra_pool=0, skip_layers=0, sink=0
+    )
     k = rng(3).standard_normal((16, 8)).astype(np.float16)
     v = rng(4).standard_normal((16, 8)).astype(np.float16)
     masked = np.zeros(16, bool)
@@ -225,10 +231,21 @@ def test_block_layout():
 
 # ---------------------------------------------------------------- config
 
+
 def test_presets():
     ott2 = preset("ott2")
-    assert (ott2.bits_k, ott2.bits_v, ott2.block, ott2.group_k, ott2.group_v, ott2.window,
-            ott2.pool, ott2.extra_pool, ott2.skip_layers, ott2.sink) == (2, 2, 128, 128, 64, 32, 3, 32, 2, 0)
+    assert (
+        ott2.bits_k,
+        ott2.bits_v,
+        ott2.block,
+        ott2.group_k,
+        ott2.group_v,
+        ott2.window,
+        ott2.pool,
+        ott2.extra_pool,
+        ott2.skip_layers,
+        ott2.sink,
+    ) == (2, 2, 128, 128, 64, 32, 3, 32, 2, 0)
     kivi2 = preset("kivi2")
     assert (kivi2.pool, kivi2.extra_pool, kivi2.group_k, kivi2.group_v, kivi2.window) == (0, 0, 32, 32, 128)
     assert preset("ott4").bits_k == 4 and preset("kivi4").bits_v == 4
@@ -237,17 +254,20 @@ def test_presets():
     assert not ott2.traces(1) and ott2.traces(2) and not kivi2.traces(5)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(block=100), "block=100"),
-    (dict(block=96, group_k=64), "not a multiple of group_k"),
-    (dict(bits_k=3), "bits_k=3"),
-    (dict(bits_v=16), "both fp16"),
-    (dict(pool=128), "pool=128"),
-    (dict(pool=0), "extra_pool=32 needs pool"),
-    (dict(group_k=2), "group_k=2"),
-    (dict(window=-1), "window=-1"),
-    (dict(colour=1), "unknown knob"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(block=100), "block=100"),
+        (dict(block=96, group_k=64), "not a multiple of group_k"),
+        (dict(bits_k=3), "bits_k=3"),
+        (dict(bits_v=16), "both fp16"),
+        (dict(pool=128), "pool=128"),
+        (dict(pool=0), "extra_pool=32 needs pool"),
+        (dict(group_k=2), "group_k=2"),
+        (dict(window=-1), "window=-1"),
+        (dict(colour=1), "unknown knob"),
+    ],
+)
 def test_invalid_configs(overrides, message):
     with pytest.raises(InvalidArgumentError, match=message):
         preset("ott2").with_overrides(**overrides)
@@ -264,6 +284,7 @@ def test_invalid_for_model():
 
 # ---------------------------------------------------------------- schedule
 
+
 def test_schedule_counts_every_token_once():
     cfg, r = SMALL, rng(11)
     layer = LayerCache.new(cfg, il=0, n_head_kv=2, head_dim=8)
@@ -278,8 +299,7 @@ def test_schedule_counts_every_token_once():
             assert len(head.blocks) == (n - len(head.sink) - w) // cfg.block
             masked = sum(int(b.masked.sum()) for b in head.blocks)
             assert masked == len(head.pool) + len(head.extra)
-            live = (len(head.sink) + len(head.blocks) * cfg.block - masked + len(head.pool)
-                    + len(head.extra) + w)
+            live = len(head.sink) + len(head.blocks) * cfg.block - masked + len(head.pool) + len(head.extra) + w
             assert live == n
             pos, k, v = head.tokens()
             assert sorted(pos.tolist()) == list(range(n))
@@ -307,6 +327,7 @@ def test_f16_mode_keeps_everything_in_window():
 
 # ---------------------------------------------------------------- outlier token tracing
 
+
 def keys_with_outliers(n, head_dim, outliers, seed, base=1.0):
     """Keys in [base, 2·base) per channel except `outliers` {slot: scale}, which are scaled down."""
     k = rng(seed).uniform(base, 2 * base, (n, head_dim))
@@ -322,7 +343,7 @@ def test_selection_keeps_smallest_l1_and_masks_them():
     layer.append(k[:, None], k[:, None])
     head = layer.heads[0]
     assert len(head.blocks) == 1
-    assert head.pool.pos.tolist() == [5, 11]              # the two smallest, position order
+    assert head.pool.pos.tolist() == [5, 11]  # the two smallest, position order
     assert head.blocks[0].masked.nonzero()[0].tolist() == [5, 11]
     assert (head.pool.k == k[[5, 11]].astype(np.float16)).all()
     # mean substitution: selected keys no longer set the minimum of their key group (slots
@@ -357,14 +378,14 @@ def test_equal_scores_lower_position_wins():
     cfg = SMALL.with_overrides(sink=0)
     layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
     k = keys_with_outliers(20, 8, {}, seed=2)
-    k[[3, 7, 9]] = 0.125                                 # three identical smallest keys
+    k[[3, 7, 9]] = 0.125  # three identical smallest keys
     layer.append(k[:, None], k[:, None])
     assert layer.heads[0].pool.pos.tolist() == [3, 7]
 
 
 def test_extra_pool_and_stop_rule():
     # each block's two smallest keys beat the pool, so every event evicts the whole pool
-    cfg = SMALL.with_overrides(sink=0)                   # pool 2, extra pool 5, block 16, R 4
+    cfg = SMALL.with_overrides(sink=0)  # pool 2, extra pool 5, block 16, R 4
     layer = LayerCache.new(cfg, il=0, n_head_kv=1, head_dim=8)
     blocks = [keys_with_outliers(16, 8, {2: 0.1, 9: 0.1}, seed=j, base=0.5**j) for j in range(6)]
     k = np.concatenate(blocks + [np.ones((4, 8))])
@@ -393,6 +414,7 @@ def test_skip_layers_have_no_pool():
 
 # ---------------------------------------------------------------- attention
 
+
 def exact_attention(q, k, v):
     """Causal softmax attention in float64 over fp16-rounded K/V, GQA by h // n_rep."""
     n, n_head, d = q.shape
@@ -417,7 +439,7 @@ def qkv(n, n_head, n_head_kv, d, seed):
 
 
 def decode(layer, q, k, v):
-    return np.concatenate([forward_chunk(layer, q[i:i + 1], k[i:i + 1], v[i:i + 1]) for i in range(len(q))])
+    return np.concatenate([forward_chunk(layer, q[i : i + 1], k[i : i + 1], v[i : i + 1]) for i in range(len(q))])
 
 
 @pytest.mark.parametrize("n_head, n_head_kv", [(4, 4), (6, 2), (7, 1)])
@@ -461,13 +483,12 @@ def test_quantized_attention_error_shrinks_with_bits():
     # bits is 15/3 = 5 and from 4 to 8 bits 255/15 = 17.
     n, d = 600, 64
     q, k, v = qkv(n + 4, 4, 2, d, seed=21)
-    k[:, :, 3] += 6.0                                    # a key outlier channel, as in real models
+    k[:, :, 3] += 6.0  # a key outlier channel, as in real models
     want = exact_attention(q, k, v)[n:]
     for name in ("kivi2", "ott2"):
         err = []
         for bits in (2, 4, 8):
-            layer = LayerCache.new(preset(name).with_overrides(bits_k=bits, bits_v=bits), il=2,
-                                   n_head_kv=2, head_dim=d)
+            layer = LayerCache.new(preset(name).with_overrides(bits_k=bits, bits_v=bits), il=2, n_head_kv=2, head_dim=d)
             layer.append(k[:n], v[:n])
             got = decode(layer, q[n:], k[n:], v[n:])
             err.append(np.linalg.norm(got - want) / np.linalg.norm(want))
@@ -485,6 +506,7 @@ def test_attention_rejects_bad_shapes():
 
 
 # ---------------------------------------------------------------- footprint
+
 
 def test_footprint_ott2_head_dim_64_at_4k():
     # SmolLM2-135M shape: 30 layers, 3 KV heads, head_dim 64; ott2 skips 2 layers.
@@ -522,9 +544,11 @@ def test_measured_footprint_matches_formula():
 
 # ---------------------------------------------------------------- rotations
 
+
 @pytest.mark.parametrize("head_dim", [1, 2, 64, 128])
 def test_hadamard_is_orthogonal_and_round_trips(head_dim):
     from ott_gguf.reference.rotation import hadamard, restore, rotate
+
     R = hadamard(head_dim, il=3, head=1, values=True)
     assert np.allclose(R @ R.T, np.eye(head_dim), atol=1e-12)
     assert set(np.unique(np.abs(R) * np.sqrt(head_dim)).round(12)) == {1.0}
@@ -535,11 +559,13 @@ def test_hadamard_is_orthogonal_and_round_trips(head_dim):
 
 def test_hadamard_signs_differ_by_layer_head_and_kind():
     from ott_gguf.reference.rotation import hadamard_signs
+
     s = {(il, h, v): tuple(hadamard_signs(64, il, h, v)) for il in range(3) for h in range(2) for v in (False, True)}
     assert len(set(s.values())) == len(s)
     # the generator is splitmix64 (its published first output from state 0), started at
     # GOLDEN for layer 0, head 0, keys: first output 0x6e789e6aa1b965f4, top bit clear: +1
     from ott_gguf.reference.rotation import _GOLDEN, _splitmix64
+
     assert _splitmix64(0)[1] == 0xE220A8397B1DCDAF
     assert _splitmix64(_GOLDEN)[1] == 0x6E789E6AA1B965F4 and hadamard_signs(1, 0, 0, False)[0] == 1.0
 
@@ -547,15 +573,17 @@ def test_hadamard_signs_differ_by_layer_head_and_kind():
 def test_rotated_scores_differ_by_a_constant_per_query():
     """q'·k' = q·k - q·c_k: the softmax over a query's keys is unchanged."""
     from ott_gguf.reference.rotation import hadamard, rotate
+
     R, c = hadamard(16, 0, 0, False), rng(8).standard_normal(16)
     q, k = rng(9).standard_normal((3, 16)), rng(10).standard_normal((20, 16))
-    d = rotate(q, R) @ rotate(k, R, c).T - q @ k.T                      # [3, 20]
+    d = rotate(q, R) @ rotate(k, R, c).T - q @ k.T  # [3, 20]
     assert np.allclose(d, d[:, :1], atol=1e-12)
 
 
 @pytest.mark.parametrize("head_dim", [48, 96])
 def test_hadamard_needs_a_power_of_two(head_dim):
     from ott_gguf.reference.rotation import sylvester
+
     with pytest.raises(InvalidArgumentError, match="power of two"):
         preset("ott2").with_overrides(rot_v=1).for_head_dim(head_dim)
     with pytest.raises(InvalidArgumentError, match="power of two"):

@@ -1,4 +1,5 @@
 """The numpy reference forward pass on real models, and the random GGUF writer it is used with."""
+
 import gguf
 import numpy as np
 import pytest
@@ -43,8 +44,13 @@ def test_random_model_reads_back(tmp_path, arch, dtype, qtype):
     reader = gguf.GGUFReader(path)
     field = lambda key: reader.fields[key].contents()  # noqa: E731
     assert field("general.architecture") == arch
-    assert (field(f"{arch}.block_count"), field(f"{arch}.embedding_length"), field(f"{arch}.feed_forward_length"),
-            field(f"{arch}.attention.head_count"), field(f"{arch}.attention.head_count_kv")) == (2, 64, 128, 4, 2)
+    assert (
+        field(f"{arch}.block_count"),
+        field(f"{arch}.embedding_length"),
+        field(f"{arch}.feed_forward_length"),
+        field(f"{arch}.attention.head_count"),
+        field(f"{arch}.attention.head_count_kv"),
+    ) == (2, 64, 128, 4, 2)
     assert field("tokenizer.ggml.model") == "gpt2" and field("tokenizer.ggml.pre") == "qwen2"
     tokens = field("tokenizer.ggml.tokens")
     assert tokens[ord("a")] == "a" and tokens[ord(" ")] == "Ġ" and "Ġthe" in tokens
@@ -53,7 +59,10 @@ def test_random_model_reads_back(tmp_path, arch, dtype, qtype):
 
     tensors = {t.name: t for t in reader.tensors}
     assert list(tensors["token_embd.weight"].shape) == [64, len(tokens)]  # ggml ne order
-    assert tensors["blk.1.attn_k.weight"].tensor_type == qtype and list(tensors["blk.1.attn_k.weight"].shape) == [64, 32]
+    assert tensors["blk.1.attn_k.weight"].tensor_type == qtype and list(tensors["blk.1.attn_k.weight"].shape) == [
+        64,
+        32,
+    ]
     assert tensors["blk.0.ffn_norm.weight"].tensor_type == Q.F32
     assert ("blk.0.attn_q.bias" in tensors) == (arch == "qwen2")
     assert "output.weight" in tensors
@@ -97,7 +106,7 @@ def test_normal_rope_on_permuted_weights_equals_neox(tmp_path):
     d = normal.n_embd_head
     for il in range(normal.n_layer):
         for name, heads in [("attn_q", normal.n_head), ("attn_k", normal.n_head_kv)]:
-            w = normal.w[f"blk.{il}.{name}.weight"]                      # [heads * d, n_embd], interleaved
+            w = normal.w[f"blk.{il}.{name}.weight"]  # [heads * d, n_embd], interleaved
             neox.w[f"blk.{il}.{name}.weight"] = w.reshape(heads, d // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
     ids = [10, 20, 30, 40, 50, 60]
     np.testing.assert_allclose(neox.forward(ids), normal.forward(ids), rtol=1e-4, atol=1e-4)

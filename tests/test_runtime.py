@@ -6,6 +6,7 @@ row, up to ~20 % on rows whose logits sit near zero); the distributions they def
 within a KL divergence of ~0.01 nats, and greedy choices must agree. The F32 random model has no quantization anywhere:
 there the budget is float32 rounding.
 """
+
 import numpy as np
 import pytest
 
@@ -23,9 +24,11 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def kl_div(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """KL(ref || ours) per row, in nats."""
+
     def log_softmax(x):
         x = x.astype(np.float64) - x.max(-1, keepdims=True)
         return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
     lr, lo = log_softmax(ref_logits), log_softmax(logits)
     return (np.exp(lr) * (lr - lo)).sum(-1)
 
@@ -60,7 +63,7 @@ def test_smollm2_greedy_32_tokens_match_reference(smol, smol_ref):
         logits = smol.eval([tok])
     # teacher-forced reference over the same sequence: its greedy choice at every step
     ref = smol_ref.forward(PROMPT + generated[:-1])
-    ref_choices = ref[len(PROMPT) - 1:].argmax(-1)
+    ref_choices = ref[len(PROMPT) - 1 :].argmax(-1)
     assert ref_choices.tolist() == generated
 
 
@@ -126,7 +129,7 @@ def test_contexts_share_one_load_of_the_weights(smollm2_path, smol):
     assert f16.tokenizer is ott.tokenizer is weights.tokenizer and ott.kv == "ott2"
     weights.close()
     f16.truncate(0)
-    assert np.array_equal(f16.eval(PROMPT), want)      # the contexts hold the weights
+    assert np.array_equal(f16.eval(PROMPT), want)  # the contexts hold the weights
     with pytest.raises(InvalidArgumentError, match="closed"):
         Context(weights, n_ctx=64)
 
@@ -136,8 +139,9 @@ def test_interleaved_batch_order_is_kept(smol):
     for s in range(2):
         smol.truncate(s)
     a, b = PROMPT[:4], PROMPT[4:8]
-    out = smol.decode_batch([a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3]],
-                            [0, 0, 1, 1, 2, 2, 3, 3], [0, 1] * 4, [True] * 8)
+    out = smol.decode_batch(
+        [a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3]], [0, 0, 1, 1, 2, 2, 3, 3], [0, 1] * 4, [True] * 8
+    )
     smol.truncate(0)
     alone_a = smol.eval(a, all_logits=True)
     np.testing.assert_allclose(out[0::2], alone_a, atol=2e-3)
@@ -202,13 +206,21 @@ def test_profile_splits_step_time_and_keeps_results(smollm2_path, kv):
 # f32 weights: only fp16 K/V rounding separates us from the reference. 8-bit weights: ggml
 # rounds activations to 8 bits before each matmul, which turns the fp16 accumulation noise of
 # flash attention into occasional one-code flips (~1 % of a row's range).
-@pytest.mark.parametrize("arch,dtype,budget", [("qwen2", "f32", 2e-3), ("qwen2", "q8_0", 4e-2),
-                                               ("llama", "f16", 3e-3)])
+@pytest.mark.parametrize("arch,dtype,budget", [("qwen2", "f32", 2e-3), ("qwen2", "q8_0", 4e-2), ("llama", "f16", 3e-3)])
 def test_random_model_matches_reference(tmp_path, arch, dtype, budget):
     from make_gguf import write_random_model
 
-    path = write_random_model(tmp_path / f"{arch}-{dtype}.gguf", arch=arch, dtype=dtype, n_embd=128,
-                              n_layer=3, n_head=8, n_head_kv=2, n_ff=256, seed=7)
+    path = write_random_model(
+        tmp_path / f"{arch}-{dtype}.gguf",
+        arch=arch,
+        dtype=dtype,
+        n_embd=128,
+        n_layer=3,
+        n_head=8,
+        n_head_kv=2,
+        n_ff=256,
+        seed=7,
+    )
     model = Model(path, n_ctx=128, n_threads=2, device="cpu")
     ref = ReferenceModel(path, ggml_numerics=True)
     rng = np.random.default_rng(1)
@@ -225,7 +237,7 @@ def test_random_model_matches_reference(tmp_path, arch, dtype, budget):
     for _ in range(32):
         generated.append(int(np.argmax(logits)))
         logits = model.eval([generated[-1]])
-    ref_choices = ref.forward(prompt + generated[:-1])[len(prompt) - 1:].argmax(-1)
+    ref_choices = ref.forward(prompt + generated[:-1])[len(prompt) - 1 :].argmax(-1)
     assert ref_choices.tolist() == generated
 
 
@@ -261,8 +273,11 @@ def test_unsupported_tensor_type_is_refused(tmp_path):
     from ott_gguf.errors import UnsupportedError
 
     src = write_random_model(tmp_path / "src.gguf", arch="qwen2", dtype="f32", seed=3)
-    bad = _rewrite_gguf(src, tmp_path / "i32.gguf",
-                        tensor_map=lambda name, d: d.astype(np.int32) if name == "blk.1.attn_q.weight" else d)
+    bad = _rewrite_gguf(
+        src,
+        tmp_path / "i32.gguf",
+        tensor_map=lambda name, d: d.astype(np.int32) if name == "blk.1.attn_q.weight" else d,
+    )
     with pytest.raises(UnsupportedError, match=r"blk\.1\.attn_q\.weight.*i32"):
         Model(bad, n_ctx=32)
 
@@ -272,12 +287,14 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
     from ott_gguf.errors import ModelFileError, UnsupportedError
 
     src = write_random_model(tmp_path / "src.gguf", arch="llama", dtype="f16", seed=3)
-    gptneox = _rewrite_gguf(src, tmp_path / "neox.gguf",
-                            kv_map=lambda k, v: "gptneox" if k == "general.architecture" else v)
+    gptneox = _rewrite_gguf(
+        src, tmp_path / "neox.gguf", kv_map=lambda k, v: "gptneox" if k == "general.architecture" else v
+    )
     with pytest.raises(UnsupportedError, match="architecture 'gptneox'.*llama, mistral, qwen2"):
         Model(gptneox, n_ctx=32)
-    wrong_shape = _rewrite_gguf(src, tmp_path / "shape.gguf",
-                                tensor_map=lambda n, d: d[:-1] if n == "blk.0.attn_k.weight" else d)
+    wrong_shape = _rewrite_gguf(
+        src, tmp_path / "shape.gguf", tensor_map=lambda n, d: d[:-1] if n == "blk.0.attn_k.weight" else d
+    )
     with pytest.raises(ModelFileError, match=r"blk\.0\.attn_k\.weight.*shape"):
         Model(wrong_shape, n_ctx=32)
 

@@ -1,4 +1,5 @@
 """Sampler: greedy, seeds, and that each filter keeps exactly the right tokens with the right frequencies."""
+
 import numpy as np
 import pytest
 
@@ -89,7 +90,7 @@ def test_min_p_keeps_tokens_above_fraction_of_max():
 def test_top_k_then_temperature():
     # top_k 3 keeps ids 3, 1, 5; temperature 0.5 squares their probabilities
     counts = draw_counts(SamplingParams(temperature=0.5, top_k=3, top_p=1.0, min_p=0.0, seed=13))
-    assert_distribution(counts, [3, 1, 5], PROBS ** 2)
+    assert_distribution(counts, [3, 1, 5], PROBS**2)
 
 
 def test_filters_chain_in_llama_cpp_order():
@@ -97,7 +98,7 @@ def test_filters_chain_in_llama_cpp_order():
     # keeps {3,1,5}; temperature 2 comes last and only reshapes those three to p ** 0.5.
     # Without top-k first, top_p would keep four (0.40, 0.65, 0.80, 0.90); with temperature first, also four.
     counts = draw_counts(SamplingParams(temperature=2.0, top_k=5, top_p=0.82, min_p=0.0, seed=14))
-    assert_distribution(counts, [3, 1, 5], PROBS ** 0.5)
+    assert_distribution(counts, [3, 1, 5], PROBS**0.5)
     # min_p 0.5 after that: threshold 0.5 * 0.40 = 0.20 leaves {3,1}
     counts = draw_counts(SamplingParams(temperature=1.0, top_k=5, top_p=0.82, min_p=0.5, seed=15))
     assert_distribution(counts, [3, 1], PROBS)
@@ -116,10 +117,11 @@ def test_repetition_penalty_changes_argmax():
     params = SamplingParams(temperature=0.0, repeat_penalty=1.2, repeat_last_n=2)
     sampler = Sampler(params)
     assert sampler.sample(logits, []) == 0
-    assert sampler.sample(logits, [0]) == 1                 # 2.0 / 1.2 = 1.67 < 1.9
-    assert sampler.sample(logits, [0, 3, 3]) == 0           # token 0 is outside the last 2 tokens
-    assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.2, repeat_last_n=-1)).sample(
-        logits, [0, 3, 3]) == 1                              # -1 penalises the whole history
+    assert sampler.sample(logits, [0]) == 1  # 2.0 / 1.2 = 1.67 < 1.9
+    assert sampler.sample(logits, [0, 3, 3]) == 0  # token 0 is outside the last 2 tokens
+    assert (
+        Sampler(SamplingParams(temperature=0.0, repeat_penalty=1.2, repeat_last_n=-1)).sample(logits, [0, 3, 3]) == 1
+    )  # -1 penalises the whole history
     # a negative logit is multiplied: -1.0 * 3 = -3.0 falls below -2.5
     neg = np.array([-1.0, -2.5, -10.0], dtype=np.float32)
     assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=3.0)).sample(neg, [0]) == 1
@@ -131,21 +133,33 @@ def test_frequency_and_presence_penalties_subtract_per_count():
     # frequency: token 0 seen twice loses 2 * 0.3 = 0.6 (1.4 < 1.5), token 1 once loses 0.3
     freq = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.3))
     assert freq.sample(logits, [0, 0]) == 1
-    assert freq.sample(logits, [0, 0, 0, 1, 1]) == 0         # 2.0 - 0.9 = 1.1 > 1.0 > 1.5 - 0.6
+    assert freq.sample(logits, [0, 0, 0, 1, 1]) == 0  # 2.0 - 0.9 = 1.1 > 1.0 > 1.5 - 0.6
     # presence: once is enough, the count does not matter
     pres = Sampler(SamplingParams(temperature=0.0, presence_penalty=0.6))
     assert pres.sample(logits, [0]) == 1 and pres.sample(logits, [0, 0, 0]) == 1
-    assert pres.sample(logits, [0, 1]) == 0                  # 1.4 vs 0.9 vs 1.0
+    assert pres.sample(logits, [0, 1]) == 0  # 1.4 vs 0.9 vs 1.0
     # applied after the repetition penalty, as llama.cpp does: 2.0 / 2 - 0.6 = 0.4 < 1.0
     both = Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0, presence_penalty=0.6))
     assert both.sample(logits, [0, 1]) == 2
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"top_k": 2.5}, {"min_p": -0.1}, {"min_p": 1.1},
-    {"repeat_penalty": 0.0}, {"repeat_last_n": -2}, {"temperature": float("nan")}, {"seed": -1},
-    {"frequency_penalty": 2.5}, {"presence_penalty": -3.0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"top_k": -1},
+        {"top_k": 2.5},
+        {"min_p": -0.1},
+        {"min_p": 1.1},
+        {"repeat_penalty": 0.0},
+        {"repeat_last_n": -2},
+        {"temperature": float("nan")},
+        {"seed": -1},
+        {"frequency_penalty": 2.5},
+        {"presence_penalty": -3.0},
+    ],
+)
 def test_invalid_params_raise(kwargs):
     with pytest.raises(InvalidArgumentError, match="sampling: "):
         SamplingParams(**kwargs)

@@ -6,6 +6,7 @@ time slice each when the threads outnumber the free cores.
 The main server runs SmolLM2 with the 2-bit ott2 cache in 3 slots of 384 tokens (two
 quantization events per slot, at 160 and 288 tokens) and a queue of 2. Tests leave it idle.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,13 +34,16 @@ from ott_gguf.server.stops import StopScanner
 # The server process imports the same ott_gguf as this test process (as in test_cli.py).
 PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
 N_SLOTS, N_CTX, MAX_QUEUE = 3, 384, 2
-SYSTEM = ("You are a helpful assistant. Answer in full sentences, explain your reasoning step by step, "
-          "and mention one related fact the user may find interesting. ") * 4
+SYSTEM = (
+    "You are a helpful assistant. Answer in full sentences, explain your reasoning step by step, "
+    "and mention one related fact the user may find interesting. "
+) * 4
 GREEDY = {"temperature": 0.0}
-COUNTING = "1, 2, 3, 4, 5,"   # greedy SmolLM2 goes on counting: no early end
+COUNTING = "1, 2, 3, 4, 5,"  # greedy SmolLM2 goes on counting: no early end
 
 
 # ---- server processes ---------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -77,8 +81,11 @@ class Server:
 
     def metrics(self, headers=None) -> dict[str, float]:
         text = httpx.get(self.url + "/metrics", headers=headers, timeout=10).text
-        return {f"{s.name}{_labels(s.labels)}": s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            f"{s.name}{_labels(s.labels)}": s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def wait_idle(self, timeout: float = 60) -> dict[str, float]:
         deadline = time.monotonic() + timeout
@@ -96,8 +103,18 @@ def _labels(labels: dict) -> str:
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
-    srv = Server(smollm2_path, tmp_path_factory.mktemp("serve"), "--kv", "ott2", "-c", str(N_CTX),
-                 "--parallel", str(N_SLOTS), "--max-queue", str(MAX_QUEUE))
+    srv = Server(
+        smollm2_path,
+        tmp_path_factory.mktemp("serve"),
+        "--kv",
+        "ott2",
+        "-c",
+        str(N_CTX),
+        "--parallel",
+        str(N_SLOTS),
+        "--max-queue",
+        str(MAX_QUEUE),
+    )
     yield srv
     srv.stop()
 
@@ -108,11 +125,15 @@ def client(server):
 
 
 def chat(client, text: str, **kw):
-    return client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=[
-        {"role": "system", "content": SYSTEM}, {"role": "user", "content": text}], **kw)
+    return client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
+        **kw,
+    )
 
 
 # ---- the OpenAI routes --------------------------------------------------------------------------
+
 
 def test_chat_completion(client):
     r = chat(client, "What is the capital of France?", max_tokens=24, **GREEDY)
@@ -126,27 +147,32 @@ def test_chat_completion(client):
 
 def test_streamed_chat_equals_whole_and_counts_usage(client):
     whole = chat(client, "Name three colours.", max_tokens=20, **GREEDY)
-    chunks = list(chat(client, "Name three colours.", max_tokens=20, stream=True,
-                       stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        chat(
+            client, "Name three colours.", max_tokens=20, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
-        [whole.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 def test_completion_length_and_stop(client):
-    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12,
-                                  **GREEDY)
+    r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12, **GREEDY)
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 12 and r.choices[0].text.startswith(" 6, 7")
-    stopped = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING,
-                                        max_tokens=12, stop=[" 8", "never"], **GREEDY)
+    stopped = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12, stop=[" 8", "never"], **GREEDY
+    )
     assert stopped.choices[0].finish_reason == "stop"
-    assert stopped.choices[0].text == r.choices[0].text[:r.choices[0].text.index(" 8")]
-    streamed = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING,
-                                         max_tokens=12, stop=" 8", stream=True, **GREEDY)
+    assert stopped.choices[0].text == r.choices[0].text[: r.choices[0].text.index(" 8")]
+    streamed = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12, stop=" 8", stream=True, **GREEDY
+    )
     assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
 
 
@@ -164,6 +190,7 @@ def test_models_and_health(server, client):
 
 
 # ---- continuous batching ------------------------------------------------------------------------
+
 
 def test_greedy_output_does_not_depend_on_the_batch(server, client):
     """A request served alone and the same request while others run (generating, reading
@@ -187,13 +214,19 @@ def test_greedy_output_does_not_depend_on_the_batch(server, client):
             parts.append(c.choices[0].delta.content or "")
         results[name] = "".join(parts)
 
-    threads = [threading.Thread(target=other, args=("a", "Write a poem about the sea."),
-                                kwargs={"max_tokens": 150, "temperature": 0.9, "seed": 1}),
-               threading.Thread(target=other, args=("b", "List ten animals and describe each one."),
-                                kwargs={"max_tokens": 150, **GREEDY})]
+    threads = [
+        threading.Thread(
+            target=other,
+            args=("a", "Write a poem about the sea."),
+            kwargs={"max_tokens": 150, "temperature": 0.9, "seed": 1},
+        ),
+        threading.Thread(
+            target=other, args=("b", "List ten animals and describe each one."), kwargs={"max_tokens": 150, **GREEDY}
+        ),
+    ]
     for t in threads:
         t.start()
-    started.wait(timeout=60)                      # both others are generating
+    started.wait(timeout=60)  # both others are generating
     busy = chat(client, question, max_tokens=110, **GREEDY).choices[0].message.content
     for t in threads:
         t.join(timeout=300)
@@ -203,7 +236,7 @@ def test_greedy_output_does_not_depend_on_the_batch(server, client):
 
 
 def test_disconnect_cancels_and_frees_the_slot(server):
-    before = server.wait_idle()["ott_requests_total{outcome=\"cancelled\"}"]
+    before = server.wait_idle()['ott_requests_total{outcome="cancelled"}']
     body = {"prompt": COUNTING, "max_tokens": 300, "stream": True, **GREEDY}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()  # held: a dropped iterator closes the response
@@ -213,7 +246,7 @@ def test_disconnect_cancels_and_frees_the_slot(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=1.5)
     m = server.wait_idle(timeout=20)
-    assert m["ott_requests_total{outcome=\"cancelled\"}"] == before + 2
+    assert m['ott_requests_total{outcome="cancelled"}'] == before + 2
     assert m["ott_kv_bytes_used"] == 0
 
 
@@ -223,8 +256,7 @@ def test_full_queue_answers_503_with_retry_after(server):
     async def flood():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
             body = {"prompt": COUNTING, "max_tokens": 300, **GREEDY}
-            running = [asyncio.create_task(http.post("/v1/completions", json=body))
-                       for _ in range(N_SLOTS + MAX_QUEUE)]
+            running = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(N_SLOTS + MAX_QUEUE)]
             deadline = time.monotonic() + 30
             while (m := server.metrics())["ott_slots_active"] < N_SLOTS or m["ott_queue_depth"] < MAX_QUEUE:
                 assert time.monotonic() < deadline, m
@@ -239,25 +271,32 @@ def test_full_queue_answers_503_with_retry_after(server):
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "unavailable_error"
     m = server.wait_idle()
-    assert m["ott_requests_total{outcome=\"rejected\"}"] >= 1
+    assert m['ott_requests_total{outcome="rejected"}'] >= 1
 
 
 # ---- bad requests -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, status, param", [
-    (b"{not json", 400, None),
-    ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
-    ({"messages": "hello"}, 400, "messages"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model"),
-    ({"messages": [{"role": "user", "content": "word " * 500}]}, 400, "messages"),
-])
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
+        ({"messages": "hello"}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model"),
+        ({"messages": [{"role": "user", "content": "word " * 500}]}, 400, "messages"),
+    ],
+)
 def test_bad_chat_requests_get_openai_errors(server, body, status, param):
-    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else \
-        {"json": body}
+    kw = (
+        {"content": body, "headers": {"Content-Type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30, **kw)
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -281,6 +320,7 @@ def test_server_survives_bad_requests(server, client):
 
 # ---- metrics ------------------------------------------------------------------------------------
 
+
 def test_metrics_while_a_request_runs(server, client, smollm2_path):
     before = server.wait_idle()
     body = {"prompt": COUNTING, "max_tokens": 300, "stream": True, **GREEDY}
@@ -292,11 +332,11 @@ def test_metrics_while_a_request_runs(server, client, smollm2_path):
     assert live["ott_kv_bytes_allocated"] >= live["ott_kv_bytes_used"]
     assert 0 < live["ott_kv_bits_per_element"] <= 16
     mid = server.wait_idle()
-    assert mid["ott_requests_total{outcome=\"cancelled\"}"] == before["ott_requests_total{outcome=\"cancelled\"}"] + 1
+    assert mid['ott_requests_total{outcome="cancelled"}'] == before['ott_requests_total{outcome="cancelled"}'] + 1
 
     r = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=12, **GREEDY)
     after = server.wait_idle()
-    assert after["ott_requests_total{outcome=\"length\"}"] == mid["ott_requests_total{outcome=\"length\"}"] + 1
+    assert after['ott_requests_total{outcome="length"}'] == mid['ott_requests_total{outcome="length"}'] + 1
     assert after["ott_prompt_tokens_total"] - mid["ott_prompt_tokens_total"] == r.usage.prompt_tokens
     assert after["ott_generated_tokens_total"] - mid["ott_generated_tokens_total"] == r.usage.completion_tokens
     assert after["ott_generated_tokens_per_second"] > 0
@@ -310,12 +350,27 @@ def test_metrics_while_a_request_runs(server, client, smollm2_path):
 
 # ---- a second server: slots from a memory budget, an API key ----------------------------------
 
+
 def test_auto_slots_and_api_key(smollm2_path, tmp_path):
     budget, n_ctx = 48 * 2**20, 2048
     weights = Weights(smollm2_path)
     want = plan_slots(weights, preset("ott2"), n_ctx, None, budget)
-    srv = Server(smollm2_path, tmp_path, "--kv", "ott2", "-c", str(n_ctx), "--parallel", "auto",
-                 "--kv-memory", "48MiB", "--api-key", "s3cret", "-b", "64")
+    srv = Server(
+        smollm2_path,
+        tmp_path,
+        "--kv",
+        "ott2",
+        "-c",
+        str(n_ctx),
+        "--parallel",
+        "auto",
+        "--kv-memory",
+        "48MiB",
+        "--api-key",
+        "s3cret",
+        "-b",
+        "64",
+    )
     try:
         startup = srv.log.read_text()
         assert f"{want.n_slots} slots fit the KV budget of 48.0 MiB" in startup
@@ -351,6 +406,7 @@ def test_slot_plan_errors(smollm2_path):
 
 # ---- the engine in process ----------------------------------------------------------------------
 
+
 def run_jobs(engine: Engine, requests: list[Request], emit_wrappers=None) -> list[list]:
     """Submit every request, wait for each to end; the events each got."""
     events = [[] for _ in requests]
@@ -363,6 +419,7 @@ def run_jobs(engine: Engine, requests: list[Request], emit_wrappers=None) -> lis
             events[i].append(event)
             if isinstance(event, (Done, Failed)):
                 ended[i].set()
+
         return emit
 
     for i, r in enumerate(requests):
@@ -390,23 +447,27 @@ def test_a_failing_request_fails_alone(smollm2_path):
         def explode(event):
             if isinstance(event, Delta):
                 raise RuntimeError("consumer failed")
+
         together = run_jobs(engine, reqs, [None, explode, None])
         assert isinstance(together[1][-1], Failed) and "consumer failed" in str(together[1][-1].error)
         assert [text_of(together[0]), text_of(together[2])] == [alone[0], alone[2]]
         assert all(isinstance(ev[-1], Done) for ev in (together[0], together[2]))
         assert engine.stats.requests["error"] == 1
-        assert ctx.kv_stats().n_tokens == 0        # every slot freed
+        assert ctx.kv_stats().n_tokens == 0  # every slot freed
     finally:
         engine.stop()
 
 
-@pytest.mark.parametrize("pieces, stops, shown, stopped", [
-    (["Hello", " wor", "ld"], [], "Hello world", False),
-    (["Hello", " wor", "ld"], ["world"], "Hello ", True),
-    (["a<", "|e", "nd|>b"], ["<|end|>"], "a", True),
-    (["a<", "|x"], ["<|end|>"], "a<|x", False),            # a false start is released
-    (["ab", "c"], ["bc", "abx"], "a", True),               # the earliest stop wins
-])
+@pytest.mark.parametrize(
+    "pieces, stops, shown, stopped",
+    [
+        (["Hello", " wor", "ld"], [], "Hello world", False),
+        (["Hello", " wor", "ld"], ["world"], "Hello ", True),
+        (["a<", "|e", "nd|>b"], ["<|end|>"], "a", True),
+        (["a<", "|x"], ["<|end|>"], "a<|x", False),  # a false start is released
+        (["ab", "c"], ["bc", "abx"], "a", True),  # the earliest stop wins
+    ],
+)
 def test_stop_scanner(pieces, stops, shown, stopped):
     scanner = StopScanner(stops)
     out = "".join(scanner.feed(p) for p in pieces)

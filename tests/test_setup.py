@@ -5,6 +5,7 @@ The environment is fresh but pip's cache and the default model's cache (~/.cache
 are the user's, as they would be for someone cloning a second time; OTT_NATIVE_DIR and
 PYTHONPATH are removed so the installed build is the one that runs.
 """
+
 import os
 import re
 import subprocess
@@ -33,18 +34,29 @@ def test_readme_first_command_from_a_fresh_clone(tmp_path):
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = env.get("CMAKE_BUILD_PARALLEL_LEVEL", str(min(os.cpu_count() or 1, 4)))
 
-    out = subprocess.run(["bash", "-c", _readme_first_command()], cwd=clone, env=env,
-                         capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(
+        ["bash", "-c", _readme_first_command()], cwd=clone, env=env, capture_output=True, text=True, timeout=3600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(out.stdout.strip()) > 20, out.stdout  # 32 tokens of text were streamed
 
     # the converter ships inside the package: no generic top-level `convert` in site-packages
-    purelib = subprocess.run([env_dir / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
-                             env=env, capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [env_dir / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     site = Path(purelib)
     assert not (site / "convert").exists()
     assert (site / "ott_gguf" / "convert" / "converter.py").is_file()
     # and the installed package runs it from anywhere (outside the clone: no source tree on the path)
-    help_out = subprocess.run([env_dir / "bin" / "python", "-m", "ott_gguf", "convert", "--help"], cwd=tmp_path,
-                              env=env, capture_output=True, text=True)
+    help_out = subprocess.run(
+        [env_dir / "bin" / "python", "-m", "ott_gguf", "convert", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert help_out.returncode == 0 and "--outtype" in help_out.stdout, help_out.stderr

@@ -2,6 +2,7 @@
 lock, so calls are serialized and see a consistent cache; close() waits for the call in
 progress, and calls after it raise InvalidArgumentError. Contexts on the same weights run in
 parallel. Without the lock these runs aborted (SIGABRT, SIGFPE or SIGSEGV)."""
+
 import threading
 
 import numpy as np
@@ -54,12 +55,14 @@ def test_threads_hammering_one_model_get_the_single_threaded_logits(tiny):
             expected[seq] = _decode(model, seq)
     got = {}
     with Model(tiny, n_ctx=64, n_seq_max=N_THREADS, n_threads=2) as model:
+
         def work(seq):
             got[seq] = _decode(model, seq)
             model.kv_stats()
             assert model.seq_len(seq) == STEPS
             model.truncate(seq, 0)
             model.set_threads(1 + seq % 2)
+
         assert _run_threads(work, N_THREADS) == []
     for seq in range(N_THREADS):
         np.testing.assert_allclose(got[seq], expected[seq], rtol=1e-5, atol=1e-5)
@@ -103,6 +106,7 @@ def test_contexts_on_shared_weights_run_in_parallel(tiny):
 
         def work(i):
             got[i] = _decode(contexts[i], 0)
+
         assert _run_threads(work, N_THREADS) == []
         for i in range(N_THREADS):
             np.testing.assert_allclose(got[i], expected, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """Tokenizer: llama.cpp's ids on our strings (tests/data/tokenizer), round trips, pre-tokenizer edge cases,
 special tokens, streaming decode, and a SentencePiece vocabulary small enough to work out
 by hand."""
+
 import json
 
 import pytest
@@ -32,6 +33,7 @@ def _cases(reference_dir, name):
 
 
 # ---- llama.cpp's ids -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name, tok_fixture", [("smollm2", "smollm2_tok"), ("qwen2", "qwen_tok")])
 def test_ids_match_llama_cpp(name, tok_fixture, request, reference_dir):
@@ -65,24 +67,35 @@ def test_metadata(smollm2_tok, qwen_tok):
 def test_end_of_generation(smollm2_tok, qwen_tok):
     def eog_texts(tok):
         return {tok.token_text(i) for i in range(tok.n_vocab) if tok.is_eog(i)}
+
     # llama.cpp: eos, the texts it knows as end of turn/text, and the fim repo/pad/file-sep tokens.
     assert eog_texts(smollm2_tok) == {"<|endoftext|>", "<|im_end|>", "<reponame>"}
-    assert eog_texts(qwen_tok) == {"<|endoftext|>", "<|im_end|>", "</s>", "<|fim_pad|>", "<|repo_name|>",
-                                   "<|file_sep|>"}
+    assert eog_texts(qwen_tok) == {
+        "<|endoftext|>",
+        "<|im_end|>",
+        "</s>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    }
     assert not smollm2_tok.is_eog(smollm2_tok.encode("Hello")[0])
 
 
 # ---- pre-tokenizers ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("pre, words", [
-    # digits: one by one (smollm, qwen2), groups of 3 (llama3), a run (gpt2)
-    ("smollm", ["1", "2", "3", "4", "5", " a", "  ", " b", "\n\n", "\t", "c", "'s"]),
-    ("qwen2", ["1", "2", "3", "4", "5", " a", "  ", " b", "\n\n", "\tc", "'s"]),
-    ("llama-bpe", ["123", "45", " a", "  ", " b", "\n\n", "\tc", "'s"]),
-    ("gpt2", ["12345", " a", "  ", " b", "\n\n", "\t", "c", "'s"]),
-    # llama.cpp's fallback cuts punctuation runs first, so the apostrophe stands alone
-    ("default", ["123", "45", " a", "  ", " b", "\n\n", "\t", "c", "'", "s"]),
-])
+
+@pytest.mark.parametrize(
+    "pre, words",
+    [
+        # digits: one by one (smollm, qwen2), groups of 3 (llama3), a run (gpt2)
+        ("smollm", ["1", "2", "3", "4", "5", " a", "  ", " b", "\n\n", "\t", "c", "'s"]),
+        ("qwen2", ["1", "2", "3", "4", "5", " a", "  ", " b", "\n\n", "\tc", "'s"]),
+        ("llama-bpe", ["123", "45", " a", "  ", " b", "\n\n", "\tc", "'s"]),
+        ("gpt2", ["12345", " a", "  ", " b", "\n\n", "\t", "c", "'s"]),
+        # llama.cpp's fallback cuts punctuation runs first, so the apostrophe stands alone
+        ("default", ["123", "45", " a", "  ", " b", "\n\n", "\t", "c", "'", "s"]),
+    ],
+)
 def test_pre_tokenizer_words(pre, words):
     # A whitespace run before a word leaves its last space to the word; Llama 3 / Qwen2 keep
     # newlines apart from the tab that leads the next word.
@@ -90,7 +103,7 @@ def test_pre_tokenizer_words(pre, words):
 
 
 def test_pre_tokenizer_contractions_and_trailing_space():
-    assert pre_tokenizer("qwen2").split("IT'S x ") == ["IT", "'S", " x", " "]     # case-insensitive
+    assert pre_tokenizer("qwen2").split("IT'S x ") == ["IT", "'S", " x", " "]  # case-insensitive
     assert pre_tokenizer("gpt2").split("IT'S x ") == ["IT", "'", "S", " x", " "]  # GPT-2: lower case only
     assert pre_tokenizer("llama3").split("a\u00a0\u3000b") == ["a", "\u00a0", "\u3000b"]  # Unicode spaces
 
@@ -118,14 +131,16 @@ def test_bad_files(tmp_path):
 
 # ---- edge cases on the real vocabularies --------------------------------------------------
 
+
 def test_empty_text(smollm2_tok):
     assert smollm2_tok.encode("") == []
     assert smollm2_tok.decode([]) == ""
 
 
 def test_add_bos_and_eos_from_metadata(smollm2_fields):
-    tok = Tokenizer.from_fields({**smollm2_fields, "tokenizer.ggml.add_bos_token": True,
-                                 "tokenizer.ggml.add_eos_token": True})
+    tok = Tokenizer.from_fields(
+        {**smollm2_fields, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    )
     plain = tok.encode("Hello", add_special=False)
     assert tok.encode("Hello") == [1] + plain + [2]
     assert tok.decode(tok.encode("Hello"), skip_special=True) == "Hello"
@@ -133,10 +148,20 @@ def test_add_bos_and_eos_from_metadata(smollm2_fields):
 
 
 @pytest.mark.parametrize("tok_fixture", ["smollm2_tok", "qwen_tok"])
-@pytest.mark.parametrize("text", [
-    " " * 33, "\n" * 40, "\t\t x \r\n\r\n", "a" * 5000, "🙂" * 300, "日本語の文章です。" * 20,
-    "x" + "\u200d" * 10 + "y", "0" * 1000, "9" * 1001 + "\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        " " * 33,
+        "\n" * 40,
+        "\t\t x \r\n\r\n",
+        "a" * 5000,
+        "🙂" * 300,
+        "日本語の文章です。" * 20,
+        "x" + "\u200d" * 10 + "y",
+        "0" * 1000,
+        "9" * 1001 + "\n",
+    ],
+)
 def test_round_trip_edge_cases(tok_fixture, text, request):
     tok = request.getfixturevalue(tok_fixture)
     ids = tok.encode(text)
@@ -207,9 +232,19 @@ def test_wikitext_prefix(smollm2_tok, wikitext_path):
 
 BYTE0 = 3  # <0x00> .. <0xFF> are ids 3 .. 258
 SPM_PIECES = [  # id, text, score
-    (259, "\u2581", -5.0), (260, "h", -5.0), (261, "e", -5.0), (262, "l", -5.0), (263, "o", -5.0),
-    (264, "a", -5.0), (265, "\u2581h", -1.0), (266, "ll", -0.5), (267, "ell", -0.8),
-    (268, "\u2581hell", -2.0), (269, "el", -3.0), (270, "aa", -1.5), (271, "lo", -4.0),
+    (259, "\u2581", -5.0),
+    (260, "h", -5.0),
+    (261, "e", -5.0),
+    (262, "l", -5.0),
+    (263, "o", -5.0),
+    (264, "a", -5.0),
+    (265, "\u2581h", -1.0),
+    (266, "ll", -0.5),
+    (267, "ell", -0.8),
+    (268, "\u2581hell", -2.0),
+    (269, "el", -3.0),
+    (270, "aa", -1.5),
+    (271, "lo", -4.0),
 ]
 
 
@@ -218,8 +253,12 @@ def _spm(**options):
     types = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES)
     scores = [0.0] * (3 + 256) + [s for _, _, s in SPM_PIECES]
     assert [tokens.index(t) for _, t, _ in SPM_PIECES] == [i for i, _, _ in SPM_PIECES]
-    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-              "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores}
+    fields = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": scores,
+    }
     fields.update({f"tokenizer.ggml.{k}": v for k, v in options.items()})
     return Tokenizer.from_fields(fields)
 
@@ -252,7 +291,7 @@ def test_spm_space_prefix():
     tok = _spm()
     # Spaces are ▁; "a a" -> ▁ a ▁ a, no pair is a token.
     assert tok.encode("a a", add_special=False) == [259, 264, 259, 264]
-    assert tok.decode([259, 264, 259, 264]) == "a a"   # the added space is dropped again
+    assert tok.decode([259, 264, 259, 264]) == "a a"  # the added space is dropped again
     # Without the prefix: h e l l o -> h e ll o -> h ell o (no "hell").
     assert _spm(add_space_prefix=False).encode("hello", add_special=False) == [260, 267, 263]
     # llama.cpp puts a space again before text that follows a special token.

@@ -9,6 +9,7 @@ Found, in this order:
 Either way the file must have the published sha256, or the caller gets an error saying which
 copy is wrong.
 """
+
 from __future__ import annotations
 
 import hashlib

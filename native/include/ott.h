@@ -17,50 +17,50 @@ extern "C" {
 
 typedef enum {
     OTT_OK               = 0,
-    OTT_ERR_IO           = 1,  /* file missing or unreadable                      */
-    OTT_ERR_FORMAT       = 2,  /* not a GGUF file, truncated, inconsistent         */
-    OTT_ERR_UNSUPPORTED  = 3,  /* architecture, tensor type or option we lack      */
-    OTT_ERR_INVALID_ARG  = 4,  /* bad parameter or batch                          */
-    OTT_ERR_CONTEXT_FULL = 5,  /* a sequence would exceed n_ctx                   */
-    OTT_ERR_ALLOC        = 6,  /* out of memory                                   */
-    OTT_ERR_BACKEND      = 7,  /* ggml backend failure                            */
+    OTT_ERR_IO           = 1, /* file missing or unreadable                      */
+    OTT_ERR_FORMAT       = 2, /* not a GGUF file, truncated, inconsistent         */
+    OTT_ERR_UNSUPPORTED  = 3, /* architecture, tensor type or option we lack      */
+    OTT_ERR_INVALID_ARG  = 4, /* bad parameter or batch                          */
+    OTT_ERR_CONTEXT_FULL = 5, /* a sequence would exceed n_ctx                   */
+    OTT_ERR_ALLOC        = 6, /* out of memory                                   */
+    OTT_ERR_BACKEND      = 7, /* ggml backend failure                            */
 } ott_status;
 
 const char * ott_last_error(void);
 
 /* ---- model ------------------------------------------------------------------------ */
 
-typedef struct ott_model   ott_model;
+typedef struct ott_model ott_model;
 typedef struct ott_context ott_context;
 
 typedef struct {
-    int32_t repack;      /* 1: store matmul weights in ggml's repacked CPU layout where the
+    int32_t repack;  /* 1: store matmul weights in ggml's repacked CPU layout where the
                             type has one (faster kernels); 0: keep the file's layout    */
-    char    device[16];  /* "cpu", "cuda", "cuda:N"; "" (default): cuda:0 when this build
+    char device[16]; /* "cpu", "cuda", "cuda:N"; "" (default): cuda:0 when this build
                             has CUDA and a GPU is present, else cpu. Weights, graph and KV
                             cache live there; logits come back to the host            */
 } ott_model_params;
 
 typedef struct {
-    char     arch[32];          /* general.architecture: llama, mistral, qwen2, qwen3,
+    char arch[32]; /* general.architecture: llama, mistral, qwen2, qwen3,
                                    gemma3, phi3                                      */
-    int32_t  n_vocab;
-    int32_t  n_ctx_train;
-    int32_t  n_embd;
-    int32_t  n_layer;
-    int32_t  n_head;
-    int32_t  n_head_kv;
-    int32_t  n_embd_head;       /* head_dim                                         */
-    int32_t  n_ff;
-    int32_t  rope_type;         /* 0 = normal (llama), 2 = neox (qwen2 and later)    */
-    float    rope_freq_base;
-    float    rope_freq_scale;
-    float    norm_rms_eps;
-    int32_t  tied_output;       /* 1 when the output projection is token_embd        */
-    int64_t  n_params;
-    int64_t  weight_bytes;
-    char     device[16];        /* where the model runs: "cpu" or "cuda:N"           */
-    int32_t  n_swa;             /* sliding window of the local layers (tokens); 0: every
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_embd_head; /* head_dim                                         */
+    int32_t n_ff;
+    int32_t rope_type; /* 0 = normal (llama), 2 = neox (qwen2 and later)    */
+    float rope_freq_base;
+    float rope_freq_scale;
+    float norm_rms_eps;
+    int32_t tied_output; /* 1 when the output projection is token_embd        */
+    int64_t n_params;
+    int64_t weight_bytes;
+    char device[16]; /* where the model runs: "cpu" or "cuda:N"           */
+    int32_t n_swa;   /* sliding window of the local layers (tokens); 0: every
                                    layer is global (ott_model_layer_window)           */
 } ott_model_info;
 
@@ -69,7 +69,7 @@ ott_model_params ott_model_default_params(void);
  * ott.calib.model_hash; native/src/kv/kv_calib.h defines it). Reads the whole file. */
 ott_status ott_model_fingerprint(const ott_model * model, uint64_t * out);
 ott_status ott_model_load(const char * path, const ott_model_params * params, ott_model ** out);
-void       ott_model_free(ott_model * model);
+void ott_model_free(ott_model * model);
 ott_status ott_model_get_info(const ott_model * model, ott_model_info * out);
 /* The attention window of layer il: n_swa for a sliding-window (local) layer, 0 for a global
  * one. A context keeps a local layer in an fp16 ring of its window whatever the KV mode, when
@@ -83,11 +83,11 @@ ott_status ott_model_layer_window(const ott_model * model, int32_t il, int32_t *
  * 7 bool, 8 string, 9 array, 10 u64, 11 i64, 12 f64. */
 typedef struct {
     const char * key;
-    int32_t      type;        /* value type; 9 for arrays                                 */
-    int32_t      elem_type;   /* arrays: element type                                     */
-    int64_t      n;           /* arrays: element count; scalars: 1                         */
-    const void * data;        /* scalars and numeric arrays: raw little-endian values     */
-    const char * str;         /* string scalars                                           */
+    int32_t type;      /* value type; 9 for arrays                                 */
+    int32_t elem_type; /* arrays: element type                                     */
+    int64_t n;         /* arrays: element count; scalars: 1                         */
+    const void * data; /* scalars and numeric arrays: raw little-endian values     */
+    const char * str;  /* string scalars                                           */
 } ott_meta_kv;
 
 ott_status ott_model_meta_count(const ott_model * model, int64_t * out);
@@ -96,9 +96,9 @@ ott_status ott_model_meta_arr_str(const ott_model * model, int64_t i, int64_t j,
 
 typedef struct {
     const char * name;
-    const char * type_name;   /* ggml type name, e.g. "q4_1"                              */
-    int64_t      ne[4];       /* ggml shape                                               */
-    int64_t      n_bytes;
+    const char * type_name; /* ggml type name, e.g. "q4_1"                              */
+    int64_t ne[4];          /* ggml shape                                               */
+    int64_t n_bytes;
 } ott_tensor_desc;
 
 ott_status ott_model_tensor_count(const ott_model * model, int64_t * out);
@@ -107,65 +107,65 @@ ott_status ott_model_tensor_get(const ott_model * model, int64_t i, ott_tensor_d
 /* ---- KV cache modes ------------------------------------------------------------------ */
 
 typedef enum {
-    OTT_KV_F16  = 0,  /* fp16 cache, ggml flash attention                                */
-    OTT_KV_KIVI = 1,  /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
-    OTT_KV_OTT  = 2,  /* KIVI + Outlier Token Tracing (pool > 0)                          */
+    OTT_KV_F16  = 0, /* fp16 cache, ggml flash attention                                */
+    OTT_KV_KIVI = 1, /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
+    OTT_KV_OTT  = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
 } ott_kv_type;
 
 /* Knobs of the quantized cache (DESIGN §2, ott_gguf/reference/config.py); all 0 for
  * OTT_KV_F16. group_v larger than head_dim is capped at head_dim. Invalid combinations
  * make ott_context_init fail with OTT_ERR_INVALID_ARG and one line naming the knob. */
 typedef struct {
-    int32_t type;             /* ott_kv_type                                             */
-    int32_t bits_k;           /* bits per key code: 2, 4 or 8                            */
-    int32_t bits_v;           /* bits per value code: 2, 4 or 8                          */
-    int32_t group_k;          /* tokens per key group (one channel), divides block      */
-    int32_t group_v;          /* channels per value group (one token), divides head_dim */
-    int32_t block;            /* tokens quantized at one event, multiple of 8            */
-    int32_t window;           /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
-    int32_t pool;             /* outlier-pool tokens per KV head, < block               */
-    int32_t extra_pool;       /* extra-pool tokens per KV head                           */
-    int32_t skip_layers;      /* layers 0 .. skip_layers-1 do not trace outliers        */
-    int32_t sink;             /* first tokens of a sequence kept in fp16                */
-    int32_t prefill_fp16;     /* 1: a multi-token chunk's quantization events wait until
+    int32_t type;            /* ott_kv_type                                             */
+    int32_t bits_k;          /* bits per key code: 2, 4 or 8                            */
+    int32_t bits_v;          /* bits per value code: 2, 4 or 8                          */
+    int32_t group_k;         /* tokens per key group (one channel), divides block      */
+    int32_t group_v;         /* channels per value group (one token), divides head_dim */
+    int32_t block;           /* tokens quantized at one event, multiple of 8            */
+    int32_t window;          /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
+    int32_t pool;            /* outlier-pool tokens per KV head, < block               */
+    int32_t extra_pool;      /* extra-pool tokens per KV head                           */
+    int32_t skip_layers;     /* layers 0 .. skip_layers-1 do not trace outliers        */
+    int32_t sink;            /* first tokens of a sequence kept in fp16                */
+    int32_t prefill_fp16;    /* 1: a multi-token chunk's quantization events wait until
                                  the sequence's next single-token step, so a prompt given
                                  in several chunks attends in full precision throughout */
-    int32_t clip;             /* 1: each group is quantized over the best of a fixed set of
+    int32_t clip;            /* 1: each group is quantized over the best of a fixed set of
                                  clipped ranges (least squared error), 0: over min .. max */
-    int32_t param_bits;       /* a group's scale and min: 16 (fp16; 0 means 16) or 8 (a ufp8
+    int32_t param_bits;      /* a group's scale and min: 16 (fp16; 0 means 16) or 8 (a ufp8
                                  scale and an int8 min, native/src/kv/kv_layout.h)         */
-    int32_t rot_k;            /* rotation of keys (and queries) before the cache: 0 none,
+    int32_t rot_k;           /* rotation of keys (and queries) before the cache: 0 none,
                                  1 Hadamard with fixed signs (head_dim a power of two),
                                  2 calibrated (from calib_path)                           */
-    int32_t rot_v;            /* rotation of values, rotated back after attention: same kinds */
-    const char * calib_path;  /* calibration sidecar GGUF (calibrated rotations); NULL: none.
+    int32_t rot_v;           /* rotation of values, rotated back after attention: same kinds */
+    const char * calib_path; /* calibration sidecar GGUF (calibrated rotations); NULL: none.
                                  Read during ott_context_init only                       */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t       n_ctx;      /* tokens per sequence; <= 0: the model's n_ctx_train      */
-    int32_t       n_seq_max;  /* sequences that may be live at once                      */
-    int32_t       n_ubatch;   /* tokens per graph evaluation                             */
-    int32_t       n_threads;  /* <= 0: physical cores                                    */
+    int32_t n_ctx;     /* tokens per sequence; <= 0: the model's n_ctx_train      */
+    int32_t n_seq_max; /* sequences that may be live at once                      */
+    int32_t n_ubatch;  /* tokens per graph evaluation                             */
+    int32_t n_threads; /* <= 0: physical cores                                    */
     ott_kv_params kv;
 } ott_context_params;
 
 ott_context_params ott_context_default_params(void);
 ott_status ott_context_init(ott_model * model, const ott_context_params * params, ott_context ** out);
-void       ott_context_free(ott_context * ctx);
+void ott_context_free(ott_context * ctx);
 ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threads);
 
 /* A batch of tokens, each with its position and sequence. Positions of one sequence must
  * continue that sequence exactly (its current length, then +1 ...). Tokens with
  * logits[i] != 0 produce a row of logits, in batch order. */
 typedef struct {
-    int32_t         n_tokens;
-    const int32_t * token;    /* [n_tokens] */
-    const int32_t * pos;      /* [n_tokens] */
-    const int32_t * seq_id;   /* [n_tokens] */
-    const int8_t  * logits;   /* [n_tokens]; NULL: only the last token                   */
+    int32_t n_tokens;
+    const int32_t * token;  /* [n_tokens] */
+    const int32_t * pos;    /* [n_tokens] */
+    const int32_t * seq_id; /* [n_tokens] */
+    const int8_t * logits;  /* [n_tokens]; NULL: only the last token                   */
 } ott_batch;
 
 ott_status ott_decode(ott_context * ctx, const ott_batch * batch);
@@ -186,8 +186,8 @@ typedef struct {
     int64_t bytes_allocated;      /* KV bytes allocated now, all layers and sequences   */
     int64_t bytes_used;           /* KV bytes holding live tokens                       */
     int64_t n_tokens;             /* live tokens summed over sequences                  */
-    double  bytes_per_token_layer;/* bytes per token per layer, everything counted      */
-    double  bits_per_element;     /* average bits per K or V element                    */
+    double bytes_per_token_layer; /* bytes per token per layer, everything counted      */
+    double bits_per_element;      /* average bits per K or V element                    */
 } ott_kv_stats;
 
 ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
@@ -197,11 +197,11 @@ ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
  * several smaller graphs (one per run of nodes of one kind), so whole steps get slower:
  * time steps with profiling off. CPU backend only. */
 typedef struct {
-    double  attn_ms;      /* attention over the cache: nodes named kq* (ggml's flash attention,
+    double attn_ms;   /* attention over the cache: nodes named kq* (ggml's flash attention,
                              or its matrix products and softmax; our fused attention and merge) */
-    double  append_ms;    /* new tokens into the cache, quantization events: kv_append*     */
-    double  rotate_ms;    /* rotations of queries, keys, values and outputs: kv_rot*      */
-    double  other_ms;     /* everything else: projections, FFN, norms, output head          */
+    double append_ms; /* new tokens into the cache, quantization events: kv_append*     */
+    double rotate_ms; /* rotations of queries, keys, values and outputs: kv_rot*      */
+    double other_ms;  /* everything else: projections, FFN, norms, output head          */
     int64_t n_ubatches;
 } ott_profile;
 
@@ -222,32 +222,31 @@ ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_t seq_id, i
  * values are IEEE binary16 bit patterns. Head-blocks are in native/src/kv/kv_layout.h's
  * layout (the arrays of ott_gguf/reference/block.py at the offsets block_offsets). */
 typedef struct {
-    int32_t  n_tokens;        /* tokens of the sequence                                   */
-    int32_t  n_sink;
-    int32_t  n_blocks;        /* quantized blocks; block j holds positions
+    int32_t n_tokens; /* tokens of the sequence                                   */
+    int32_t n_sink;
+    int32_t n_blocks; /* quantized blocks; block j holds positions
                                  n_sink + j*block ..                                      */
-    int32_t  n_pool;
-    int32_t  n_extra;
-    int32_t  n_window;        /* window positions: n_tokens - n_window ..                 */
-    int32_t  tracing;         /* 1 while this head still runs Outlier Token Tracing       */
-    int32_t  block_bytes;     /* bytes of one head-block                                  */
-    int32_t  block_offsets[7];/* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
+    int32_t n_pool;
+    int32_t n_extra;
+    int32_t n_window;         /* window positions: n_tokens - n_window ..                 */
+    int32_t tracing;          /* 1 while this head still runs Outlier Token Tracing       */
+    int32_t block_bytes;      /* bytes of one head-block                                  */
+    int32_t block_offsets[7]; /* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
                                  v_codes, mask inside a head-block                        */
-    uint8_t  * blocks;        /* [n_blocks][block_bytes]                                  */
+    uint8_t * blocks;         /* [n_blocks][block_bytes]                                  */
     uint16_t * sink_k;        /* fp16 [n_sink][head_dim], likewise sink_v                 */
     uint16_t * sink_v;
-    uint16_t * pool_k;        /* fp16 [n_pool][head_dim], ascending position              */
+    uint16_t * pool_k; /* fp16 [n_pool][head_dim], ascending position              */
     uint16_t * pool_v;
-    int32_t  * pool_pos;      /* [n_pool]                                                 */
-    uint16_t * extra_k;       /* fp16 [n_extra][head_dim], in eviction order              */
+    int32_t * pool_pos; /* [n_pool]                                                 */
+    uint16_t * extra_k; /* fp16 [n_extra][head_dim], in eviction order              */
     uint16_t * extra_v;
-    int32_t  * extra_pos;     /* [n_extra]                                                */
-    uint16_t * window_k;      /* fp16 [n_window][head_dim], ascending position            */
+    int32_t * extra_pos; /* [n_extra]                                                */
+    uint16_t * window_k; /* fp16 [n_window][head_dim], ascending position            */
     uint16_t * window_v;
 } ott_kv_head_state;
 
-ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head,
-                         ott_kv_head_state * out);
+ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head, ott_kv_head_state * out);
 
 /* Physical cores of this machine (the default thread count). */
 int32_t ott_physical_cores(void);

@@ -14,8 +14,8 @@ ott_status ott_fail(ott_status status, const char * fmt, ...)
     ;
 
 // Propagate a non-OK status.
-#define OTT_TRY(expr)                          \
-    do {                                       \
-        ott_status _st = (expr);               \
-        if (_st != OTT_OK) return _st;         \
+#define OTT_TRY(expr)                                                                                                  \
+    do {                                                                                                               \
+        ott_status _st = (expr);                                                                                       \
+        if (_st != OTT_OK) return _st;                                                                                 \
     } while (0)

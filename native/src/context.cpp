@@ -23,24 +23,24 @@
 
 struct ott_context {
     ott_model * model = nullptr;
-    ott_context_params params{};
+    ott_context_params params {};
 
-    ggml_backend_t     backend    = nullptr;
-    ggml_threadpool  * threadpool = nullptr;
-    ggml_gallocr_t     galloc     = nullptr;
-    std::vector<uint8_t> graph_meta;           // memory for graph headers
+    ggml_backend_t backend       = nullptr;
+    ggml_threadpool * threadpool = nullptr;
+    ggml_gallocr_t galloc        = nullptr;
+    std::vector<uint8_t> graph_meta;  // memory for graph headers
     std::unique_ptr<ott_kv_cache> kv;
-    std::unique_ptr<ott_kv_rotation> rot;      // rotations around the cache, or null
+    std::unique_ptr<ott_kv_rotation> rot;  // rotations around the cache, or null
 #ifdef OTT_USE_CUDA
-    ott_cuda_executor * executor = nullptr;    // when the cache's attention is external
+    ott_cuda_executor * executor = nullptr;  // when the cache's attention is external
 #endif
 
-    std::vector<float> logits;                 // [n_outputs, n_vocab]
+    std::vector<float> logits;  // [n_outputs, n_vocab]
     int32_t n_outputs = 0;
 
-    bool profile = false;                      // ott_set_profile
-    ott_profile prof{};
-    std::vector<uint8_t> prof_meta;            // memory for the segment graph's header
+    bool profile = false;  // ott_set_profile
+    ott_profile prof {};
+    std::vector<uint8_t> prof_meta;  // memory for the segment graph's header
 
     ~ott_context() {
 #ifdef OTT_USE_CUDA
@@ -72,12 +72,12 @@ ott_status set_threads(ott_context * c, int32_t n_threads) {
         return OTT_OK;
     }
     ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
-    ggml_threadpool * tp = ggml_threadpool_new(&tpp);
+    ggml_threadpool * tp       = ggml_threadpool_new(&tpp);
     if (!tp) return ott_fail(OTT_ERR_BACKEND, "cannot create a thread pool of %d threads", n_threads);
     ggml_backend_cpu_set_threadpool(c->backend, tp);
     ggml_backend_cpu_set_n_threads(c->backend, n_threads);
     if (c->threadpool) ggml_threadpool_free(c->threadpool);
-    c->threadpool = tp;
+    c->threadpool       = tp;
     c->params.n_threads = n_threads;
     return OTT_OK;
 }
@@ -93,17 +93,19 @@ ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vecto
         const int32_t s = b->seq_id[i];
         if (check_seq(c, s) != OTT_OK) return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: %s", i, ott_last_error());
         if (b->token[i] < 0 || b->token[i] >= n_vocab) {
-            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: id %d is outside the vocabulary [0, %d)", i, b->token[i], n_vocab);
+            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: id %d is outside the vocabulary [0, %d)", i,
+                            b->token[i], n_vocab);
         }
-        const int32_t want = c->kv->seq_len(s) + (int32_t) per_seq[s].size();
+        const int32_t want = c->kv->seq_len(s) + (int32_t)per_seq[s].size();
         if (b->pos[i] != want) {
-            return ott_fail(OTT_ERR_INVALID_ARG, "batch token %d: position %d does not continue sequence %d (expected %d)",
-                            i, b->pos[i], s, want);
+            return ott_fail(OTT_ERR_INVALID_ARG,
+                            "batch token %d: position %d does not continue sequence %d (expected %d)", i, b->pos[i], s,
+                            want);
         }
         per_seq[s].push_back(i);
     }
     for (int32_t s = 0; s < c->params.n_seq_max; ++s) {
-        OTT_TRY(ott_kv_check_fits(s, c->kv->seq_len(s), (int32_t) per_seq[s].size(), c->params.n_ctx));
+        OTT_TRY(ott_kv_check_fits(s, c->kv->seq_len(s), (int32_t)per_seq[s].size(), c->params.n_ctx));
     }
     return OTT_OK;
 }
@@ -112,7 +114,7 @@ ott_status validate_batch(const ott_context * c, const ott_batch * b, std::vecto
 ott_status make_rotation(ott_context * c, const ott_kv_params & p, ggml_backend_buffer_type_t buft) {
     if (p.rot_k == OTT_KV_ROT_NONE && p.rot_v == OTT_KV_ROT_NONE) return OTT_OK;
     const ott_hparams & hp = c->model->hparams;
-    const int32_t hd = hp.n_embd_head;
+    const int32_t hd       = hp.n_embd_head;
     std::vector<ott_kv_rot_layer> layers(hp.n_layer);
     if (p.rot_k == OTT_KV_ROT_CALIBRATED || p.rot_v == OTT_KV_ROT_CALIBRATED) {
         OTT_TRY(ott_kv_calib_load(p.calib_path, *c->model, p.rot_k == OTT_KV_ROT_CALIBRATED,
@@ -122,8 +124,8 @@ ott_status make_rotation(ott_context * c, const ott_kv_params & p, ggml_backend_
         for (bool values : { false, true }) {
             if ((values ? p.rot_v : p.rot_k) != OTT_KV_ROT_HADAMARD) continue;
             std::vector<float> & r = values ? layers[il].r_v : layers[il].r_k;
-            r.resize((size_t) hp.n_head_kv * hd * hd);
-            for (int h = 0; h < hp.n_head_kv; ++h) ott_kv_hadamard(hd, il, h, values, r.data() + (size_t) h * hd * hd);
+            r.resize((size_t)hp.n_head_kv * hd * hd);
+            for (int h = 0; h < hp.n_head_kv; ++h) ott_kv_hadamard(hd, il, h, values, r.data() + (size_t)h * hd * hd);
         }
     }
     return ott_kv_rotation_create(layers, hp.n_head_kv, hp.n_head, hd, buft, c->rot);
@@ -147,12 +149,12 @@ ott_status compute_graph(ott_context * c, ggml_cgraph * gf) {
 // tokens, while they fit; neighbouring sequences with equal chunks share a run.
 void next_ubatch(const ott_batch * b, const std::vector<std::vector<int32_t>> & per_seq, std::vector<size_t> & cursor,
                  int32_t n_ubatch, ott_ubatch & ub, std::vector<int32_t> & ub_src) {
-    ub = ott_ubatch{};
+    ub = ott_ubatch {};
     ub_src.clear();
-    for (int32_t s = 0; s < (int32_t) per_seq.size(); ++s) {
+    for (int32_t s = 0; s < (int32_t)per_seq.size(); ++s) {
         const size_t rem = per_seq[s].size() - cursor[s];
         if (rem == 0) continue;
-        const int32_t chunk = (int32_t) std::min(rem, (size_t) n_ubatch);
+        const int32_t chunk = (int32_t)std::min(rem, (size_t)n_ubatch);
         if (ub.n_tokens() + chunk > n_ubatch) break;
         ott_run * last = ub.runs.empty() ? nullptr : &ub.runs.back();
         if (last && last->seq0 + last->n_seqs == s && last->n_tokens == chunk) {
@@ -215,8 +217,13 @@ ott_status fail_nonfinite(ott_context * c, ggml_cgraph * gf, ott_graph_builder &
     b.set_inputs();  // the allocator reused the inputs' memory once they were consumed
     int32_t il = -1;
     OTT_TRY(ott_first_nonfinite_layer(c->backend, gf, &il));
-    if (il < 0) return ott_fail(OTT_ERR_BACKEND, "the logits are not finite (NaN or infinite) though every layer's output is: check the output norm and matrix");
-    return ott_fail(OTT_ERR_BACKEND, "the logits are not finite: layer %d is the first whose output holds a NaN or an infinity (check its weights)", il);
+    if (il < 0)
+        return ott_fail(OTT_ERR_BACKEND, "the logits are not finite (NaN or infinite) though every layer's output is: "
+                                         "check the output norm and matrix");
+    return ott_fail(
+        OTT_ERR_BACKEND,
+        "the logits are not finite: layer %d is the first whose output holds a NaN or an infinity (check its weights)",
+        il);
 }
 
 ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vector<int32_t> & ub_src,
@@ -230,7 +237,7 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     std::unique_ptr<ggml_context, decltype(&ggml_free)> guard(gctx, ggml_free);
     ggml_cgraph * gf = ggml_new_graph_custom(gctx, max_nodes, false);
 
-    ott_graph_builder b{ *c->model, ub, *c->kv, c->rot.get(), c->model->rope_factors(c->params.n_ctx), gctx, gf };
+    ott_graph_builder b { *c->model, ub, *c->kv, c->rot.get(), c->model->rope_factors(c->params.n_ctx), gctx, gf };
     b.build_inputs();
     ggml_tensor * logits = ott_build_graph(b);
     ggml_build_forward_expand(gf, logits);
@@ -239,8 +246,9 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
         for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
             const ggml_tensor * node = ggml_graph_node(gf, i);
             if (!ggml_backend_supports_op(c->backend, node)) {
-                return ott_fail(OTT_ERR_UNSUPPORTED, "%s cannot compute node '%s' (%s%s%s)", ggml_backend_name(c->backend),
-                                ggml_get_name(node), ggml_op_desc(node), node->op == GGML_OP_FLASH_ATTN_EXT ? ", head_dim " : "",
+                return ott_fail(OTT_ERR_UNSUPPORTED, "%s cannot compute node '%s' (%s%s%s)",
+                                ggml_backend_name(c->backend), ggml_get_name(node), ggml_op_desc(node),
+                                node->op == GGML_OP_FLASH_ATTN_EXT ? ", head_dim " : "",
                                 node->op == GGML_OP_FLASH_ATTN_EXT ? std::to_string(node->src[0]->ne[0]).c_str() : "");
             }
         }
@@ -252,16 +260,16 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     OTT_TRY(c->profile ? compute_profiled(c, gf) : compute_graph(c, gf));
 
     // logits rows go to their batch rows; consecutive rows are fetched in one copy
-    const int32_t n_vocab = c->model->hparams.n_vocab;
-    const size_t row_bytes = (size_t) n_vocab * sizeof(float);
-    bool finite = true;
+    const int32_t n_vocab  = c->model->hparams.n_vocab;
+    const size_t row_bytes = (size_t)n_vocab * sizeof(float);
+    bool finite            = true;
     for (size_t j = 0; j < ub.out_idx.size();) {
         const int32_t row = out_row[ub_src[ub.out_idx[j]]];
-        size_t n = 1;
-        while (j + n < ub.out_idx.size() && out_row[ub_src[ub.out_idx[j + n]]] == row + (int32_t) n) ++n;
-        float * dst = c->logits.data() + (size_t) row * n_vocab;
+        size_t n          = 1;
+        while (j + n < ub.out_idx.size() && out_row[ub_src[ub.out_idx[j + n]]] == row + (int32_t)n) ++n;
+        float * dst = c->logits.data() + (size_t)row * n_vocab;
         ggml_backend_tensor_get(logits, dst, j * row_bytes, n * row_bytes);
-        finite = finite && ott_all_finite(dst, n * (size_t) n_vocab);
+        finite = finite && ott_all_finite(dst, n * (size_t)n_vocab);
         j += n;
     }
     // NaN or infinite logits (NaN weights, an overflow): the step is not committed, so the
@@ -271,11 +279,11 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     return OTT_OK;
 }
 
-} // namespace
+}  // namespace
 
 extern "C" ott_status ott_context_init(ott_model * model, const ott_context_params * params, ott_context ** out) {
     if (!model || !params || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_context_init: null argument");
-    *out = nullptr;
+    *out                   = nullptr;
     const ott_hparams & hp = model->hparams;
 
     auto c = std::unique_ptr<ott_context>(new (std::nothrow) ott_context());
@@ -292,13 +300,14 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
     }
 
     c->backend = ggml_backend_dev_init(model->dev, nullptr);
-    if (!c->backend) return ott_fail(OTT_ERR_BACKEND, "cannot initialise the %s backend", ggml_backend_dev_name(model->dev));
+    if (!c->backend)
+        return ott_fail(OTT_ERR_BACKEND, "cannot initialise the %s backend", ggml_backend_dev_name(model->dev));
     OTT_TRY(set_threads(c.get(), params->n_threads));
     ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(c->backend);
-    c->galloc = ggml_gallocr_new(buft);
+    c->galloc                       = ggml_gallocr_new(buft);
 
-    const ott_kv_shape shape = { hp.n_layer, hp.n_head_kv, hp.n_embd_head, c->params.n_ctx, c->params.n_seq_max,
-                                 buft, model->cuda_device };
+    const ott_kv_shape shape = { hp.n_layer,          hp.n_head_kv, hp.n_embd_head,    c->params.n_ctx,
+                                 c->params.n_seq_max, buft,         model->cuda_device };
     // a sliding-window layer is local (an fp16 ring of the window) when its window is shorter
     // than the context; otherwise the window never masks anything and the layer is global
     std::vector<uint8_t> local(hp.n_layer, 0);
@@ -309,9 +318,7 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
     return OTT_OK;
 }
 
-extern "C" void ott_context_free(ott_context * ctx) {
-    delete ctx;
-}
+extern "C" void ott_context_free(ott_context * ctx) { delete ctx; }
 
 extern "C" ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threads) {
     if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_context_set_threads: null context");
@@ -331,7 +338,7 @@ static ott_status decode_batch(ott_context * c, const ott_batch * b) {
     for (int32_t i = 0; i < b->n_tokens; ++i) {
         if (b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1) out_row[i] = n_out++;
     }
-    c->logits.resize((size_t) n_out * c->model->hparams.n_vocab);
+    c->logits.resize((size_t)n_out * c->model->hparams.n_vocab);
 
     std::vector<int32_t> len_before(c->params.n_seq_max);
     for (int32_t s = 0; s < c->params.n_seq_max; ++s) len_before[s] = c->kv->seq_len(s);
@@ -364,7 +371,7 @@ extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
 
 extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs) {
     if (!ctx || !out || !n_outputs) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_logits: null argument");
-    *out = ctx->logits.data();
+    *out       = ctx->logits.data();
     *n_outputs = ctx->n_outputs;
     return OTT_OK;
 }
@@ -397,12 +404,15 @@ extern "C" ott_status ott_seq_tokens_until_event(const ott_context * ctx, int32_
     return OTT_OK;
 }
 
-extern "C" ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head, ott_kv_head_state * out) {
+extern "C" ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head,
+                                    ott_kv_head_state * out) {
     if (!ctx || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_kv_export: null argument");
     const ott_hparams & hp = ctx->model->hparams;
-    if (il < 0 || il >= hp.n_layer || seq_id < 0 || seq_id >= ctx->params.n_seq_max || head < 0 || head >= hp.n_head_kv) {
-        return ott_fail(OTT_ERR_INVALID_ARG, "ott_kv_export: layer %d, sequence %d, KV head %d outside [0, %d) x [0, %d) x [0, %d)",
-                        il, seq_id, head, hp.n_layer, ctx->params.n_seq_max, hp.n_head_kv);
+    if (il < 0 || il >= hp.n_layer || seq_id < 0 || seq_id >= ctx->params.n_seq_max || head < 0 ||
+        head >= hp.n_head_kv) {
+        return ott_fail(OTT_ERR_INVALID_ARG,
+                        "ott_kv_export: layer %d, sequence %d, KV head %d outside [0, %d) x [0, %d) x [0, %d)", il,
+                        seq_id, head, hp.n_layer, ctx->params.n_seq_max, hp.n_head_kv);
     }
     return ctx->kv->export_head(il, seq_id, head, *out);
 }
@@ -419,7 +429,7 @@ extern "C" ott_status ott_set_profile(ott_context * ctx, int32_t on) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "profiling runs on the CPU backend only (this context runs on %s)",
                         ggml_backend_name(ctx->backend));
     }
-    if (on) ctx->prof = ott_profile{};
+    if (on) ctx->prof = ott_profile {};
     ctx->profile = on != 0;
     return OTT_OK;
 }

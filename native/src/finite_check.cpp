@@ -13,7 +13,7 @@ bool ott_all_finite(const float * x, size_t n) {
 }
 
 ott_status ott_first_nonfinite_layer(ggml_backend_t backend, ggml_cgraph * gf, int32_t * il) {
-    *il = -1;
+    *il         = -1;
     const int n = ggml_graph_n_nodes(gf);
     std::vector<uint8_t> meta(ggml_graph_overhead_custom(n, false));
     ggml_init_params ip = { meta.size(), meta.data(), true };
@@ -34,7 +34,7 @@ ott_status ott_first_nonfinite_layer(ggml_backend_t backend, ggml_cgraph * gf, i
         }
         if (layer >= 0) {
             const ggml_tensor * out = ggml_graph_node(gf, i1 - 1);
-            data.resize((size_t) ggml_nelements(out));
+            data.resize((size_t)ggml_nelements(out));
             ggml_backend_tensor_get(out, data.data(), 0, ggml_nbytes(out));
             if (!ott_all_finite(data.data(), data.size())) {
                 *il = layer;

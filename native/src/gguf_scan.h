@@ -8,7 +8,7 @@
 // Counts of the header a file may declare. ggml's parser compares every key and tensor name
 // with all the ones before it (quadratic in their number) and trusts the counts it reads;
 // real models hold tens of keys and at most a few thousand tensors (1024 layers × ~12).
-#define OTT_GGUF_MAX_KV      4096
+#define OTT_GGUF_MAX_KV 4096
 #define OTT_GGUF_MAX_TENSORS 16384
 
 // Walk the metadata section of the GGUF file at `path` (f is open on it, file_size its

@@ -20,7 +20,7 @@ enum ott_arch {
 };
 
 struct ott_hparams {
-    ott_arch    arch;
+    ott_arch arch;
     std::string arch_name;
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -28,65 +28,65 @@ struct ott_hparams {
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t n_embd_head;      // head_dim
+    int32_t n_embd_head;  // head_dim
     int32_t n_ff;
-    int32_t n_rot;            // rotated dimensions per head
-    int32_t rope_type;        // GGML_ROPE_TYPE_NORMAL / GGML_ROPE_TYPE_NEOX
-    float   rope_freq_base;
-    float   rope_freq_scale;  // 1 / linear scaling factor
-    float   rope_ext_factor;  // YaRN: 1 when enabled, 0 otherwise
-    float   rope_attn_factor; // scales rope's cos and sin (LongRoPE's attention factor); 1 otherwise
+    int32_t n_rot;      // rotated dimensions per head
+    int32_t rope_type;  // GGML_ROPE_TYPE_NORMAL / GGML_ROPE_TYPE_NEOX
+    float rope_freq_base;
+    float rope_freq_scale;    // 1 / linear scaling factor
+    float rope_ext_factor;    // YaRN: 1 when enabled, 0 otherwise
+    float rope_attn_factor;   // scales rope's cos and sin (LongRoPE's attention factor); 1 otherwise
     int32_t rope_n_ctx_orig;  // the context the rope was trained for (YaRN, LongRoPE's long factors beyond it)
-    float   norm_rms_eps;
-    float   kq_scale;         // attention logits scale, 1/sqrt(head_dim) unless the architecture says otherwise
-    float   logit_softcap;    // final logits -> softcap·tanh(logits/softcap); 0: none
+    float norm_rms_eps;
+    float kq_scale;       // attention logits scale, 1/sqrt(head_dim) unless the architecture says otherwise
+    float logit_softcap;  // final logits -> softcap·tanh(logits/softcap); 0: none
 
     // Sliding-window (local) layers attend to the last n_swa positions, themselves included;
     // global layers to every position. Local layers have their own rope base and scale.
-    int32_t n_swa;                    // 0: every layer is global
-    float   rope_freq_base_swa;
-    float   rope_freq_scale_swa;
+    int32_t n_swa;  // 0: every layer is global
+    float rope_freq_base_swa;
+    float rope_freq_scale_swa;
     std::vector<uint8_t> swa_layers;  // [n_layer] 1: layer il is local
 
     int32_t n_embd_gqa() const { return n_embd_head * n_head_kv; }
-    bool    is_swa(int il) const { return swa_layers[il] != 0; }
+    bool is_swa(int il) const { return swa_layers[il] != 0; }
 };
 
 struct ott_layer {
-    ggml_tensor * attn_norm = nullptr;    // F32 [n_embd]
-    ggml_tensor * wq = nullptr;           // [n_embd, n_embd_head*n_head]    (null when fused in wqkv)
-    ggml_tensor * wk = nullptr;           // [n_embd, n_embd_gqa]
-    ggml_tensor * wv = nullptr;           // [n_embd, n_embd_gqa]
-    ggml_tensor * wqkv = nullptr;         // [n_embd, n_embd_head*n_head + 2*n_embd_gqa]: Q, K, V rows (phi3)
-    ggml_tensor * wo = nullptr;           // [n_embd_head*n_head, n_embd]
-    ggml_tensor * bq = nullptr;           // F32 [n_embd_head*n_head]   (qwen2 only)
-    ggml_tensor * bk = nullptr;           // F32 [n_embd_gqa]           (qwen2 only)
-    ggml_tensor * bv = nullptr;           // F32 [n_embd_gqa]           (qwen2 only)
-    ggml_tensor * attn_q_norm = nullptr;  // F32 [n_embd_head] per-head RMS norm of Q (qwen3, gemma3)
-    ggml_tensor * attn_k_norm = nullptr;  // F32 [n_embd_head]
+    ggml_tensor * attn_norm      = nullptr;  // F32 [n_embd]
+    ggml_tensor * wq             = nullptr;  // [n_embd, n_embd_head*n_head]    (null when fused in wqkv)
+    ggml_tensor * wk             = nullptr;  // [n_embd, n_embd_gqa]
+    ggml_tensor * wv             = nullptr;  // [n_embd, n_embd_gqa]
+    ggml_tensor * wqkv           = nullptr;  // [n_embd, n_embd_head*n_head + 2*n_embd_gqa]: Q, K, V rows (phi3)
+    ggml_tensor * wo             = nullptr;  // [n_embd_head*n_head, n_embd]
+    ggml_tensor * bq             = nullptr;  // F32 [n_embd_head*n_head]   (qwen2 only)
+    ggml_tensor * bk             = nullptr;  // F32 [n_embd_gqa]           (qwen2 only)
+    ggml_tensor * bv             = nullptr;  // F32 [n_embd_gqa]           (qwen2 only)
+    ggml_tensor * attn_q_norm    = nullptr;  // F32 [n_embd_head] per-head RMS norm of Q (qwen3, gemma3)
+    ggml_tensor * attn_k_norm    = nullptr;  // F32 [n_embd_head]
     ggml_tensor * attn_post_norm = nullptr;  // F32 [n_embd] on the attention output (gemma3)
-    ggml_tensor * ffn_norm = nullptr;     // F32 [n_embd]
-    ggml_tensor * ffn_gate = nullptr;     // [n_embd, n_ff]                (null when fused in ffn_up)
-    ggml_tensor * ffn_up = nullptr;       // [n_embd, n_ff]; phi3: [n_embd, 2*n_ff], gate rows then up rows
-    ggml_tensor * ffn_down = nullptr;     // [n_ff, n_embd]
-    ggml_tensor * ffn_post_norm = nullptr;   // F32 [n_embd] on the FFN output (gemma3)
+    ggml_tensor * ffn_norm       = nullptr;  // F32 [n_embd]
+    ggml_tensor * ffn_gate       = nullptr;  // [n_embd, n_ff]                (null when fused in ffn_up)
+    ggml_tensor * ffn_up         = nullptr;  // [n_embd, n_ff]; phi3: [n_embd, 2*n_ff], gate rows then up rows
+    ggml_tensor * ffn_down       = nullptr;  // [n_ff, n_embd]
+    ggml_tensor * ffn_post_norm  = nullptr;  // F32 [n_embd] on the FFN output (gemma3)
 };
 
 struct ott_model {
     std::string path;
     ott_hparams hparams;
 
-    ggml_backend_dev_t dev    = nullptr;  // the device holding the weights and running the graph
-    int32_t cuda_device       = -1;       // its CUDA index; -1: the CPU
-    gguf_context * gguf       = nullptr;  // metadata (kept for the whole lifetime)
-    ggml_context * ctx_meta   = nullptr;  // headers of every tensor in the file (no data)
-    std::vector<ggml_context *> ctxs_w;   // headers of the weights, one per buffer type
+    ggml_backend_dev_t dev  = nullptr;           // the device holding the weights and running the graph
+    int32_t cuda_device     = -1;                // its CUDA index; -1: the CPU
+    gguf_context * gguf     = nullptr;           // metadata (kept for the whole lifetime)
+    ggml_context * ctx_meta = nullptr;           // headers of every tensor in the file (no data)
+    std::vector<ggml_context *> ctxs_w;          // headers of the weights, one per buffer type
     std::vector<ggml_backend_buffer_t> buffers;  // weight data
 
     ggml_tensor * tok_embd    = nullptr;  // [n_embd, n_vocab]
     ggml_tensor * output_norm = nullptr;  // F32 [n_embd]
     ggml_tensor * output      = nullptr;  // [n_embd, n_vocab]; tok_embd (or a repacked copy) when tied
-    bool          tied_output = false;    // the file has no output.weight
+    bool tied_output          = false;    // the file has no output.weight
     ggml_tensor * rope_freqs  = nullptr;  // F32 [n_rot/2] llama3 frequency factors, optional
     ggml_tensor * rope_long   = nullptr;  // F32 [n_rot/2] LongRoPE factors beyond rope_n_ctx_orig (phi3), optional
     ggml_tensor * rope_short  = nullptr;  // F32 [n_rot/2] LongRoPE factors within it

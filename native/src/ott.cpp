@@ -24,9 +24,7 @@ ott_status ott_fail(ott_status status, const char * fmt, ...) {
     return status;
 }
 
-extern "C" const char * ott_last_error(void) {
-    return g_last_error.c_str();
-}
+extern "C" const char * ott_last_error(void) { return g_last_error.c_str(); }
 
 // Physical cores: distinct (physical id, core id) pairs in /proc/cpuinfo, else the
 // hardware thread count.
@@ -38,13 +36,13 @@ extern "C" int32_t ott_physical_cores(void) {
         while (fgets(line, sizeof(line), f)) {
             int v;
             if (sscanf(line, "physical id : %d", &v) == 1) phys = v;
-            if (sscanf(line, "core id : %d", &v) == 1) cores.insert({phys, v});
+            if (sscanf(line, "core id : %d", &v) == 1) cores.insert({ phys, v });
         }
         fclose(f);
     }
-    if (!cores.empty()) return (int32_t) cores.size();
+    if (!cores.empty()) return (int32_t)cores.size();
     unsigned n = std::thread::hardware_concurrency();
-    return n > 0 ? (int32_t) n : 1;
+    return n > 0 ? (int32_t)n : 1;
 }
 
 extern "C" int32_t ott_cuda_device_count(void) {
@@ -58,12 +56,12 @@ extern "C" int32_t ott_cuda_device_count(void) {
 extern "C" ott_model_params ott_model_default_params(void) {
     ott_model_params p;
     memset(&p, 0, sizeof(p));
-    p.repack = 1;      // device "": CUDA when present
+    p.repack = 1;  // device "": CUDA when present
     return p;
 }
 
 extern "C" ott_context_params ott_context_default_params(void) {
-    ott_context_params p{};   // kv knobs 0: the fp16 cache
+    ott_context_params p {};  // kv knobs 0: the fp16 cache
     p.n_ctx     = 0;
     p.n_seq_max = 1;
     p.n_ubatch  = 512;

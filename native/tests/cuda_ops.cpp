@@ -26,16 +26,16 @@
 
 namespace {
 
-constexpr double ATTN_BUDGET = 3e-4;   // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
+constexpr double ATTN_BUDGET    = 3e-4;  // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
 constexpr double ATTN_BUDGET_TC = 1e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
 
-#define CHECK_CUDA(expr)                                                                 \
-    do {                                                                                 \
-        const cudaError_t _e = (expr);                                                   \
-        if (_e != cudaSuccess) {                                                         \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(_e), __FILE__, __LINE__, #expr); \
-            exit(2);                                                                     \
-        }                                                                                \
+#define CHECK_CUDA(expr)                                                                                               \
+    do {                                                                                                               \
+        const cudaError_t _e = (expr);                                                                                 \
+        if (_e != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(_e), __FILE__, __LINE__, #expr);        \
+            exit(2);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 using rng_t = std::mt19937_64;
@@ -47,69 +47,89 @@ ott_fp16 rand_f16(rng_t & rng, float sd) {
 }
 
 // A device copy of v, its allocation recorded in dev (to be freed with the others).
-template <typename T>
-T * upload_to(std::vector<void *> & dev, const std::vector<T> & v) {
+template <typename T> T * upload_to(std::vector<void *> & dev, const std::vector<T> & v) {
     void * p = nullptr;
     CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size() * sizeof(T))));
     if (!v.empty()) CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
     dev.push_back(p);
-    return (T *) p;
+    return (T *)p;
 }
 
 // Host copy of one layer's stores (ott_cuda.h layout) and its device twin.
 struct layer_store {
-    ott_cuda_kv_layer L{};       // device pointers
-    int32_t S = 0;               // sequences
+    ott_cuda_kv_layer L {};  // device pointers
+    int32_t S = 0;           // sequences
     std::vector<ott_fp16> sink_k, sink_v, win_k, win_v, pool_k, pool_v, extra_k, extra_v;
     std::vector<int32_t> pool_pos, extra_pos, n_pool, n_extra, tracing;
     std::vector<uint8_t> blocks;
     std::vector<void *> dev;
 
-    layer_store(const ott_kv_geom & g, int32_t S_, int32_t H, int32_t sink, int32_t win_cap, int32_t pool, int32_t extra,
-                int32_t max_blocks) : S(S_) {
-        L.geom = g;
-        L.layout = ott_kv_block_layout_of(&g);
-        L.n_head_kv = H;
-        L.sink = sink;
-        L.win_cap = win_cap;
-        L.pool_cap = pool;
-        L.extra_cap = extra;
-        L.max_blocks = max_blocks;
-        const size_t sh = (size_t) S * H, hd = g.head_dim;
-        sink_k.assign(sh * sink * hd, 0);  sink_v = sink_k;
-        win_k.assign(sh * win_cap * hd, 0); win_v = win_k;
-        pool_k.assign(sh * pool * hd, 0);  pool_v = pool_k;  pool_pos.assign(sh * pool, 0);
-        extra_k.assign(sh * extra * hd, 0); extra_v = extra_k; extra_pos.assign(sh * extra, 0);
-        n_pool.assign(sh, 0); n_extra.assign(sh, 0); tracing.assign(sh, 0);
-        blocks.assign((size_t) S * max_blocks * H * L.layout.size, 0);
+    layer_store(const ott_kv_geom & g, int32_t S_, int32_t H, int32_t sink, int32_t win_cap, int32_t pool,
+                int32_t extra, int32_t max_blocks)
+        : S(S_) {
+        L.geom          = g;
+        L.layout        = ott_kv_block_layout_of(&g);
+        L.n_head_kv     = H;
+        L.sink          = sink;
+        L.win_cap       = win_cap;
+        L.pool_cap      = pool;
+        L.extra_cap     = extra;
+        L.max_blocks    = max_blocks;
+        const size_t sh = (size_t)S * H, hd = g.head_dim;
+        sink_k.assign(sh * sink * hd, 0);
+        sink_v = sink_k;
+        win_k.assign(sh * win_cap * hd, 0);
+        win_v = win_k;
+        pool_k.assign(sh * pool * hd, 0);
+        pool_v = pool_k;
+        pool_pos.assign(sh * pool, 0);
+        extra_k.assign(sh * extra * hd, 0);
+        extra_v = extra_k;
+        extra_pos.assign(sh * extra, 0);
+        n_pool.assign(sh, 0);
+        n_extra.assign(sh, 0);
+        tracing.assign(sh, 0);
+        blocks.assign((size_t)S * max_blocks * H * L.layout.size, 0);
     }
     ~layer_store() {
         for (void * p : dev) cudaFree(p);
     }
 
-    template <typename T>
-    T * upload(const std::vector<T> & v) {
-        return upload_to(dev, v);
-    }
-    template <typename T>
-    static void download(std::vector<T> & v, const T * p) {
+    template <typename T> T * upload(const std::vector<T> & v) { return upload_to(dev, v); }
+    template <typename T> static void download(std::vector<T> & v, const T * p) {
         if (!v.empty()) CHECK_CUDA(cudaMemcpy(v.data(), p, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
     }
 
     void to_device() {
-        L.sink_k = upload(sink_k);   L.sink_v = upload(sink_v);
-        L.win_k = upload(win_k);     L.win_v = upload(win_v);
-        L.pool_k = upload(pool_k);   L.pool_v = upload(pool_v);   L.pool_pos = upload(pool_pos);
-        L.extra_k = upload(extra_k); L.extra_v = upload(extra_v); L.extra_pos = upload(extra_pos);
-        L.n_pool = upload(n_pool);   L.n_extra = upload(n_extra); L.tracing = upload(tracing);
-        L.blocks = upload(blocks);
+        L.sink_k    = upload(sink_k);
+        L.sink_v    = upload(sink_v);
+        L.win_k     = upload(win_k);
+        L.win_v     = upload(win_v);
+        L.pool_k    = upload(pool_k);
+        L.pool_v    = upload(pool_v);
+        L.pool_pos  = upload(pool_pos);
+        L.extra_k   = upload(extra_k);
+        L.extra_v   = upload(extra_v);
+        L.extra_pos = upload(extra_pos);
+        L.n_pool    = upload(n_pool);
+        L.n_extra   = upload(n_extra);
+        L.tracing   = upload(tracing);
+        L.blocks    = upload(blocks);
     }
     void from_device() {
-        download(sink_k, L.sink_k);   download(sink_v, L.sink_v);
-        download(win_k, L.win_k);     download(win_v, L.win_v);
-        download(pool_k, L.pool_k);   download(pool_v, L.pool_v);   download(pool_pos, L.pool_pos);
-        download(extra_k, L.extra_k); download(extra_v, L.extra_v); download(extra_pos, L.extra_pos);
-        download(n_pool, L.n_pool);   download(n_extra, L.n_extra); download(tracing, L.tracing);
+        download(sink_k, L.sink_k);
+        download(sink_v, L.sink_v);
+        download(win_k, L.win_k);
+        download(win_v, L.win_v);
+        download(pool_k, L.pool_k);
+        download(pool_v, L.pool_v);
+        download(pool_pos, L.pool_pos);
+        download(extra_k, L.extra_k);
+        download(extra_v, L.extra_v);
+        download(extra_pos, L.extra_pos);
+        download(n_pool, L.n_pool);
+        download(n_extra, L.n_extra);
+        download(tracing, L.tracing);
         download(blocks, L.blocks);
     }
     uint8_t * head_block(int32_t s, int32_t j, int32_t h) {
@@ -117,8 +137,7 @@ struct layer_store {
     }
 };
 
-template <typename T>
-bool same(const std::vector<T> & a, const std::vector<T> & b) {
+template <typename T> bool same(const std::vector<T> & a, const std::vector<T> & b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
@@ -133,9 +152,9 @@ void report(const std::string & id, bool ok, const std::string & detail, int & n
 struct event_case {
     const char * name;
     ott_kv_geom g;
-    int32_t pool, extra;       // capacities (0: a layer that does not trace)
-    int32_t n_pool0, n_extra0; // counts before the event
-    bool ties;                 // duplicated key rows: equal scores
+    int32_t pool, extra;        // capacities (0: a layer that does not trace)
+    int32_t n_pool0, n_extra0;  // counts before the event
+    bool ties;                  // duplicated key rows: equal scores
 };
 
 // Sequence 0 fills a block at window rows [block, 2 block) (block index 1), sequence 1 at
@@ -149,20 +168,21 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
 
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
-            const size_t sh = (size_t) s * H + h;
+            const size_t sh = (size_t)s * H + h;
             for (int32_t t = 0; t < block; ++t) {
                 // some rows small (candidates), one channel constant in a group, a few large values
                 const float sd = (t % 7 == 3) ? 0.05f : 1.0f;
                 for (int32_t ch = 0; ch < hd; ++ch) {
                     const size_t i = ((sh * win_cap) + row0[s] + t) * hd + ch;
-                    st.win_k[i] = ch == 5 ? ott_fp32_to_fp16_ref(0.5f) : rand_f16(rng, ch == 7 ? 40.0f : sd);
-                    st.win_v[i] = rand_f16(rng, sd);
+                    st.win_k[i]    = ch == 5 ? ott_fp32_to_fp16_ref(0.5f) : rand_f16(rng, ch == 7 ? 40.0f : sd);
+                    st.win_v[i]    = rand_f16(rng, sd);
                 }
-                if (c.ties && t % 11 == 4 && t > 0) {   // same key as the slot before: equal L1
-                    std::memcpy(&st.win_k[((sh * win_cap) + row0[s] + t) * hd], &st.win_k[((sh * win_cap) + row0[s] + t - 1) * hd], hd * 2);
+                if (c.ties && t % 11 == 4 && t > 0) {  // same key as the slot before: equal L1
+                    std::memcpy(&st.win_k[((sh * win_cap) + row0[s] + t) * hd],
+                                &st.win_k[((sh * win_cap) + row0[s] + t - 1) * hd], hd * 2);
                 }
             }
-            st.n_pool[sh] = c.pool ? c.n_pool0 : 0;
+            st.n_pool[sh]  = c.pool ? c.n_pool0 : 0;
             st.n_extra[sh] = c.extra ? c.n_extra0 : 0;
             st.tracing[sh] = c.pool > 0;
             for (int32_t i = 0; i < st.n_pool[sh]; ++i) {
@@ -189,7 +209,7 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     std::vector<ott_cuda_event> evs;
     for (int32_t s = 0; s < S; ++s) evs.push_back({ s, bidx[s], pos0[s], row0[s] });
     ott_cuda_event * d_evs = gpu.upload(evs);
-    CHECK_CUDA(ott_cuda_kv_event(gpu.L, d_evs, (int32_t) evs.size(), nullptr));
+    CHECK_CUDA(ott_cuda_kv_event(gpu.L, d_evs, (int32_t)evs.size(), nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     gpu.from_device();
 
@@ -197,22 +217,25 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     std::vector<uint8_t> scratch(ott_kv_event_scratch_bytes(&g, c.pool) + 8);
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
-            const size_t sh = (size_t) s * H + h;
-            ott_kv_rows pool = { st.pool_k.data() + sh * c.pool * hd, st.pool_v.data() + sh * c.pool * hd,
-                                 st.pool_pos.data() + sh * c.pool, st.n_pool[sh], c.pool };
+            const size_t sh   = (size_t)s * H + h;
+            ott_kv_rows pool  = { st.pool_k.data() + sh * c.pool * hd, st.pool_v.data() + sh * c.pool * hd,
+                                  st.pool_pos.data() + sh * c.pool, st.n_pool[sh], c.pool };
             ott_kv_rows extra = { st.extra_k.data() + sh * c.extra * hd, st.extra_v.data() + sh * c.extra * hd,
                                   st.extra_pos.data() + sh * c.extra, st.n_extra[sh], c.extra };
-            int32_t tracing = st.tracing[sh];
-            ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd, st.win_v.data() + (sh * win_cap + row0[s]) * hd,
-                             pos0[s], &pool, &extra, &tracing, st.head_block(s, bidx[s], h), scratch.data());
-            st.n_pool[sh] = c.pool ? pool.n : 0;
+            int32_t tracing   = st.tracing[sh];
+            ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd,
+                             st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing,
+                             st.head_block(s, bidx[s], h), scratch.data());
+            st.n_pool[sh]  = c.pool ? pool.n : 0;
             st.n_extra[sh] = c.extra ? extra.n : 0;
             st.tracing[sh] = tracing;
         }
     }
 
     std::string bad;
-    auto cmp = [&](const char * what, bool ok) { if (!ok) bad += std::string(bad.empty() ? "" : ",") + what; };
+    auto cmp = [&](const char * what, bool ok) {
+        if (!ok) bad += std::string(bad.empty() ? "" : ",") + what;
+    };
     cmp("head-blocks", same(st.blocks, gpu.blocks));
     cmp("window(substituted)", same(st.win_k, gpu.win_k) && same(st.win_v, gpu.win_v));
     cmp("pool", same(st.pool_k, gpu.pool_k) && same(st.pool_v, gpu.pool_v) && same(st.pool_pos, gpu.pool_pos));
@@ -233,34 +256,36 @@ void check_append(uint64_t seed, int & n_fail) {
     layer_store gpu(g, S, H, sink, win_cap, 0, 0, 1);
     gpu.to_device();
     // values of every kind: normal, ties at the fp16 rounding boundary, subnormals, overflow
-    std::vector<float> k((size_t) n_tok * H * hd), v(k.size());
+    std::vector<float> k((size_t)n_tok * H * hd), v(k.size());
     std::normal_distribution<float> n(0.0f, 3.0f);
     for (size_t i = 0; i < k.size(); ++i) {
         switch (i % 5) {
-            case 0: k[i] = 1.0f + 0x1p-11f * (float) (i % 4); break;        // halfway cases
-            case 1: k[i] = 0x1p-20f * n(rng); break;                        // fp16 subnormals
-            case 2: k[i] = 70000.0f * (i % 2 ? 1 : -1); break;             // overflow to inf
+            case 0:  k[i] = 1.0f + 0x1p-11f * (float)(i % 4); break;  // halfway cases
+            case 1:  k[i] = 0x1p-20f * n(rng); break;                 // fp16 subnormals
+            case 2:  k[i] = 70000.0f * (i % 2 ? 1 : -1); break;       // overflow to inf
             default: k[i] = n(rng); break;
         }
         v[i] = n(rng);
     }
-    float * dk = gpu.upload(k), * dv = gpu.upload(v);
-    const ott_cuda_f32_3d K = { dk, hd, (int64_t) H * hd }, V = { dv, hd, (int64_t) H * hd };
+    float *dk = gpu.upload(k), *dv = gpu.upload(v);
+    const ott_cuda_f32_3d K = { dk, hd, (int64_t)H * hd }, V = { dv, hd, (int64_t)H * hd };
     // tokens 0,1 of seq 1 into its sink rows 0,1; tokens 2..4 of seq 0 into window rows 30, 31, 0
     const std::vector<ott_cuda_append> items = { { 0, 1, 0 }, { 1, 1, 1 }, { 2, 0, -31 }, { 3, 0, -32 }, { 4, 0, -1 } };
-    ott_cuda_append * d_items = gpu.upload(items);
-    CHECK_CUDA(ott_cuda_kv_append(gpu.L, K, V, d_items, (int32_t) items.size(), nullptr));
+    ott_cuda_append * d_items                = gpu.upload(items);
+    CHECK_CUDA(ott_cuda_kv_append(gpu.L, K, V, d_items, (int32_t)items.size(), nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     gpu.from_device();
 
     bool ok = true;
     for (const ott_cuda_append & it : items) {
         for (int32_t h = 0; h < H; ++h) {
-            const size_t sh = (size_t) it.seq * H + h;
-            const ott_fp16 * kd = it.row >= 0 ? &gpu.sink_k[(sh * sink + it.row) * hd] : &gpu.win_k[(sh * win_cap - it.row - 1) * hd];
-            const ott_fp16 * vd = it.row >= 0 ? &gpu.sink_v[(sh * sink + it.row) * hd] : &gpu.win_v[(sh * win_cap - it.row - 1) * hd];
+            const size_t sh = (size_t)it.seq * H + h;
+            const ott_fp16 * kd =
+                it.row >= 0 ? &gpu.sink_k[(sh * sink + it.row) * hd] : &gpu.win_k[(sh * win_cap - it.row - 1) * hd];
+            const ott_fp16 * vd =
+                it.row >= 0 ? &gpu.sink_v[(sh * sink + it.row) * hd] : &gpu.win_v[(sh * win_cap - it.row - 1) * hd];
             for (int32_t c = 0; c < hd; ++c) {
-                const size_t i = ((size_t) it.tok * H + h) * hd + c;
+                const size_t i = ((size_t)it.tok * H + h) * hd + c;
                 ok &= kd[c] == ott_fp32_to_fp16_ref(k[i]) && vd[c] == ott_fp32_to_fp16_ref(v[i]);
             }
         }
@@ -274,8 +299,8 @@ struct attn_case {
     const char * name;
     ott_kv_geom g;
     int32_t n_rep;
-    int32_t n_q;               // chunk tokens per sequence (1 = decode)
-    int32_t n_blocks[2];       // quantized blocks of sequences 0 and 1
+    int32_t n_q;          // chunk tokens per sequence (1 = decode)
+    int32_t n_blocks[2];  // quantized blocks of sequences 0 and 1
     int32_t sink, pool, extra, n_win;
     int32_t n_splits;
 };
@@ -284,20 +309,21 @@ struct attn_case {
 double dequant_code(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i) {
     if (g.param_bits == 8) {
         const float s = ott_kv_scale8(sc[i]);
-        return code * (double) s + ott_kv_min8((int8_t) mn[i], s);
+        return code * (double)s + ott_kv_min8((int8_t)mn[i], s);
     }
-    return code * (double) ott_fp16_to_fp32_ref(((const ott_fp16 *) sc)[i]) + ott_fp16_to_fp32_ref(((const ott_fp16 *) mn)[i]);
+    return code * (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]) +
+           ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
 }
 
 double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     if (key) {
-        const uint8_t byte = hb[L.k_codes + (size_t) c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
-        const int code = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
+        const uint8_t byte = hb[L.k_codes + (size_t)c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
+        const int code     = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
         return dequant_code(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c);
     }
-    const uint8_t byte = hb[L.v_codes + (size_t) t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
-    const int code = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
+    const uint8_t byte = hb[L.v_codes + (size_t)t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
+    const int code     = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
     return dequant_code(g, code, hb + L.v_scale, hb + L.v_min, t * (g.head_dim / g.group_v) + c / g.group_v);
 }
 
@@ -307,16 +333,16 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     const ott_kv_geom & g = c.g;
     const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
     const int32_t max_blocks = std::max(c.n_blocks[0], c.n_blocks[1]) + 1;
-    const int32_t win_cap = ((c.n_win + block) / block + 1) * block;
-    const bool traces = c.pool > 0;
+    const int32_t win_cap    = ((c.n_win + block) / block + 1) * block;
+    const bool traces        = c.pool > 0;
     layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, max_blocks);
 
     // stores: blocks from the reference quantizer (random masks where tracing), fp16 rows
-    std::vector<ott_fp16> bk((size_t) block * hd), bv(bk.size());
+    std::vector<ott_fp16> bk((size_t)block * hd), bv(bk.size());
     std::vector<uint8_t> masked(block);
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
-            const size_t sh = (size_t) s * H + h;
+            const size_t sh = (size_t)s * H + h;
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
                 for (size_t i = 0; i < bk.size(); ++i) {
                     bk[i] = rand_f16(rng, 1.0f + (i % hd == 3 ? 4.0f : 0.0f));
@@ -328,8 +354,8 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
             for (auto * vec : { &st.sink_k, &st.sink_v }) {
                 for (int32_t i = 0; i < c.sink * hd; ++i) (*vec)[sh * c.sink * hd + i] = rand_f16(rng, 1.0f);
             }
-            st.n_pool[sh] = c.pool ? (int32_t) (rng() % (c.pool + 1)) : 0;
-            st.n_extra[sh] = c.extra ? (int32_t) (rng() % (c.extra + 1)) : 0;
+            st.n_pool[sh]  = c.pool ? (int32_t)(rng() % (c.pool + 1)) : 0;
+            st.n_extra[sh] = c.extra ? (int32_t)(rng() % (c.extra + 1)) : 0;
             for (int32_t i = 0; i < c.pool * hd; ++i) {
                 st.pool_k[sh * c.pool * hd + i] = rand_f16(rng, 0.3f);
                 st.pool_v[sh * c.pool * hd + i] = rand_f16(rng, 1.0f);
@@ -346,12 +372,12 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     }
     // the step: sequence s has tokens t0 = s*n_q .. of the ubatch
     const int32_t n_tok = S * c.n_q;
-    std::vector<float> q((size_t) n_tok * n_head * hd), k((size_t) n_tok * H * hd), v(k.size());
+    std::vector<float> q((size_t)n_tok * n_head * hd), k((size_t)n_tok * H * hd), v(k.size());
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (float & x : q) x = nd(rng);
     for (float & x : k) x = nd(rng);
     for (float & x : v) x = nd(rng);
-    const float kq_scale = 1.0f / std::sqrt((float) hd);
+    const float kq_scale = 1.0f / std::sqrt((float)hd);
 
     std::vector<ott_cuda_attn_tile> tiles;
     int32_t win_pos0[S];
@@ -368,25 +394,25 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
 
     layer_store & gpu = st;
     gpu.to_device();
-    ott_cuda_attn_args a{};
-    a.L = gpu.L;
-    a.q = { gpu.upload(q), hd, (int64_t) n_head * hd };
-    a.k = { gpu.upload(k), hd, (int64_t) H * hd };
-    a.v = { gpu.upload(v), hd, (int64_t) H * hd };
-    a.n_rep = c.n_rep;
-    a.kq_scale = kq_scale;
-    a.traces = traces;
-    a.tiles = gpu.upload(tiles);
-    a.n_tiles = (int32_t) tiles.size();
+    ott_cuda_attn_args a {};
+    a.L             = gpu.L;
+    a.q             = { gpu.upload(q), hd, (int64_t)n_head * hd };
+    a.k             = { gpu.upload(k), hd, (int64_t)H * hd };
+    a.v             = { gpu.upload(v), hd, (int64_t)H * hd };
+    a.n_rep         = c.n_rep;
+    a.kq_scale      = kq_scale;
+    a.traces        = traces;
+    a.tiles         = gpu.upload(tiles);
+    a.n_tiles       = (int32_t)tiles.size();
     a.rows_per_tile = std::min(rows, OTT_CUDA_ATTN_ROWS);
-    a.n_splits = c.n_splits;
-    a.tensor_cores = tensor_cores;
+    a.n_splits      = c.n_splits;
+    a.tensor_cores  = tensor_cores;
     std::vector<float> parts(tiles.size() * c.n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
     a.partials = gpu.upload(parts);
-    std::vector<float> out((size_t) n_tok * n_head * hd, NAN);
+    std::vector<float> out((size_t)n_tok * n_head * hd, NAN);
     float * d_out = gpu.upload(out);
     CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
-    CHECK_CUDA(ott_cuda_attn_merge(a, d_out, (int64_t) n_head * hd, nullptr));
+    CHECK_CUDA(ott_cuda_attn_merge(a, d_out, (int64_t)n_head * hd, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     layer_store::download(out, d_out);
 
@@ -395,14 +421,14 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     bool finite = true;
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
-            const size_t sh = (size_t) s * H + h;
-            std::vector<std::vector<double>> ks, vs;       // the keys and values every row sees
+            const size_t sh = (size_t)s * H + h;
+            std::vector<std::vector<double>> ks, vs;  // the keys and values every row sees
             auto f16_rows = [&](const ott_fp16 * kp, const ott_fp16 * vp, int32_t n) {
                 for (int32_t i = 0; i < n; ++i) {
                     std::vector<double> kr(hd), vr(hd);
                     for (int32_t ch = 0; ch < hd; ++ch) {
-                        kr[ch] = ott_fp16_to_fp32_ref(kp[(size_t) i * hd + ch]);
-                        vr[ch] = ott_fp16_to_fp32_ref(vp[(size_t) i * hd + ch]);
+                        kr[ch] = ott_fp16_to_fp32_ref(kp[(size_t)i * hd + ch]);
+                        vr[ch] = ott_fp16_to_fp32_ref(vp[(size_t)i * hd + ch]);
                     }
                     ks.push_back(kr);
                     vs.push_back(vr);
@@ -410,7 +436,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
             };
             f16_rows(&st.sink_k[sh * c.sink * hd], &st.sink_v[sh * c.sink * hd], c.sink);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
-                const uint8_t * hb = st.head_block(s, j, h);
+                const uint8_t * hb          = st.head_block(s, j, h);
                 const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
                 for (int32_t t = 0; t < block; ++t) {
                     if (traces && ((hb[L.mask + t / 8] >> (t % 8)) & 1)) continue;
@@ -433,9 +459,9 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
             for (int32_t j = 0; j < c.n_q; ++j) {
                 std::vector<double> kr(hd), vr(hd);
                 for (int32_t ch = 0; ch < hd; ++ch) {
-                    const size_t i = ((size_t) (s * c.n_q + j) * H + h) * hd + ch;
-                    kr[ch] = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(k[i]));
-                    vr[ch] = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(v[i]));
+                    const size_t i = ((size_t)(s * c.n_q + j) * H + h) * hd + ch;
+                    kr[ch]         = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(k[i]));
+                    vr[ch]         = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(v[i]));
                 }
                 ks.push_back(kr);
                 vs.push_back(vr);
@@ -443,15 +469,15 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
             for (int32_t i = 0; i < c.n_q; ++i) {
                 for (int32_t r = 0; r < c.n_rep; ++r) {
                     const int32_t tok = s * c.n_q + i, hq = h * c.n_rep + r;
-                    const float * qr = &q[((size_t) tok * n_head + hq) * hd];
+                    const float * qr   = &q[((size_t)tok * n_head + hq) * hd];
                     const size_t n_vis = n_past + i + 1;
                     std::vector<double> sc(n_vis);
                     double mx = -INFINITY;
                     for (size_t t = 0; t < n_vis; ++t) {
                         double d = 0;
-                        for (int32_t ch = 0; ch < hd; ++ch) d += (double) qr[ch] * ks[t][ch];
+                        for (int32_t ch = 0; ch < hd; ++ch) d += (double)qr[ch] * ks[t][ch];
                         sc[t] = d * kq_scale;
-                        mx = std::max(mx, sc[t]);
+                        mx    = std::max(mx, sc[t]);
                     }
                     double l = 0;
                     std::vector<double> o(hd, 0.0);
@@ -461,7 +487,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
                         for (int32_t ch = 0; ch < hd; ++ch) o[ch] += p * vs[t][ch];
                     }
                     for (int32_t ch = 0; ch < hd; ++ch) {
-                        const double ref = o[ch] / l, got = out[((size_t) tok * n_head + hq) * hd + ch];
+                        const double ref = o[ch] / l, got = out[((size_t)tok * n_head + hq) * hd + ch];
                         finite &= std::isfinite(got);
                         err2 += (got - ref) * (got - ref);
                         ref2 += ref * ref;
@@ -477,57 +503,58 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
 }
 
 int run_checks() {
-    int n_fail = 0;
+    int n_fail                 = 0;
     const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
     const ott_kv_geom kivi2_64 = { 64, 128, 2, 2, 32, 32 }, ott4_128 = { 128, 128, 4, 4, 128, 64 };
     const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
     const ott_kv_geom v32_128 = { 128, 128, 2, 2, 128, 32 };
-    const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 }, small4 = { 128, 16, 4, 4, 16, 32 };
+    const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 },
+                      small4    = { 128, 16, 4, 4, 16, 32 };
     const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1, 16 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1, 16 };
     const ott_kv_geom p8_128 = { 128, 128, 2, 2, 128, 128, 0, 8 }, p8_64 = { 64, 16, 4, 4, 8, 16, 0, 8 };
     const ott_kv_geom k4v2_64 = { 64, 128, 4, 2, 128, 64, 0, 8 }, k4v2_128 = { 128, 128, 4, 2, 128, 128, 0, 16 };
     const event_case events[] = {
-        { "ott2-hd128-first",           ott2_128, 3, 32, 0, 0, false },
-        { "ott2-hd128-pool-full",       ott2_128, 3, 32, 3, 10, true },
-        { "ott2-hd64-stop-rule",        ott2_64, 3, 32, 3, 30, false },
-        { "ott2-hd64-extra-edge",       ott2_64, 3, 32, 3, 29, false },
-        { "kivi2-hd64-no-tracing",      kivi2_64, 0, 0, 0, 0, false },
-        { "ott4-hd128-pool-full",       ott4_128, 3, 32, 3, 5, true },
-        { "small2-hd64-g8",             small2, 2, 5, 2, 1, true },
-        { "small8-hd64-g4",             small8, 2, 5, 1, 0, false },
-        { "small4-hd128",               small4, 2, 5, 2, 2, false },
-        { "clip2-hd128-pool-full",      clip2_128, 3, 32, 3, 10, true },
-        { "clip4-hd64-kivi",            clip4_64, 0, 0, 0, 0, false },
-        { "p8-hd128-pool-full",         p8_128, 3, 32, 3, 10, true },
-        { "p8-hd64-4bit-kivi",          p8_64, 0, 0, 0, 0, false },
-        { "k4v2-hd64-pool-full",        k4v2_64, 3, 32, 3, 10, true },
+        { "ott2-hd128-first", ott2_128, 3, 32, 0, 0, false },
+        { "ott2-hd128-pool-full", ott2_128, 3, 32, 3, 10, true },
+        { "ott2-hd64-stop-rule", ott2_64, 3, 32, 3, 30, false },
+        { "ott2-hd64-extra-edge", ott2_64, 3, 32, 3, 29, false },
+        { "kivi2-hd64-no-tracing", kivi2_64, 0, 0, 0, 0, false },
+        { "ott4-hd128-pool-full", ott4_128, 3, 32, 3, 5, true },
+        { "small2-hd64-g8", small2, 2, 5, 2, 1, true },
+        { "small8-hd64-g4", small8, 2, 5, 1, 0, false },
+        { "small4-hd128", small4, 2, 5, 2, 2, false },
+        { "clip2-hd128-pool-full", clip2_128, 3, 32, 3, 10, true },
+        { "clip4-hd64-kivi", clip4_64, 0, 0, 0, 0, false },
+        { "p8-hd128-pool-full", p8_128, 3, 32, 3, 10, true },
+        { "p8-hd64-4bit-kivi", p8_64, 0, 0, 0, 0, false },
+        { "k4v2-hd64-pool-full", k4v2_64, 3, 32, 3, 10, true },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);
     check_append(seed++, n_fail);
 
     const attn_case attns[] = {
-        { "ott2-hd128-rep1-decode",     ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 1 },
-        { "ott2-hd128-rep1-split3",     ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3 },
-        { "ott2-hd64-rep3-decode",      ott2_64, 3, 1, { 5, 0 }, 0, 3, 32, 100, 2 },
-        { "ott2-hd64-rep3-chunk5",      ott2_64, 3, 5, { 3, 2 }, 0, 3, 32, 33, 2 },
-        { "kivi2-hd64-rep2-chunk3",     kivi2_64, 2, 3, { 4, 1 }, 0, 0, 0, 128, 2 },
-        { "ott4-hd128-rep1-decode",     ott4_128, 1, 1, { 6, 6 }, 0, 3, 32, 50, 2 },
-        { "small2-hd64-rep7-chunk2",    small2, 7, 2, { 11, 5 }, 2, 2, 5, 7, 3 },
-        { "small8-hd64-rep3-chunk3",    small8, 3, 3, { 7, 0 }, 2, 2, 5, 4, 2 },
-        { "small4-hd128-rep1-decode",   small4, 1, 1, { 10, 3 }, 0, 2, 5, 5, 4 },
-        { "ott2-hd128-empty-cache",     ott2_128, 1, 4, { 0, 0 }, 0, 3, 32, 0, 1 },
-        { "ott2-hd128-rep2-decode",     ott2_128, 2, 1, { 7, 3 }, 0, 3, 32, 20, 2 },
-        { "ott2-hd128-rep1-chunk4",     ott2_128, 1, 4, { 5, 2 }, 0, 3, 32, 10, 2 },
-        { "kivi2-hd128-rep1-decode",    kivi2_128, 1, 1, { 6, 2 }, 0, 0, 0, 100, 2 },
-        { "kivi2-hd128-rep2-decode",    kivi2_128, 2, 1, { 4, 5 }, 0, 0, 0, 60, 3 },
-        { "g16-hd128-rep1-decode",      g16_128, 1, 1, { 5, 1 }, 0, 3, 8, 30, 2 },
-        { "v32-hd128-rep1-decode",      v32_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
-        { "p8-hd128-rep1-decode",       p8_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
-        { "p8-hd128-rep2-chunk3",       p8_128, 2, 3, { 5, 2 }, 4, 3, 32, 30, 3 },
-        { "p8-hd64-rep3-chunk2",        p8_64, 3, 2, { 9, 4 }, 2, 2, 5, 7, 2 },
-        { "k4v2-hd64-rep3-decode",      k4v2_64, 3, 1, { 7, 2 }, 0, 3, 32, 60, 2 },
-        { "k4v2-hd128-rep1-chunk4",     k4v2_128, 1, 4, { 5, 3 }, 0, 3, 32, 20, 3 },
+        { "ott2-hd128-rep1-decode", ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 1 },
+        { "ott2-hd128-rep1-split3", ott2_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3 },
+        { "ott2-hd64-rep3-decode", ott2_64, 3, 1, { 5, 0 }, 0, 3, 32, 100, 2 },
+        { "ott2-hd64-rep3-chunk5", ott2_64, 3, 5, { 3, 2 }, 0, 3, 32, 33, 2 },
+        { "kivi2-hd64-rep2-chunk3", kivi2_64, 2, 3, { 4, 1 }, 0, 0, 0, 128, 2 },
+        { "ott4-hd128-rep1-decode", ott4_128, 1, 1, { 6, 6 }, 0, 3, 32, 50, 2 },
+        { "small2-hd64-rep7-chunk2", small2, 7, 2, { 11, 5 }, 2, 2, 5, 7, 3 },
+        { "small8-hd64-rep3-chunk3", small8, 3, 3, { 7, 0 }, 2, 2, 5, 4, 2 },
+        { "small4-hd128-rep1-decode", small4, 1, 1, { 10, 3 }, 0, 2, 5, 5, 4 },
+        { "ott2-hd128-empty-cache", ott2_128, 1, 4, { 0, 0 }, 0, 3, 32, 0, 1 },
+        { "ott2-hd128-rep2-decode", ott2_128, 2, 1, { 7, 3 }, 0, 3, 32, 20, 2 },
+        { "ott2-hd128-rep1-chunk4", ott2_128, 1, 4, { 5, 2 }, 0, 3, 32, 10, 2 },
+        { "kivi2-hd128-rep1-decode", kivi2_128, 1, 1, { 6, 2 }, 0, 0, 0, 100, 2 },
+        { "kivi2-hd128-rep2-decode", kivi2_128, 2, 1, { 4, 5 }, 0, 0, 0, 60, 3 },
+        { "g16-hd128-rep1-decode", g16_128, 1, 1, { 5, 1 }, 0, 3, 8, 30, 2 },
+        { "v32-hd128-rep1-decode", v32_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
+        { "p8-hd128-rep1-decode", p8_128, 1, 1, { 6, 3 }, 0, 3, 32, 40, 2 },
+        { "p8-hd128-rep2-chunk3", p8_128, 2, 3, { 5, 2 }, 4, 3, 32, 30, 3 },
+        { "p8-hd64-rep3-chunk2", p8_64, 3, 2, { 9, 4 }, 2, 2, 5, 7, 2 },
+        { "k4v2-hd64-rep3-decode", k4v2_64, 3, 1, { 7, 2 }, 0, 3, 32, 60, 2 },
+        { "k4v2-hd128-rep1-chunk4", k4v2_128, 1, 4, { 5, 3 }, 0, 3, 32, 20, 3 },
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
@@ -545,8 +572,7 @@ int run_checks() {
 // Median of reps timings of fn (ms), after warm-up. Each timing is preceded by before(),
 // queued and not timed: fn's launches are queued while it runs (the host's launch latency is
 // not timed), and fn starts right after it, as in a stream of decode work.
-template <typename F, typename B>
-float time_ms(F fn, int reps, B before) {
+template <typename F, typename B> float time_ms(F fn, int reps, B before) {
     cudaEvent_t a, b;
     CHECK_CUDA(cudaEventCreate(&a));
     CHECK_CUDA(cudaEventCreate(&b));
@@ -573,155 +599,179 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     cudaDeviceProp prop;
     CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
     // copy bandwidth: bytes read + written
-    const size_t n_copy = (size_t) 4 << 30;
-    void * src, * dst;
+    const size_t n_copy = (size_t)4 << 30;
+    void *src, *dst;
     CHECK_CUDA(cudaMalloc(&src, n_copy));
     CHECK_CUDA(cudaMalloc(&dst, n_copy));
     CHECK_CUDA(cudaMemset(src, 1, n_copy));
-    const float ms_copy = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, n_copy, cudaMemcpyDeviceToDevice)); }, 10, [] {});
+    const float ms_copy =
+        time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, n_copy, cudaMemcpyDeviceToDevice)); }, 10, [] {});
     const double copy_gbs = 2.0 * n_copy / (ms_copy * 1e-3) / 1e9;
-    printf("{\"op\": \"copy\", \"device\": \"%s\", \"bytes\": %zu, \"ms\": %.4f, \"GBps\": %.1f}\n", prop.name, 2 * n_copy, ms_copy, copy_gbs);
+    printf("{\"op\": \"copy\", \"device\": \"%s\", \"bytes\": %zu, \"ms\": %.4f, \"GBps\": %.1f}\n", prop.name,
+           2 * n_copy, ms_copy, copy_gbs);
     CHECK_CUDA(cudaFree(src));
     CHECK_CUDA(cudaFree(dst));
 
     // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1): ott2,
     // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block)
-    struct perf_mode { const char * name; ott_kv_geom g; int32_t window; bool variants; };
+    struct perf_mode {
+        const char * name;
+        ott_kv_geom g;
+        int32_t window;
+        bool variants;
+    };
     const perf_mode modes[] = { { "ott2", { 128, 128, 2, 2, 128, 64, 0, 16 }, 32, true },
                                 { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
-    for (const auto & [ctx, only] : contexts) {
-        const ott_kv_geom & g = mode.g;
-        const int32_t window = mode.window;
-        const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
-        for (int B : { 1, 4, 8, 16, 32, 64 }) {
-            if (only && B != only) continue;
-            const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
-            const int32_t win_cap = (n_win + g.block - 1) / g.block * g.block;
-            const size_t sh = (size_t) B * H;
-            std::vector<void *> mem;
-            auto dalloc = [&](size_t bytes, int fill) {
-                void * p;
-                CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-                CHECK_CUDA(cudaMemset(p, fill, bytes));
-                mem.push_back(p);
-                return p;
-            };
-            std::vector<int32_t> full(sh, pool), half(sh, extra / 2);
-            std::vector<uint8_t> noise((size_t) 64 << 20);
-            {
-                rng_t rng(7);
-                for (size_t i = 0; i < noise.size(); i += 8) {
-                    const uint64_t x = rng();
-                    std::memcpy(&noise[i], &x, 8);
+        for (const auto & [ctx, only] : contexts) {
+            const ott_kv_geom & g        = mode.g;
+            const int32_t window         = mode.window;
+            const ott_kv_block_layout BL = ott_kv_block_layout_of(&g);
+            for (int B : { 1, 4, 8, 16, 32, 64 }) {
+                if (only && B != only) continue;
+                const int32_t n_blocks = (ctx - window) / g.block, n_win = ctx - n_blocks * g.block;
+                const int32_t win_cap = (n_win + g.block - 1) / g.block * g.block;
+                const size_t sh       = (size_t)B * H;
+                std::vector<void *> mem;
+                auto dalloc = [&](size_t bytes, int fill) {
+                    void * p;
+                    CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+                    CHECK_CUDA(cudaMemset(p, fill, bytes));
+                    mem.push_back(p);
+                    return p;
+                };
+                std::vector<int32_t> full(sh, pool), half(sh, extra / 2);
+                std::vector<uint8_t> noise((size_t)64 << 20);
+                {
+                    rng_t rng(7);
+                    for (size_t i = 0; i < noise.size(); i += 8) {
+                        const uint64_t x = rng();
+                        std::memcpy(&noise[i], &x, 8);
+                    }
                 }
-            }
-            std::vector<float> q((size_t) B * H * hd);
-            {
-                rng_t rng(11);
-                std::normal_distribution<float> nd(0.0f, 1.0f);
-                for (float & x : q) x = nd(rng);
-            }
-            std::vector<ott_cuda_attn_tile> tiles;
-            for (int32_t s = 0; s < B; ++s) {
-                for (int32_t h = 0; h < H; ++h) tiles.push_back({ s, h, s, 1, 0, 1, 0, n_blocks, n_win, n_blocks * g.block });
-            }
-            // one layer's stores, queries and tiles; its arguments but the launch choices
-            auto make_layer = [&]() {
-                ott_cuda_kv_layer L{};
-                L.geom = g; L.layout = BL; L.n_head_kv = H; L.sink = 0; L.win_cap = win_cap;
-                L.pool_cap = pool; L.extra_cap = extra; L.max_blocks = n_blocks;
-                L.sink_k = L.sink_v = (ott_fp16 *) dalloc(0, 0);
-                // fp16 0x3c3c = 1.06: finite everywhere
-                L.win_k = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c); L.win_v = (ott_fp16 *) dalloc(sh * win_cap * hd * 2, 0x3c);
-                L.pool_k = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);   L.pool_v = (ott_fp16 *) dalloc(sh * pool * hd * 2, 0x3c);
-                L.pool_pos = (int32_t *) dalloc(sh * pool * 4, 0);
-                L.extra_k = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c); L.extra_v = (ott_fp16 *) dalloc(sh * extra * hd * 2, 0x3c);
-                L.extra_pos = (int32_t *) dalloc(sh * extra * 4, 0);
-                L.n_pool = upload_to(mem, full);
-                L.n_extra = upload_to(mem, half);
-                L.tracing = (int32_t *) dalloc(sh * 4, 0);
-                // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
-                const size_t n_hb = sh * n_blocks, blk_bytes = n_hb * BL.size;
-                L.blocks = (uint8_t *) dalloc(blk_bytes, 0);
-                for (size_t off = 0; off < blk_bytes; off += noise.size()) {
-                    CHECK_CUDA(cudaMemcpy(L.blocks + off, noise.data(), std::min(noise.size(), blk_bytes - off), cudaMemcpyHostToDevice));
+                std::vector<float> q((size_t)B * H * hd);
+                {
+                    rng_t rng(11);
+                    std::normal_distribution<float> nd(0.0f, 1.0f);
+                    for (float & x : q) x = nd(rng);
                 }
-                if (n_hb) {
-                    CHECK_CUDA(cudaMemset2D(L.blocks + BL.k_scale, BL.size, 0x2c, BL.k_codes - BL.k_scale, n_hb));
-                    CHECK_CUDA(cudaMemset2D(L.blocks + BL.mask, BL.size, 0, BL.size - BL.mask, n_hb));
+                std::vector<ott_cuda_attn_tile> tiles;
+                for (int32_t s = 0; s < B; ++s) {
+                    for (int32_t h = 0; h < H; ++h)
+                        tiles.push_back({ s, h, s, 1, 0, 1, 0, n_blocks, n_win, n_blocks * g.block });
                 }
-                ott_cuda_attn_args a{};
-                a.L = L;
-                a.q = { upload_to(mem, q), hd, (int64_t) H * hd };
-                a.k = a.v = a.q;
-                a.n_rep = 1;
-                a.kq_scale = 1.0f / std::sqrt((float) hd);
-                a.traces = 1;
-                a.tiles = upload_to(mem, tiles);
-                a.n_tiles = (int32_t) tiles.size();
-                a.rows_per_tile = 1;
-                return a;
-            };
-            // the timed layer, and another one whose attention runs just before it: the L2
-            // cache then holds none of the timed layer's bytes, as in a decode step
-            ott_cuda_attn_args a = make_layer(), prev = make_layer();
-            // the cache's choice (kv_quant_cuda.cpp: its split count, tensor cores), then FFMA
-            // decoding at two prefetch depths and other split counts for comparison
-            const int n_sm = prop.multiProcessorCount;
-            const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);
-            const int ffma = ott_cuda_attn_splits(g, 1, 0, a.n_tiles, n_sm, n_blocks);
-            struct variant { int splits, prefetch, tc; };
-            std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 } };
-            if (mode.variants) variants.push_back({ ffma, 16, 0 });
-            for (int sp : { 1, 2, 4, 8, 16, 32 }) {
-                if (mode.variants && sp != chosen && sp <= std::max(1, n_blocks / 4)) variants.push_back({ sp, 0, 1 });
+                // one layer's stores, queries and tiles; its arguments but the launch choices
+                auto make_layer = [&]() {
+                    ott_cuda_kv_layer L {};
+                    L.geom       = g;
+                    L.layout     = BL;
+                    L.n_head_kv  = H;
+                    L.sink       = 0;
+                    L.win_cap    = win_cap;
+                    L.pool_cap   = pool;
+                    L.extra_cap  = extra;
+                    L.max_blocks = n_blocks;
+                    L.sink_k = L.sink_v = (ott_fp16 *)dalloc(0, 0);
+                    // fp16 0x3c3c = 1.06: finite everywhere
+                    L.win_k     = (ott_fp16 *)dalloc(sh * win_cap * hd * 2, 0x3c);
+                    L.win_v     = (ott_fp16 *)dalloc(sh * win_cap * hd * 2, 0x3c);
+                    L.pool_k    = (ott_fp16 *)dalloc(sh * pool * hd * 2, 0x3c);
+                    L.pool_v    = (ott_fp16 *)dalloc(sh * pool * hd * 2, 0x3c);
+                    L.pool_pos  = (int32_t *)dalloc(sh * pool * 4, 0);
+                    L.extra_k   = (ott_fp16 *)dalloc(sh * extra * hd * 2, 0x3c);
+                    L.extra_v   = (ott_fp16 *)dalloc(sh * extra * hd * 2, 0x3c);
+                    L.extra_pos = (int32_t *)dalloc(sh * extra * 4, 0);
+                    L.n_pool    = upload_to(mem, full);
+                    L.n_extra   = upload_to(mem, half);
+                    L.tracing   = (int32_t *)dalloc(sh * 4, 0);
+                    // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
+                    const size_t n_hb = sh * n_blocks, blk_bytes = n_hb * BL.size;
+                    L.blocks = (uint8_t *)dalloc(blk_bytes, 0);
+                    for (size_t off = 0; off < blk_bytes; off += noise.size()) {
+                        CHECK_CUDA(cudaMemcpy(L.blocks + off, noise.data(), std::min(noise.size(), blk_bytes - off),
+                                              cudaMemcpyHostToDevice));
+                    }
+                    if (n_hb) {
+                        CHECK_CUDA(cudaMemset2D(L.blocks + BL.k_scale, BL.size, 0x2c, BL.k_codes - BL.k_scale, n_hb));
+                        CHECK_CUDA(cudaMemset2D(L.blocks + BL.mask, BL.size, 0, BL.size - BL.mask, n_hb));
+                    }
+                    ott_cuda_attn_args a {};
+                    a.L = L;
+                    a.q = { upload_to(mem, q), hd, (int64_t)H * hd };
+                    a.k = a.v       = a.q;
+                    a.n_rep         = 1;
+                    a.kq_scale      = 1.0f / std::sqrt((float)hd);
+                    a.traces        = 1;
+                    a.tiles         = upload_to(mem, tiles);
+                    a.n_tiles       = (int32_t)tiles.size();
+                    a.rows_per_tile = 1;
+                    return a;
+                };
+                // the timed layer, and another one whose attention runs just before it: the L2
+                // cache then holds none of the timed layer's bytes, as in a decode step
+                ott_cuda_attn_args a = make_layer(), prev = make_layer();
+                // the cache's choice (kv_quant_cuda.cpp: its split count, tensor cores), then FFMA
+                // decoding at two prefetch depths and other split counts for comparison
+                const int n_sm   = prop.multiProcessorCount;
+                const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);
+                const int ffma   = ott_cuda_attn_splits(g, 1, 0, a.n_tiles, n_sm, n_blocks);
+                struct variant {
+                    int splits, prefetch, tc;
+                };
+                std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 } };
+                if (mode.variants) variants.push_back({ ffma, 16, 0 });
+                for (int sp : { 1, 2, 4, 8, 16, 32 }) {
+                    if (mode.variants && sp != chosen && sp <= std::max(1, n_blocks / 4))
+                        variants.push_back({ sp, 0, 1 });
+                }
+                int most = 0;
+                for (const auto & v : variants) most = std::max(most, v.splits);
+                float * dout             = (float *)dalloc(q.size() * 4, 0);
+                const size_t part_floats = tiles.size() * (size_t)most * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd);
+                a.partials               = (float *)dalloc(part_floats * 4, 0);
+                prev.partials            = (float *)dalloc(part_floats * 4, 0);
+                const auto attend        = [&](const ott_cuda_attn_args & x) {
+                    CHECK_CUDA(ott_cuda_attn_partial(x, nullptr));
+                    CHECK_CUDA(ott_cuda_attn_merge(x, dout, (int64_t)H * hd, nullptr));
+                };
+                for (const auto & [sp, pf, tc] : variants) {
+                    a.n_splits = prev.n_splits = sp;
+                    a.prefetch = prev.prefetch = pf;
+                    a.tensor_cores = prev.tensor_cores = tc;
+                    const float ms                     = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
+                    // bytes it must read: head-block data, fp16 rows, queries
+                    const double bytes = (double)sh * (n_blocks * (double)ott_kv_block_data_bytes(&g, 1) +
+                                                       (double)(n_win + pool + extra / 2) * hd * 2 * 2) +
+                                         q.size() * 4.0;
+                    const double gbs   = bytes / (ms * 1e-3) / 1e9;
+                    printf("{\"op\": \"attn\", \"mode\": \"%s\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, "
+                           "\"head_dim\": %d, "
+                           "\"splits\": %d, \"prefetch\": %d, \"tensor_cores\": %d, \"chosen\": %s, \"bytes\": %.0f, "
+                           "\"ms\": %.4f, "
+                           "\"GBps\": %.1f, \"of_copy\": %.3f}\n",
+                           mode.name, ctx, B, H, hd, sp, pf ? pf : 8, tc,
+                           sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                    fflush(stdout);
+                }
+                for (void * p : mem) CHECK_CUDA(cudaFree(p));
             }
-            int most = 0;
-            for (const auto & v : variants) most = std::max(most, v.splits);
-            float * dout = (float *) dalloc(q.size() * 4, 0);
-            const size_t part_floats = tiles.size() * (size_t) most * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd);
-            a.partials = (float *) dalloc(part_floats * 4, 0);
-            prev.partials = (float *) dalloc(part_floats * 4, 0);
-            const auto attend = [&](const ott_cuda_attn_args & x) {
-                CHECK_CUDA(ott_cuda_attn_partial(x, nullptr));
-                CHECK_CUDA(ott_cuda_attn_merge(x, dout, (int64_t) H * hd, nullptr));
-            };
-            for (const auto & [sp, pf, tc] : variants) {
-                a.n_splits = prev.n_splits = sp;
-                a.prefetch = prev.prefetch = pf;
-                a.tensor_cores = prev.tensor_cores = tc;
-                const float ms = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
-                // bytes it must read: head-block data, fp16 rows, queries
-                const double bytes = (double) sh * (n_blocks * (double) ott_kv_block_data_bytes(&g, 1)
-                                     + (double) (n_win + pool + extra / 2) * hd * 2 * 2) + q.size() * 4.0;
-                const double gbs = bytes / (ms * 1e-3) / 1e9;
-                printf("{\"op\": \"attn\", \"mode\": \"%s\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-                       "\"splits\": %d, \"prefetch\": %d, \"tensor_cores\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, "
-                       "\"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                       mode.name, ctx, B, H, hd, sp, pf ? pf : 8, tc, sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs,
-                       gbs / copy_gbs);
-                fflush(stdout);
-            }
-            for (void * p : mem) CHECK_CUDA(cudaFree(p));
         }
-    }
     return 0;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char ** argv) {
     const std::string mode = argc > 1 ? argv[1] : "check";
-    int n_dev = 0;
+    int n_dev              = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         fprintf(stderr, "ott-cuda-ops: no CUDA device\n");
         return 3;
     }
     if (mode == "check") return run_checks();
     if (mode == "perf") {
-        std::vector<std::pair<int, int>> contexts;     // "CTX" or "CTX:BATCH"
+        std::vector<std::pair<int, int>> contexts;  // "CTX" or "CTX:BATCH"
         for (int i = 2; i < argc; ++i) {
             const char * colon = strchr(argv[i], ':');
             contexts.push_back({ atoi(argv[i]), colon ? atoi(colon + 1) : 0 });

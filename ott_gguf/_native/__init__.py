@@ -6,6 +6,7 @@ holding another build (`_ott_cffi*.so` beside its `libott.so`) to use that one i
 the build installed with the package. Run from a source checkout (`python -m ott_gguf` in
 the repository root), the package finds the compiled module of the installed distribution.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ The cdef is ott.h itself with preprocessor lines and the C++ guards removed, so 
 declarations the binding uses are exactly the ones the compiler checks.
 Usage: build_ffi.py path/to/ott.h out.c
 """
+
 import sys
 
 import cffi

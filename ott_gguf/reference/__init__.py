@@ -12,6 +12,7 @@ pool contents bit for bit; attention output within a budget of the float64 resul
     attention.py  float64 attention over every store; decode, chunks, --prefill-fp16
     footprint.py  bytes per token per layer and bits per element, formula and measured
 """
+
 from .attention import attend, forward_chunk, prefill
 from .block import QuantBlock, quantize_block
 from .cache import HeadCache, LayerCache
@@ -20,10 +21,21 @@ from .footprint import Footprint, footprint, measure
 from .quant import dequantize_groups, pack_codes, quantize_groups, unpack_codes
 
 __all__ = [
-    "KVConfig", "PRESETS", "preset",
-    "quantize_groups", "dequantize_groups", "pack_codes", "unpack_codes",
-    "QuantBlock", "quantize_block",
-    "HeadCache", "LayerCache",
-    "attend", "forward_chunk", "prefill",
-    "Footprint", "footprint", "measure",
+    "KVConfig",
+    "PRESETS",
+    "preset",
+    "quantize_groups",
+    "dequantize_groups",
+    "pack_codes",
+    "unpack_codes",
+    "QuantBlock",
+    "quantize_block",
+    "HeadCache",
+    "LayerCache",
+    "attend",
+    "forward_chunk",
+    "prefill",
+    "Footprint",
+    "footprint",
+    "measure",
 ]

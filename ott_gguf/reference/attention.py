@@ -11,6 +11,7 @@ Decode-faithful chunking: a chunk sees no quantization event of its own tokens, 
 that end exactly where events fire (`LayerCache.tokens_until_event`) give what token-by-token
 decoding gives. Such chunk bounds sit at sink + R + j·block tokens, not at multiples of block.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,21 +35,22 @@ def attend(layer: LayerCache, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np
     if n_q != len(k) or head_dim != layer.head_dim or n_head % layer.n_head_kv:
         raise InvalidArgumentError(
             f"layer {layer.il} attention: q {q.shape} does not match k {k.shape} "
-            f"(n_head must be a multiple of n_head_kv={layer.n_head_kv})")
-    k_own = to_fp16(k, f"layer {layer.il} k").astype(np.float64)      # [n_q, n_head_kv, head_dim]
+            f"(n_head must be a multiple of n_head_kv={layer.n_head_kv})"
+        )
+    k_own = to_fp16(k, f"layer {layer.il} k").astype(np.float64)  # [n_q, n_head_kv, head_dim]
     v_own = to_fp16(v, f"layer {layer.il} v").astype(np.float64)
     q64 = q.astype(np.float64)
     n_rep = n_head // layer.n_head_kv
     out = np.empty((n_q, n_head, head_dim), dtype=np.float64)
     # own token j is visible to query i iff j <= i
-    causal = np.tril(np.ones((n_q, n_q), dtype=bool))                  # [n_q, n_q]
+    causal = np.tril(np.ones((n_q, n_q), dtype=bool))  # [n_q, n_q]
     for h_kv, head in enumerate(layer.heads):
-        _, k_past, v_past = head.tokens()                              # [n_kv, head_dim]
-        k_all = np.concatenate([k_past, k_own[:, h_kv]])               # [n_kv + n_q, head_dim]
+        _, k_past, v_past = head.tokens()  # [n_kv, head_dim]
+        k_all = np.concatenate([k_past, k_own[:, h_kv]])  # [n_kv + n_q, head_dim]
         v_all = np.concatenate([v_past, v_own[:, h_kv]])
         visible = np.concatenate([np.ones((n_q, len(k_past)), dtype=bool), causal], axis=1)
         for h in range(h_kv * n_rep, (h_kv + 1) * n_rep):
-            scores = q64[:, h] @ k_all.T / np.sqrt(head_dim)           # [n_q, n_kv + n_q]
+            scores = q64[:, h] @ k_all.T / np.sqrt(head_dim)  # [n_q, n_kv + n_q]
             scores = np.where(visible, scores, -np.inf)
             p = np.exp(scores - scores.max(axis=1, keepdims=True))
             out[:, h] = (p @ v_all) / p.sum(axis=1, keepdims=True)
@@ -62,8 +64,7 @@ def forward_chunk(layer: LayerCache, q: np.ndarray, k: np.ndarray, v: np.ndarray
     return out
 
 
-def prefill(layer: LayerCache, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-            fp16: bool = False) -> np.ndarray:
+def prefill(layer: LayerCache, q: np.ndarray, k: np.ndarray, v: np.ndarray, fp16: bool = False) -> np.ndarray:
     """Process a prompt. fp16=False: decode-faithful chunks (same result as decoding token by
     token). fp16=True (--prefill-fp16): the whole prompt is one chunk, so it attends in full
     precision, and is quantized afterwards as it is appended.

@@ -22,6 +22,7 @@ Byte layout (all arrays C-contiguous, row-major):
 A masked slot still has codes: those of the substituted values (outliers.py), which attention
 never reads.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,14 +35,14 @@ from .quant import dequantize_groups, pack_codes, quantize_groups, unpack_codes
 
 @dataclass
 class QuantBlock:
-    pos0: int              # position of slot 0
-    k_codes: np.ndarray    # uint8 [head_dim, block*bits_k/8]
-    k_scale: np.ndarray    # fp16  [block/group_k, head_dim] (uint8 / int8 with param_bits 8)
-    k_min: np.ndarray      # fp16  [block/group_k, head_dim]
-    v_codes: np.ndarray    # uint8 [block, head_dim*bits_v/8]
-    v_scale: np.ndarray    # fp16  [block, head_dim/group_v]
-    v_min: np.ndarray      # fp16  [block, head_dim/group_v]
-    mask: np.ndarray       # uint8 [block/8]
+    pos0: int  # position of slot 0
+    k_codes: np.ndarray  # uint8 [head_dim, block*bits_k/8]
+    k_scale: np.ndarray  # fp16  [block/group_k, head_dim] (uint8 / int8 with param_bits 8)
+    k_min: np.ndarray  # fp16  [block/group_k, head_dim]
+    v_codes: np.ndarray  # uint8 [block, head_dim*bits_v/8]
+    v_scale: np.ndarray  # fp16  [block, head_dim/group_v]
+    v_min: np.ndarray  # fp16  [block, head_dim/group_v]
+    mask: np.ndarray  # uint8 [block/8]
 
     @property
     def masked(self) -> np.ndarray:
@@ -58,24 +59,22 @@ class QuantBlock:
         block, head_dim = self.v_codes.shape[0], self.k_codes.shape[0]
         n_gk = block // cfg.group_k
         k_codes = unpack_codes(self.k_codes, cfg.bits_k).reshape(head_dim, n_gk, cfg.group_k)
-        k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)       # [head_dim, n_gk, group_k]
-        v_codes = unpack_codes(self.v_codes, cfg.bits_v).reshape(block, head_dim // cfg.group_v,
-                                                                  cfg.group_v)
-        v = dequantize_groups(v_codes, self.v_scale, self.v_min)            # [block, n_gv, group_v]
+        k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)  # [head_dim, n_gk, group_k]
+        v_codes = unpack_codes(self.v_codes, cfg.bits_v).reshape(block, head_dim // cfg.group_v, cfg.group_v)
+        v = dequantize_groups(v_codes, self.v_scale, self.v_min)  # [block, n_gv, group_v]
         return k.reshape(head_dim, block).T, v.reshape(block, head_dim)
 
 
-def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int,
-                   cfg: KVConfig) -> QuantBlock:
+def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, cfg: KVConfig) -> QuantBlock:
     """Quantize one block of one KV head.
 
     k, v:   fp16 [block, head_dim], masked slots already substituted (outliers.py)
     masked: bool [block]
     """
     block, head_dim = k.shape
-    kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)           # [head_dim, n_gk, group_k]
+    kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
     k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
-    vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)             # [block, n_gv, group_v]
+    vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)  # [block, n_gv, group_v]
     v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v, bool(cfg.clip), cfg.param_bits)
     return QuantBlock(
         pos0=pos0,

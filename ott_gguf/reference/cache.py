@@ -23,6 +23,7 @@ no extra pool, never substitute, and all their mask bits are 0 (KIVI).
 
 Positions are sequence positions: the n-th token appended has position n (0-based).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,15 +40,15 @@ from .store import TokenStore, to_fp16
 
 @dataclass
 class HeadCache:
-    cfg: KVConfig              # resolved for head_dim (KVConfig.for_head_dim)
+    cfg: KVConfig  # resolved for head_dim (KVConfig.for_head_dim)
     head_dim: int
-    sink: TokenStore           # fp16 [<= sink, head_dim]
-    pool: TokenStore           # fp16 [<= pool, head_dim]
-    extra: TokenStore          # fp16 [<= extra_pool, head_dim]
-    window: TokenStore         # fp16 [R .. R+block-1, head_dim] once R tokens arrived
-    tracing: bool              # OTT active; False for non-tracing layers and after the stop rule
+    sink: TokenStore  # fp16 [<= sink, head_dim]
+    pool: TokenStore  # fp16 [<= pool, head_dim]
+    extra: TokenStore  # fp16 [<= extra_pool, head_dim]
+    window: TokenStore  # fp16 [R .. R+block-1, head_dim] once R tokens arrived
+    tracing: bool  # OTT active; False for non-tracing layers and after the stop rule
     blocks: list[QuantBlock] = field(default_factory=list)
-    n_tokens: int = 0          # tokens appended so far = position of the next one
+    n_tokens: int = 0  # tokens appended so far = position of the next one
 
     @classmethod
     def new(cls, cfg: KVConfig, il: int, head_dim: int) -> HeadCache:
@@ -71,8 +72,9 @@ class HeadCache:
                 take = min(n - i, self.tokens_until_event())
             else:
                 take = n - i
-            new = TokenStore(k[i:i + take], v[i:i + take],
-                             np.arange(self.n_tokens, self.n_tokens + take, dtype=np.int32))
+            new = TokenStore(
+                k[i : i + take], v[i : i + take], np.arange(self.n_tokens, self.n_tokens + take, dtype=np.int32)
+            )
             if to_sink:
                 self.sink = self.sink.concat(new)
             else:
@@ -104,25 +106,27 @@ class HeadCache:
             parts.append((b.positions[live], k[live], v[live]))
         parts += [(s.pos, s.k, s.v) for s in (self.pool, self.extra, self.window)]
         pos, ks, vs = zip(*parts)
-        return (np.concatenate(pos).astype(np.int64), np.concatenate(ks).astype(np.float64),
-                np.concatenate(vs).astype(np.float64))
+        return (
+            np.concatenate(pos).astype(np.int64),
+            np.concatenate(ks).astype(np.float64),
+            np.concatenate(vs).astype(np.float64),
+        )
 
 
 @dataclass
 class LayerCache:
     cfg: KVConfig
-    il: int                    # layer index
+    il: int  # layer index
     n_head_kv: int
     head_dim: int
-    heads: list[HeadCache]     # [n_head_kv]
+    heads: list[HeadCache]  # [n_head_kv]
 
     @classmethod
     def new(cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int) -> LayerCache:
         if n_head_kv <= 0:
             raise InvalidArgumentError(f"kv cache: n_head_kv={n_head_kv} must be > 0")
         cfg = cfg.for_head_dim(head_dim)
-        return cls(cfg, il, n_head_kv, head_dim,
-                   [HeadCache.new(cfg, il, head_dim) for _ in range(n_head_kv)])
+        return cls(cfg, il, n_head_kv, head_dim, [HeadCache.new(cfg, il, head_dim) for _ in range(n_head_kv)])
 
     @property
     def n_tokens(self) -> int:
@@ -136,7 +140,8 @@ class LayerCache:
         want = (self.n_head_kv, self.head_dim)
         if k.ndim != 3 or k.shape[1:] != want or v.shape != k.shape:
             raise InvalidArgumentError(
-                f"layer {self.il} kv: k {k.shape} / v {v.shape} are not [n_tokens, {want[0]}, {want[1]}]")
+                f"layer {self.il} kv: k {k.shape} / v {v.shape} are not [n_tokens, {want[0]}, {want[1]}]"
+            )
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         """Append new tokens of this layer: k, v float32 [n_tokens, n_head_kv, head_dim], post-RoPE."""

@@ -6,6 +6,7 @@ model (`group_v` is capped at `head_dim`) and checks the layout constraints for 
 Mode f16 is the same cache with no quantization: every token stays in the fp16 window, so
 the quantization knobs must all be 0 (an override of one of them is an error, not ignored).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -14,28 +15,28 @@ from ott_gguf.errors import InvalidArgumentError
 
 from .rotation import CALIBRATED, HADAMARD, ROTATIONS
 
-F16_BITS = 16                 # bits value that means "stored as fp16, never quantized"
-QUANT_BITS = (2, 4, 8)        # code widths of a quantized cache
-MAX_SUM_TERMS = 8192          # block and head_dim bound that keeps the float64 sums of
-                              # fp16 values exact (outliers.py relies on it)
+F16_BITS = 16  # bits value that means "stored as fp16, never quantized"
+QUANT_BITS = (2, 4, 8)  # code widths of a quantized cache
+MAX_SUM_TERMS = 8192  # block and head_dim bound that keeps the float64 sums of
+# fp16 values exact (outliers.py relies on it)
 
 
 @dataclass(frozen=True)
 class KVConfig:
-    bits_k: int           # bits per key code; 16 = fp16 cache (mode f16)
-    bits_v: int           # bits per value code; 16 = fp16 cache (mode f16)
-    group_k: int          # tokens per key group (one channel, consecutive tokens)
-    group_v: int          # channels per value group (one token, consecutive channels)
-    block: int            # tokens quantized together at one quantization event
-    window: int           # R: the fp16 window keeps R .. R+block-1 recent tokens
-    pool: int             # outlier-pool capacity per KV head (0 = no OTT)
-    extra_pool: int       # extra-pool capacity per KV head (tokens evicted from the pool)
-    skip_layers: int      # layers 0 .. skip_layers-1 never trace outliers
-    sink: int             # first tokens of a sequence kept in fp16 forever
-    clip: int = 0         # 1: each group's range is the best of the clipped ones (quant.py)
+    bits_k: int  # bits per key code; 16 = fp16 cache (mode f16)
+    bits_v: int  # bits per value code; 16 = fp16 cache (mode f16)
+    group_k: int  # tokens per key group (one channel, consecutive tokens)
+    group_v: int  # channels per value group (one token, consecutive channels)
+    block: int  # tokens quantized together at one quantization event
+    window: int  # R: the fp16 window keeps R .. R+block-1 recent tokens
+    pool: int  # outlier-pool capacity per KV head (0 = no OTT)
+    extra_pool: int  # extra-pool capacity per KV head (tokens evicted from the pool)
+    skip_layers: int  # layers 0 .. skip_layers-1 never trace outliers
+    sink: int  # first tokens of a sequence kept in fp16 forever
+    clip: int = 0  # 1: each group's range is the best of the clipped ones (quant.py)
     param_bits: int = 16  # a group's scale and min: 16 (fp16) or 8 (ufp8 scale, int8 min; quant.py)
-    rot_k: int = 0        # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
-    rot_v: int = 0        # rotation of values, undone after attention: same kinds
+    rot_k: int = 0  # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
+    rot_v: int = 0  # rotation of values, undone after attention: same kinds
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,50 +52,66 @@ class KVConfig:
         if self.bits_k != self.bits_v:
             raise InvalidArgumentError(
                 f"kv config: bits_k={self.bits_k} bits_v={self.bits_v}: "
-                f"keys and values are both fp16 (16) or both quantized")
-        for name in ("group_k", "group_v", "block", "window", "pool", "extra_pool",
-                     "skip_layers", "sink", "clip", "param_bits", "rot_k", "rot_v"):
+                f"keys and values are both fp16 (16) or both quantized"
+            )
+        for name in (
+            "group_k",
+            "group_v",
+            "block",
+            "window",
+            "pool",
+            "extra_pool",
+            "skip_layers",
+            "sink",
+            "clip",
+            "param_bits",
+            "rot_k",
+            "rot_v",
+        ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} does not apply to the fp16 cache "
-                    f"(every token is kept in fp16)")
+                    f"(every token is kept in fp16)"
+                )
 
     def _check_quantized(self) -> None:
         for name in ("bits_k", "bits_v"):
             if getattr(self, name) not in QUANT_BITS:
                 raise InvalidArgumentError(
-                    f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} "
-                    f"(or 16 for both: fp16 cache)")
+                    f"kv config: {name}={getattr(self, name)} is not one of {QUANT_BITS} (or 16 for both: fp16 cache)"
+                )
         if self.block == 0 or self.block % 8 or self.block > MAX_SUM_TERMS:
-            raise InvalidArgumentError(
-                f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
+            raise InvalidArgumentError(f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
         if self.group_k == 0 or self.block % self.group_k:
-            raise InvalidArgumentError(
-                f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
+            raise InvalidArgumentError(f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
         if self.group_k * self.bits_k % 8:
             raise InvalidArgumentError(
-                f"kv config: group_k={self.group_k} at bits_k={self.bits_k} does not fill whole bytes")
+                f"kv config: group_k={self.group_k} at bits_k={self.bits_k} does not fill whole bytes"
+            )
         if self.group_v == 0 or self.group_v * self.bits_v % 8:
             raise InvalidArgumentError(
-                f"kv config: group_v={self.group_v} at bits_v={self.bits_v} does not fill whole bytes")
+                f"kv config: group_v={self.group_v} at bits_v={self.bits_v} does not fill whole bytes"
+            )
         if self.pool >= self.block:
-            raise InvalidArgumentError(
-                f"kv config: pool={self.pool} must be smaller than block={self.block}")
+            raise InvalidArgumentError(f"kv config: pool={self.pool} must be smaller than block={self.block}")
         if self.clip > 1:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
         if self.param_bits not in (8, 16):
             raise InvalidArgumentError(f"kv config: param_bits={self.param_bits} is not 16 (fp16) or 8")
         if self.param_bits == 8 and self.clip:
-            raise InvalidArgumentError("kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)")
+            raise InvalidArgumentError(
+                "kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)"
+            )
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) >= len(ROTATIONS):
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of "
-                    f"{', '.join(f'{i} ({r})' for i, r in enumerate(ROTATIONS))}")
+                    f"{', '.join(f'{i} ({r})' for i, r in enumerate(ROTATIONS))}"
+                )
         if self.extra_pool and not self.pool:
             raise InvalidArgumentError(
-                f"kv config: extra_pool={self.extra_pool} needs pool > 0 "
-                f"(it holds tokens evicted from the pool)")
+                f"kv config: extra_pool={self.extra_pool} needs pool > 0 (it holds tokens evicted from the pool)"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -119,11 +136,11 @@ class KVConfig:
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) == HADAMARD and head_dim & (head_dim - 1):
                 raise InvalidArgumentError(
-                    f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}")
+                    f"kv config: {name}=hadamard needs a head size that is a power of two, not {head_dim}"
+                )
         cfg = replace(self, group_v=min(self.group_v, head_dim))
         if head_dim % cfg.group_v:
-            raise InvalidArgumentError(
-                f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+            raise InvalidArgumentError(f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
         return cfg
 
     def with_overrides(self, **overrides: int | None) -> KVConfig:
@@ -135,18 +152,27 @@ class KVConfig:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-_OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32,
-            skip_layers=2, sink=0)
-_KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0,
-             skip_layers=0, sink=0)
+_OTT = dict(group_k=128, group_v=64, block=128, window=32, pool=3, extra_pool=32, skip_layers=2, sink=0)
+_KIVI = dict(group_k=32, group_v=32, block=128, window=128, pool=0, extra_pool=0, skip_layers=0, sink=0)
 # This project's caches (docs/results.md says how they were chosen): OTT's per-channel keys
 # and pools, values Hadamard-rotated in one group per head (capped at 128 channels), 8-bit
 # group parameters, no fp16 window beyond the block being filled.
 _OTTR = dict(_OTT, group_v=128, window=0, param_bits=8, rot_v=HADAMARD)
 
 PRESETS: dict[str, KVConfig] = {
-    "f16": KVConfig(bits_k=16, bits_v=16, group_k=0, group_v=0, block=0, window=0, pool=0,
-                    extra_pool=0, skip_layers=0, sink=0, param_bits=0),
+    "f16": KVConfig(
+        bits_k=16,
+        bits_v=16,
+        group_k=0,
+        group_v=0,
+        block=0,
+        window=0,
+        pool=0,
+        extra_pool=0,
+        skip_layers=0,
+        sink=0,
+        param_bits=0,
+    ),
     "kivi2": KVConfig(bits_k=2, bits_v=2, **_KIVI),
     "kivi4": KVConfig(bits_k=4, bits_v=4, **_KIVI),
     "ott2": KVConfig(bits_k=2, bits_v=2, **_OTT),

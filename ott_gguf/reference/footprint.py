@@ -23,6 +23,7 @@ tokens get evicted depends on the data. `measure` applies the same accounting to
 bits_per_element = 8·total_bytes / (n_ctx · n_layer · n_head_kv · 2·head_dim)
 bytes_per_token_per_layer = total_bytes / (n_ctx · n_layer)   (all KV heads, K and V)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,17 +41,17 @@ POS_BYTES = 4
 @dataclass(frozen=True)
 class Footprint:
     n_ctx: int
-    bytes: dict[str, int]      # bytes per store (STORES), all layers and KV heads, one sequence
+    bytes: dict[str, int]  # bytes per store (STORES), all layers and KV heads, one sequence
     total_bytes: int
     bytes_per_token_per_layer: float
     bits_per_element: float
 
 
-def _summarize(by_store: dict[str, int], n_ctx: int, n_layer: int, n_head_kv: int,
-               head_dim: int) -> Footprint:
+def _summarize(by_store: dict[str, int], n_ctx: int, n_layer: int, n_head_kv: int, head_dim: int) -> Footprint:
     total = sum(by_store.values())
-    return Footprint(n_ctx, by_store, total, total / (n_ctx * n_layer),
-                     8 * total / (n_ctx * n_layer * n_head_kv * 2 * head_dim))
+    return Footprint(
+        n_ctx, by_store, total, total / (n_ctx * n_layer), 8 * total / (n_ctx * n_layer * n_head_kv * 2 * head_dim)
+    )
 
 
 def ring_rows(n_swa: int, n_ctx: int, n_ubatch: int) -> int:
@@ -59,13 +60,19 @@ def ring_rows(n_swa: int, n_ctx: int, n_ubatch: int) -> int:
     return min(n_ctx, n_swa - 1 + n_ubatch)
 
 
-def footprint(cfg: KVConfig, n_ctx: int, head_dim: int, n_head_kv: int, n_layer: int,
-              local: frozenset[int] = frozenset(), ring: int = 0) -> Footprint:
+def footprint(
+    cfg: KVConfig,
+    n_ctx: int,
+    head_dim: int,
+    n_head_kv: int,
+    n_layer: int,
+    local: frozenset[int] = frozenset(),
+    ring: int = 0,
+) -> Footprint:
     """The formula for one sequence of n_ctx tokens; the layers in `local` keep an fp16 ring
     of `ring` rows instead (ring_rows), the others the cache of `cfg`."""
     if n_ctx <= 0 or n_head_kv <= 0 or n_layer <= 0:
-        raise InvalidArgumentError(
-            f"footprint: n_ctx={n_ctx} n_head_kv={n_head_kv} n_layer={n_layer} must be > 0")
+        raise InvalidArgumentError(f"footprint: n_ctx={n_ctx} n_head_kv={n_head_kv} n_layer={n_layer} must be > 0")
     cfg = cfg.for_head_dim(head_dim)
     token = 2 * head_dim * FP16_BYTES
     n_sink = min(cfg.sink, n_ctx)

@@ -23,6 +23,7 @@ the choices below that the paper may make differently are marked DEVIATION.
    to fp16 (both round to nearest even). DEVIATION note: the mean is over the whole block,
    also when group_k < block.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,15 +41,16 @@ def can_trace(pool: TokenStore, extra: TokenStore, extra_capacity: int) -> bool:
     return extra_capacity - len(extra) >= len(pool)
 
 
-def trace(pool: TokenStore, extra: TokenStore, blk: TokenStore,
-          capacity: int) -> tuple[TokenStore, TokenStore, np.ndarray]:
+def trace(
+    pool: TokenStore, extra: TokenStore, blk: TokenStore, capacity: int
+) -> tuple[TokenStore, TokenStore, np.ndarray]:
     """One OTT selection. Returns the new pool, the new extra pool and masked: bool [block].
 
     pool holds older positions than blk and both are in ascending position, so the candidate
     list pool ∪ blk is in ascending position too.
     """
-    cand = pool.concat(blk)                                   # [len(pool) + block]
-    order = np.lexsort((cand.pos, l1_scores(cand.k)))         # score, then position
+    cand = pool.concat(blk)  # [len(pool) + block]
+    order = np.lexsort((cand.pos, l1_scores(cand.k)))  # score, then position
     keep = np.zeros(len(cand), dtype=bool)
     keep[order[:capacity]] = True
     n_old = len(pool)
@@ -60,7 +62,7 @@ def substitute_mean(x: np.ndarray, masked: np.ndarray) -> np.ndarray:
     """Replace the masked rows by the mean of the others: fp16 [block, head_dim] -> same."""
     if not masked.any():
         return x
-    others = x[~masked].astype(np.float64)                    # [n_other, head_dim]
+    others = x[~masked].astype(np.float64)  # [n_other, head_dim]
     mean = (others.sum(axis=0) / np.float64(len(others))).astype(np.float32).astype(np.float16)
     out = x.copy()
     out[masked] = mean

@@ -79,6 +79,7 @@ Packing
 i·bits/8 at bit offset (i mod (8/bits))·bits. At 2 bits, byte j holds codes 4j .. 4j+3
 as `c0 | c1<<2 | c2<<4 | c3<<6`; at 4 bits, `c0 | c1<<4`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -86,19 +87,18 @@ import numpy as np
 from ott_gguf.errors import InvalidArgumentError
 
 # c_i of the clipped ranges: candidate i narrows [mn, mx] by c_i of its width at each end
-CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3],
-                       dtype=np.float32)
+CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3], dtype=np.float32)
 
 
 def _quantize_range(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32):
     """Codes, fp16 scale and fp16 min of each group of float32 xf [..., group] for the range
     [lo, hi] (f32 [...]), by the recipe above."""
-    scale = ((hi - lo) / levels).astype(np.float16)                      # fp16 [...]
-    mn16 = lo.astype(np.float16)                                         # fp16 [...]
+    scale = ((hi - lo) / levels).astype(np.float16)  # fp16 [...]
+    mn16 = lo.astype(np.float16)  # fp16 [...]
     scale32, mn32 = scale.astype(np.float32), mn16.astype(np.float32)
     inv = np.zeros_like(scale32)
-    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)     # f32 [...]
-    t = (xf - mn32[..., None]) * inv[..., None]                          # f32 [..., group]
+    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)  # f32 [...]
+    t = (xf - mn32[..., None]) * inv[..., None]  # f32 [..., group]
     codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
     return codes, scale, mn16
 
@@ -115,10 +115,10 @@ def decode_min8(z: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray]:
     """The ufp8 scale and int8 minimum of each range [mn, mx] (f32 [...]), by the recipe above."""
-    t = (mx - mn) / levels                                               # f32 [...]
+    t = (mx - mn) / levels  # f32 [...]
     h16 = t.astype(np.float16)
-    h = h16.view(np.uint16).astype(np.int64) + (h16.astype(np.float32) < t)        # least fp16 >= t
-    s8 = np.maximum(1, (h + 127) >> 7)                                   # least ufp8 >= h, > 0
+    h = h16.view(np.uint16).astype(np.int64) + (h16.astype(np.float32) < t)  # least fp16 >= t
+    s8 = np.maximum(1, (h + 127) >> 7)  # least ufp8 >= h, > 0
     while True:
         s = decode_scale8(s8.astype(np.uint8))
         z = np.floor((mn / s) * np.float32(4.0))
@@ -128,8 +128,9 @@ def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.nda
         s8 = s8 + out
 
 
-def quantize_groups(x: np.ndarray, bits: int, clip: bool = False,
-                    param_bits: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_groups(
+    x: np.ndarray, bits: int, clip: bool = False, param_bits: int = 16
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantize each group (last axis) of fp16 `x`; clip: the best of the clipped ranges;
     param_bits 8: one-byte scale (ufp8) and minimum (int8) as above.
 
@@ -138,9 +139,9 @@ def quantize_groups(x: np.ndarray, bits: int, clip: bool = False,
     """
     if x.dtype != np.float16:
         raise InvalidArgumentError(f"quantize_groups: input dtype {x.dtype} is not float16")
-    xf = x.astype(np.float32)                                            # exact
-    mn = xf.min(axis=-1)                                                 # f32 [...]
-    mx = xf.max(axis=-1)                                                 # f32 [...]
+    xf = x.astype(np.float32)  # exact
+    mn = xf.min(axis=-1)  # f32 [...]
+    mx = xf.max(axis=-1)  # f32 [...]
     levels = np.float32(2**bits - 1)
     if param_bits == 8:
         s8, z = _params8(mn, mx, levels)
@@ -151,14 +152,14 @@ def quantize_groups(x: np.ndarray, bits: int, clip: bool = False,
         return np.clip(np.rint(t), 0, levels).astype(np.uint8), s8, z
     if not clip:
         return _quantize_range(xf, mn, mx, levels)
-    width = mx - mn                                                      # f32 [...]
+    width = mx - mn  # f32 [...]
     best = best_err = None
     for c in CLIP_SHRINK:
         d = c * width
         codes, scale, mn16 = _quantize_range(xf, mn + d, mx - d, levels)
         y = codes.astype(np.float32) * scale.astype(np.float32)[..., None] + mn16.astype(np.float32)[..., None]
         e = (y - xf).astype(np.float64)
-        err = np.cumsum(e * e, axis=-1)[..., -1]                         # sequential float64 sum
+        err = np.cumsum(e * e, axis=-1)[..., -1]  # sequential float64 sum
         if best_err is None:
             best, best_err = (codes, scale, mn16), err
             continue
@@ -177,8 +178,7 @@ def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> n
     if scale.dtype == np.uint8:
         s = decode_scale8(scale)
         scale, mn = s, decode_min8(mn, s)
-    return (codes.astype(np.float64) * scale.astype(np.float64)[..., None]
-            + mn.astype(np.float64)[..., None])
+    return codes.astype(np.float64) * scale.astype(np.float64)[..., None] + mn.astype(np.float64)[..., None]
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -188,14 +188,14 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     if n % per_byte:
         raise InvalidArgumentError(f"pack_codes: {n} codes at {bits} bits do not fill whole bytes")
     c = codes.reshape(*codes.shape[:-1], n // per_byte, per_byte).astype(np.uint16)
-    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)               # [per_byte]
+    shifts = np.arange(per_byte, dtype=np.uint16) * bits  # [per_byte]
     return (c << shifts).sum(axis=-1).astype(np.uint8)
 
 
 def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
     """Inverse of pack_codes: uint8 [..., m] -> uint8 [..., m·8/bits]."""
     per_byte = 8 // bits
-    shifts = (np.arange(per_byte, dtype=np.uint8) * bits)                # [per_byte]
+    shifts = np.arange(per_byte, dtype=np.uint8) * bits  # [per_byte]
     mask = np.uint8((1 << bits) - 1)
-    c = (packed[..., None] >> shifts) & mask                             # [..., m, per_byte]
+    c = (packed[..., None] >> shifts) & mask  # [..., m, per_byte]
     return c.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)

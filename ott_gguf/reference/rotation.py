@@ -18,6 +18,7 @@ Kinds (KVConfig.rot_k / rot_v):
 
 Vectors are rows here: y = (x - c) @ R.T for x [..., head_dim].
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 K and V arrive as float32 and are rounded to fp16 (round to nearest even) when they are
 stored; everything downstream (quantization, OTT scores, attention) reads the fp16 values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,21 +24,22 @@ def to_fp16(x: np.ndarray, what: str) -> np.ndarray:
 @dataclass
 class TokenStore:
     """Tokens of one KV head kept in fp16, with their positions."""
-    k: np.ndarray      # fp16  [n, head_dim]
-    v: np.ndarray      # fp16  [n, head_dim]
-    pos: np.ndarray    # int32 [n]
+
+    k: np.ndarray  # fp16  [n, head_dim]
+    v: np.ndarray  # fp16  [n, head_dim]
+    pos: np.ndarray  # int32 [n]
 
     @classmethod
     def empty(cls, head_dim: int) -> TokenStore:
-        return cls(np.zeros((0, head_dim), np.float16), np.zeros((0, head_dim), np.float16),
-                   np.zeros(0, np.int32))
+        return cls(np.zeros((0, head_dim), np.float16), np.zeros((0, head_dim), np.float16), np.zeros(0, np.int32))
 
     def __len__(self) -> int:
         return len(self.pos)
 
     def concat(self, other: TokenStore) -> TokenStore:
-        return TokenStore(np.concatenate([self.k, other.k]), np.concatenate([self.v, other.v]),
-                          np.concatenate([self.pos, other.pos]))
+        return TokenStore(
+            np.concatenate([self.k, other.k]), np.concatenate([self.v, other.v]), np.concatenate([self.pos, other.pos])
+        )
 
     def select(self, rows: np.ndarray | slice) -> TokenStore:
         """The tokens picked by a bool mask, an index array or a slice, in that order."""

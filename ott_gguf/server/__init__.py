@@ -9,6 +9,7 @@
 
 Needs the `serve` extra: `pip install ott-gguf[serve]`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,18 +21,44 @@ from .capacity import SlotPlan, plan_slots
 DEFAULT_BATCH = 512
 
 
-def open_slots(weights: Weights, *, kv_config, n_ctx: int, parallel: int | None, kv_memory: int | None,
-               batch: int = DEFAULT_BATCH, n_threads: int | None = None,
-               prefill_fp16: bool = False, kv_calib=None) -> tuple[Context, SlotPlan]:
+def open_slots(
+    weights: Weights,
+    *,
+    kv_config,
+    n_ctx: int,
+    parallel: int | None,
+    kv_memory: int | None,
+    batch: int = DEFAULT_BATCH,
+    n_threads: int | None = None,
+    prefill_fp16: bool = False,
+    kv_calib=None,
+) -> tuple[Context, SlotPlan]:
     """The slot plan and a context with one sequence per slot, big enough for one step in one graph."""
     plan = plan_slots(weights, kv_config, n_ctx, parallel, kv_memory)
-    ctx = Context(weights, n_ctx=n_ctx, n_seq_max=plan.n_slots, n_ubatch=batch + plan.n_slots,
-                  n_threads=n_threads, kv=kv_config, prefill_fp16=prefill_fp16, kv_calib=kv_calib)
+    ctx = Context(
+        weights,
+        n_ctx=n_ctx,
+        n_seq_max=plan.n_slots,
+        n_ubatch=batch + plan.n_slots,
+        n_threads=n_threads,
+        kv=kv_config,
+        prefill_fp16=prefill_fp16,
+        kv_calib=kv_calib,
+    )
     return ctx, plan
 
 
-def serve(ctx: Context, plan: SlotPlan, *, host: str, port: int, model_id: str, api_key: str | None,
-          max_queue: int, batch: int = DEFAULT_BATCH) -> None:
+def serve(
+    ctx: Context,
+    plan: SlotPlan,
+    *,
+    host: str,
+    port: int,
+    model_id: str,
+    api_key: str | None,
+    max_queue: int,
+    batch: int = DEFAULT_BATCH,
+) -> None:
     """Run the server until interrupted."""
     import uvicorn
 

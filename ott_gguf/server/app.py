@@ -8,6 +8,7 @@ A client that disconnects cancels its job. Every error is an OpenAI-style JSON b
 {"error": {"message", "type", "param", "code"}}; after a stream has started, a failure is
 sent as one event with that body.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,15 @@ DISCONNECTED = object()  # put on a job's event queue when its client goes away
 class APIError(Exception):
     """An error answered with an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.type, self.param, self.code, self.headers = status, type_, param, code, headers
 
@@ -79,8 +87,10 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
 
     @api.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                            "owned_by": "ott-gguf"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "ott-gguf"}],
+        }
 
     @api.get("/metrics")
     async def metrics():
@@ -105,16 +115,21 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
 
 def _check_model(body: GenerationFields, model_id: str) -> None:
     if body.model is not None and body.model != model_id:
-        raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_id}'",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"model '{body.model}' is not served here; this server serves '{model_id}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _completion_prompt_ids(ctx, prompt: str | list[int] | list[str]) -> list[int]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         bad = [t for t in prompt if not 0 <= t < ctx.n_vocab]
         if bad:
-            raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {ctx.n_vocab})",
-                           param="prompt")
+            raise APIError(
+                400, f"prompt token id {bad[0]} is outside the vocabulary [0, {ctx.n_vocab})", param="prompt"
+            )
         return list(prompt)
     text = prompt[0] if isinstance(prompt, list) and prompt else prompt or ""
     return ctx.tokenize(text, add_special=True, parse_special=True)
@@ -124,9 +139,12 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int) -> En
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompt) >= n_ctx:
-        raise APIError(400, f"the prompt has {len(prompt)} tokens but a slot holds {n_ctx}, prompt and reply "
-                            f"together", param="messages" if hasattr(body, "messages") else "prompt",
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt has {len(prompt)} tokens but a slot holds {n_ctx}, prompt and reply together",
+            param="messages" if hasattr(body, "messages") else "prompt",
+            code="context_length_exceeded",
+        )
     try:
         sampling = body.sampling()
     except InvalidArgumentError as e:
@@ -134,29 +152,36 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int) -> En
     return EngineRequest(prompt, body.token_limit() or n_ctx - len(prompt), sampling, body.stops())
 
 
-async def _respond(engine: Engine, body: GenerationFields, prompt: list[int], fmt: ResponseFormat,
-                   request: Request) -> Response:
+async def _respond(
+    engine: Engine, body: GenerationFields, prompt: list[int], fmt: ResponseFormat, request: Request
+) -> Response:
     """Submit the job; stream its events, or wait for them and answer with one object."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = Job(_engine_request(body, prompt, engine.ctx.n_ctx),
-              emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+    job = Job(
+        _engine_request(body, prompt, engine.ctx.n_ctx),
+        emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
+    )
     try:
         engine.submit(job)
     except UnavailableError as e:
         raise APIError(503, str(e), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     watcher = asyncio.create_task(_watch_disconnect(request, events))
     if body.stream:
-        return StreamingResponse(_stream(fmt, body.include_usage, events, job, watcher),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _stream(fmt, body.include_usage, events, job, watcher),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
     try:
         text = []
         async for event in _until_end(events):
             if isinstance(event, Delta):
                 text.append(event.text)
             elif isinstance(event, Done):
-                return JSONResponse(fmt.response("".join(text), event.finish_reason, event.prompt_tokens,
-                                                 event.completion_tokens))
+                return JSONResponse(
+                    fmt.response("".join(text), event.finish_reason, event.prompt_tokens, event.completion_tokens)
+                )
             else:
                 raise _failure(event)
         return Response(status_code=499)  # the client is gone: nobody reads this
@@ -165,8 +190,9 @@ async def _respond(engine: Engine, body: GenerationFields, prompt: list[int], fm
         job.cancel()
 
 
-async def _stream(fmt: ResponseFormat, include_usage: bool, events: asyncio.Queue, job: Job,
-                  watcher: asyncio.Task) -> AsyncIterator[str]:
+async def _stream(
+    fmt: ResponseFormat, include_usage: bool, events: asyncio.Queue, job: Job, watcher: asyncio.Task
+) -> AsyncIterator[str]:
     try:
         if fmt.opening() is not None:
             yield _sse(fmt.opening())
@@ -219,6 +245,7 @@ def _bearer_check(api_key: str):
     async def check(authorization: str | None = Header(None)) -> None:
         if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
             raise APIError(401, "missing or wrong API key (Authorization: Bearer <key>)", code="invalid_api_key")
+
     return check
 
 
@@ -231,8 +258,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid_body(request, exc: RequestValidationError):
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
-            return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
-                            ).response()
+            return APIError(
+                400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+            ).response()
         where = ".".join(str(p) for p in first["loc"][1:])  # after "body"
         return APIError(400, f"{where or 'body'}: {first['msg']}", param=where or None).response()
 
@@ -242,10 +270,10 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
-        return APIError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
-                        else "server_error").response()
+        return APIError(
+            exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error"
+        ).response()
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         return APIError(500, f"{type(exc).__name__}: {exc}", "server_error").response()
-

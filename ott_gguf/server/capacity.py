@@ -4,6 +4,7 @@ A slot is one sequence of n_ctx tokens. Its KV bytes are the cache's footprint a
 tokens, everything counted (`Weights.kv_footprint`): this is where a quantized cache turns
 into more concurrent users than an f16 cache in the same memory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,13 +19,13 @@ MAX_SLOTS = 4096  # the native context's n_seq_max limit (ott.h)
 @dataclass(frozen=True)
 class SlotPlan:
     n_slots: int
-    n_ctx: int                  # tokens per slot
-    kv: str                     # KV mode name
-    bytes_per_slot: int         # KV bytes of one full slot, everything counted
-    bits_per_element: float     # of a full slot
-    kv_memory: int | None       # the budget the count was chosen from, if any
-    f16_slots: int | None       # slots an f16 cache would fit in the same budget
-    reason: str                 # one line: how many slots and why
+    n_ctx: int  # tokens per slot
+    kv: str  # KV mode name
+    bytes_per_slot: int  # KV bytes of one full slot, everything counted
+    bits_per_element: float  # of a full slot
+    kv_memory: int | None  # the budget the count was chosen from, if any
+    f16_slots: int | None  # slots an f16 cache would fit in the same budget
+    reason: str  # one line: how many slots and why
 
 
 def plan_slots(weights, kv_config: KVConfig, n_ctx: int, parallel: int | None, kv_memory: int | None) -> SlotPlan:
@@ -41,14 +42,15 @@ def plan_slots(weights, kv_config: KVConfig, n_ctx: int, parallel: int | None, k
         if n_slots < 1:
             raise InvalidArgumentError(f"a KV budget of {_mib(kv_memory)} holds no slot: {what}")
         f16 = min(MAX_SLOTS, kv_memory // weights.kv_footprint("f16", n_ctx).total_bytes)
-        reason = (f"{n_slots} slots fit the KV budget of {_mib(kv_memory)} ({what}; "
-                  f"an f16 cache would fit {f16})")
+        reason = f"{n_slots} slots fit the KV budget of {_mib(kv_memory)} ({what}; an f16 cache would fit {f16})"
         return SlotPlan(n_slots, n_ctx, kv, per_slot, fp.bits_per_element, kv_memory, f16, reason)
     if not 1 <= parallel <= MAX_SLOTS:
         raise InvalidArgumentError(f"slots must be in [1, {MAX_SLOTS}], got {parallel}")
     if kv_memory is not None and parallel * per_slot > kv_memory:
-        raise InvalidArgumentError(f"{parallel} slots need {_mib(parallel * per_slot)} of KV cache, more than the "
-                                   f"budget of {_mib(kv_memory)} ({what})")
+        raise InvalidArgumentError(
+            f"{parallel} slots need {_mib(parallel * per_slot)} of KV cache, more than the "
+            f"budget of {_mib(kv_memory)} ({what})"
+        )
     reason = f"{parallel} slots as asked, {_mib(parallel * per_slot)} of KV cache when full ({what})"
     return SlotPlan(parallel, n_ctx, kv, per_slot, fp.bits_per_element, kv_memory, None, reason)
 

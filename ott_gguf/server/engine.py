@@ -12,6 +12,7 @@ Results go back through each job's `emit` callback, called on the worker thread 
 `Delta`, then one `Done` or `Failed`. An exception while serving one request fails that
 request only; the others go on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,20 +38,20 @@ class UnavailableError(OttError):
 
 @dataclass(frozen=True)
 class Request:
-    prompt: list[int]            # token ids, 1 <= len < the slot's context
-    max_tokens: int              # tokens to generate at most
+    prompt: list[int]  # token ids, 1 <= len < the slot's context
+    max_tokens: int  # tokens to generate at most
     sampling: SamplingParams
-    stop: tuple[str, ...] = ()   # generation ends before the first of these strings
+    stop: tuple[str, ...] = ()  # generation ends before the first of these strings
 
 
 @dataclass(frozen=True)
 class Delta:
-    text: str                    # the next piece of generated text
+    text: str  # the next piece of generated text
 
 
 @dataclass(frozen=True)
 class Done:
-    finish_reason: str           # "stop" (end-of-generation token or stop string) or "length"
+    finish_reason: str  # "stop" (end-of-generation token or stop string) or "length"
     prompt_tokens: int
     completion_tokens: int
 
@@ -78,13 +79,13 @@ class Slot:
     def __init__(self, seq: int, job: Job, tokenizer):
         self.seq = seq
         self.job = job
-        self.n_cached = 0                                  # tokens of this sequence in the cache
-        self.history = list(job.request.prompt)            # prompt + generated ids (for the penalties)
+        self.n_cached = 0  # tokens of this sequence in the cache
+        self.history = list(job.request.prompt)  # prompt + generated ids (for the penalties)
         self.sampler = Sampler(job.request.sampling)
         self.decoder = StreamDecoder(tokenizer)
         self.stops = StopScanner(job.request.stop)
         self.n_generated = 0
-        self.pending: int | None = None                    # sampled, fed at the next step
+        self.pending: int | None = None  # sampled, fed at the next step
 
     @property
     def prompt(self) -> list[int]:
@@ -107,8 +108,8 @@ class Engine:
         self.batch, self.chunk, self.max_queue = batch, chunk, max_queue
         self.stats = stats or ServerStats()
         self._queue: deque[Job] = deque()
-        self._free = list(range(ctx.n_seq_max))[::-1]     # free sequence ids, lowest last
-        self._active: list[Slot] = []                      # in admission order
+        self._free = list(range(ctx.n_seq_max))[::-1]  # free sequence ids, lowest last
+        self._active: list[Slot] = []  # in admission order
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ott-engine", daemon=True)
@@ -131,8 +132,9 @@ class Engine:
                 raise UnavailableError("the server is shutting down")
             if len(self._queue) >= self.max_queue + len(self._free):  # free slots take jobs at the next step
                 self.stats.record_request("rejected")
-                raise UnavailableError(f"all {self.ctx.n_seq_max} slots are busy and {len(self._queue)} requests "
-                                     f"are waiting")
+                raise UnavailableError(
+                    f"all {self.ctx.n_seq_max} slots are busy and {len(self._queue)} requests are waiting"
+                )
             self._queue.append(job)
             self.stats.record_load(len(self._queue), len(self._active))
             self._cond.notify()
@@ -215,7 +217,7 @@ class Engine:
         """Up to `chunk` prompt tokens, ending at the cache's next quantization event."""
         n = min(len(slot.prompt) - slot.n_cached, self.chunk)
         n = min(n, self.ctx.tokens_until_event(slot.seq) or n)
-        return slot.prompt[slot.n_cached:slot.n_cached + n]
+        return slot.prompt[slot.n_cached : slot.n_cached + n]
 
     def _decode(self, plan) -> dict[Slot, np.ndarray | None]:
         """Logits row of each slot that samples after this step (None for a slot whose prompt
@@ -294,8 +296,9 @@ class Engine:
         st = self.ctx.kv_stats()
         with self._cond:
             n_queued = len(self._queue)
-        self.stats.record_load(n_queued, len(self._active), KVUse(st.bytes_used, st.bytes_allocated,
-                                                                   st.bits_per_element))
+        self.stats.record_load(
+            n_queued, len(self._active), KVUse(st.bytes_used, st.bytes_allocated, st.bits_per_element)
+        )
 
     def _shut_down(self) -> None:
         error = UnavailableError("the server is shutting down")
@@ -311,4 +314,3 @@ def _tell(job: Job, event: Failed) -> None:
         job.emit(event)
     except Exception:
         log.exception("could not report a failed request")
-

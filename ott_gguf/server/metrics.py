@@ -3,6 +3,7 @@
 The engine's worker records each step and each request's end in `ServerStats` (thread-safe);
 `StatsCollector` turns a snapshot into metric families when Prometheus scrapes.
 """
+
 from __future__ import annotations
 
 import threading
@@ -22,19 +23,19 @@ OUTCOMES = ("stop", "length", "cancelled", "error", "rejected")
 class KVUse:
     bytes_used: int
     bytes_allocated: int
-    bits_per_element: float     # of the tokens held now (0 when empty)
+    bits_per_element: float  # of the tokens held now (0 when empty)
 
 
 class ServerStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = Counter()                 # outcome -> requests
+        self.requests = Counter()  # outcome -> requests
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.queue_depth = 0
         self.active_slots = 0
         self.kv = KVUse(0, 0, 0.0)
-        self._steps: deque = deque()              # (time, prompt tokens, generated tokens) per step
+        self._steps: deque = deque()  # (time, prompt tokens, generated tokens) per step
 
     def record_step(self, n_prompt: int, n_generated: int) -> None:
         now = time.monotonic()
@@ -78,8 +79,9 @@ class StatsCollector:
         yield CounterMetricFamily("ott_prompt_tokens", "Prompt tokens processed", value=s.prompt_tokens)
         yield CounterMetricFamily("ott_generated_tokens", "Tokens generated", value=s.generated_tokens)
         yield _gauge("ott_prompt_tokens_per_second", f"Prompt tokens/s over the last {RATE_WINDOW_S:g} s", prompt_rate)
-        yield _gauge("ott_generated_tokens_per_second", f"Generated tokens/s over the last {RATE_WINDOW_S:g} s",
-                     gen_rate)
+        yield _gauge(
+            "ott_generated_tokens_per_second", f"Generated tokens/s over the last {RATE_WINDOW_S:g} s", gen_rate
+        )
         yield _gauge("ott_queue_depth", "Requests waiting for a slot", s.queue_depth)
         yield _gauge("ott_queue_capacity", "Requests that may wait before new ones get 503", self.queue_capacity)
         yield _gauge("ott_slots_active", "Slots serving a request", s.active_slots)
@@ -87,11 +89,15 @@ class StatsCollector:
         yield _gauge("ott_slot_context_tokens", "Tokens one slot holds", plan.n_ctx)
         yield _gauge("ott_kv_bytes_used", "KV cache bytes holding live tokens", s.kv.bytes_used)
         yield _gauge("ott_kv_bytes_allocated", "KV cache bytes allocated", s.kv.bytes_allocated)
-        yield _gauge("ott_kv_bits_per_element", "Average bits per K/V element of the live tokens (0 when empty)",
-                     s.kv.bits_per_element)
+        yield _gauge(
+            "ott_kv_bits_per_element",
+            "Average bits per K/V element of the live tokens (0 when empty)",
+            s.kv.bits_per_element,
+        )
         yield _gauge("ott_kv_slot_bytes", "KV bytes of one full slot, everything counted", plan.bytes_per_slot)
-        yield _gauge("ott_kv_slot_bits_per_element", "Average bits per K/V element of one full slot",
-                     plan.bits_per_element)
+        yield _gauge(
+            "ott_kv_slot_bits_per_element", "Average bits per K/V element of one full slot", plan.bits_per_element
+        )
         if plan.kv_memory is not None:
             yield _gauge("ott_kv_memory_budget_bytes", "KV memory budget the slots were chosen for", plan.kv_memory)
         if plan.f16_slots is not None:

@@ -5,6 +5,7 @@ fields OpenAI defines that change nothing here (`user`, `logit_bias` ...) are ig
 Sampling fields a request leaves out take llama.cpp's defaults (`SamplingParams`), as
 llama-server does.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,6 +26,7 @@ class StreamOptions(BaseModel):
 
 class GenerationFields(BaseModel):
     """What /v1/chat/completions and /v1/completions share."""
+
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str | None = None
@@ -58,9 +60,21 @@ class GenerationFields(BaseModel):
         return stop
 
     def sampling(self) -> SamplingParams:
-        given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "min_p", "seed",
-                                                        "repeat_penalty", "repeat_last_n", "frequency_penalty",
-                                                        "presence_penalty") if getattr(self, name) is not None}
+        given = {
+            name: getattr(self, name)
+            for name in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "seed",
+                "repeat_penalty",
+                "repeat_last_n",
+                "frequency_penalty",
+                "presence_penalty",
+            )
+            if getattr(self, name) is not None
+        }
         return SamplingParams(**given)
 
     def token_limit(self) -> int | None:
@@ -112,9 +126,13 @@ class CompletionRequest(GenerationFields):
 
 # ---- responses --------------------------------------------------------------------------------
 
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
@@ -124,8 +142,8 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 class ResponseFormat:
     """The objects of one response: its id, creation time and model, in chat or text form."""
 
-    object_name = ""        # the non-streamed object
-    chunk_name = ""         # a streamed chunk
+    object_name = ""  # the non-streamed object
+    chunk_name = ""  # a streamed chunk
     id_prefix = ""
 
     def __init__(self, model: str):
@@ -134,8 +152,14 @@ class ResponseFormat:
         self.model = model
 
     def _envelope(self, name: str, choices: list, **extra) -> dict:
-        return {"id": self.id, "object": name, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
+        return {
+            "id": self.id,
+            "object": name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
         choice = {"index": 0, **self._whole(text), "finish_reason": finish_reason}
@@ -163,8 +187,9 @@ class ChatFormat(ResponseFormat):
     object_name, chunk_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def opening(self) -> dict:
-        return self._envelope(self.chunk_name, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                 "finish_reason": None}])
+        return self._envelope(
+            self.chunk_name, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        )
 
     def _whole(self, text: str) -> dict:
         return {"message": {"role": "assistant", "content": text}}

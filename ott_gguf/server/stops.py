@@ -1,4 +1,5 @@
 """Stop strings in streamed text: what may be shown now, and where generation ends."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,10 +27,10 @@ class StopScanner:
         if hits:
             self.stopped = True
             self._held = ""
-            return buf[:min(hits)]
+            return buf[: min(hits)]
         n_keep = max(_prefix_overlap(buf, s) for s in self.stops)
-        self._held = buf[len(buf) - n_keep:]
-        return buf[:len(buf) - n_keep]
+        self._held = buf[len(buf) - n_keep :]
+        return buf[: len(buf) - n_keep]
 
     def flush(self) -> str:
         """The held tail, once generation has ended without a stop string."""

@@ -11,9 +11,9 @@ void ott_graph_builder::build_inputs() {
     inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ub.n_tokens());
     ggml_set_name(inp_pos, "inp_pos");
     ggml_set_input(inp_pos);
-    if (ub.out_idx.size() != (size_t) ub.n_tokens()) {
+    if (ub.out_idx.size() != (size_t)ub.n_tokens()) {
         // a ubatch with no outputs still computes the head for one row (then ignored)
-        inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, std::max<int64_t>(1, (int64_t) ub.out_idx.size()));
+        inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, std::max<int64_t>(1, (int64_t)ub.out_idx.size()));
         ggml_set_name(inp_out_ids, "inp_out_ids");
         ggml_set_input(inp_out_ids);
     }
@@ -24,7 +24,7 @@ void ott_graph_builder::set_inputs() {
     ggml_backend_tensor_set(inp_tokens, ub.token.data(), 0, ub.token.size() * sizeof(int32_t));
     ggml_backend_tensor_set(inp_pos, ub.pos.data(), 0, ub.pos.size() * sizeof(int32_t));
     if (inp_out_ids) {
-        const int32_t last = ub.n_tokens() - 1;
+        const int32_t last  = ub.n_tokens() - 1;
         const int32_t * ids = ub.out_idx.empty() ? &last : ub.out_idx.data();
         ggml_backend_tensor_set(inp_out_ids, ids, 0, ggml_nbytes(inp_out_ids));
     }
@@ -40,21 +40,23 @@ ggml_tensor * ott_graph_builder::build_embd() {
 ggml_tensor * ott_graph_builder::build_norm(ggml_tensor * cur, ggml_tensor * w, const char * name, int il) {
     cur = ggml_rms_norm(ctx, cur, model.hparams.norm_rms_eps);
     cur = ggml_mul(ctx, cur, w);
-    if (il >= 0) ggml_format_name(cur, "%s-%d", name, il);
-    else ggml_set_name(cur, name);
+    if (il >= 0)
+        ggml_format_name(cur, "%s-%d", name, il);
+    else
+        ggml_set_name(cur, name);
     return cur;
 }
 
 ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int il) {
     const ott_hparams & hp = model.hparams;
     const int64_t n_tokens = cur->ne[1];
-    ggml_tensor * q = ggml_mul_mat(ctx, L.wq, cur);
-    ggml_tensor * k = ggml_mul_mat(ctx, L.wk, cur);
-    ggml_tensor * v = ggml_mul_mat(ctx, L.wv, cur);
+    ggml_tensor * q        = ggml_mul_mat(ctx, L.wq, cur);
+    ggml_tensor * k        = ggml_mul_mat(ctx, L.wk, cur);
+    ggml_tensor * v        = ggml_mul_mat(ctx, L.wv, cur);
     if (L.bq) q = ggml_add(ctx, q, L.bq);
     if (L.bk) k = ggml_add(ctx, k, L.bk);
     if (L.bv) v = ggml_add(ctx, v, L.bv);
-    q = ggml_reshape_3d(ctx, q, hp.n_embd_head, hp.n_head,    n_tokens);
+    q = ggml_reshape_3d(ctx, q, hp.n_embd_head, hp.n_head, n_tokens);
     k = ggml_reshape_3d(ctx, k, hp.n_embd_head, hp.n_head_kv, n_tokens);
     v = ggml_reshape_3d(ctx, v, hp.n_embd_head, hp.n_head_kv, n_tokens);
     ggml_format_name(v, "Vcur-%d", il);
@@ -63,16 +65,17 @@ ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int
 
 ggml_tensor * ott_graph_builder::build_rope(ggml_tensor * x, const char * name, int il) {
     const ott_hparams & hp = model.hparams;
-    const bool local = hp.is_swa(il);
+    const bool local       = hp.is_swa(il);
     x = ggml_rope_ext(ctx, x, inp_pos, rope_factors, hp.n_rot, hp.rope_type, hp.rope_n_ctx_orig,
-                      local ? hp.rope_freq_base_swa : hp.rope_freq_base, local ? hp.rope_freq_scale_swa : hp.rope_freq_scale,
-                      hp.rope_ext_factor, hp.rope_attn_factor, 32.0f, 1.0f);
+                      local ? hp.rope_freq_base_swa : hp.rope_freq_base,
+                      local ? hp.rope_freq_scale_swa : hp.rope_freq_scale, hp.rope_ext_factor, hp.rope_attn_factor,
+                      32.0f, 1.0f);
     ggml_format_name(x, "%s-%d", name, il);
     return x;
 }
 
 ggml_tensor * ott_graph_builder::build_attn(const ott_qkv & qkv, const ott_layer & L, int il) {
-    ggml_tensor * q = qkv.q, * k = qkv.k, * v = qkv.v;
+    ggml_tensor *q = qkv.q, *k = qkv.k, *v = qkv.v;
     if (rot) {
         q = rot->queries(ctx, q, il);
         k = rot->keys_of(ctx, k, il);
@@ -108,11 +111,9 @@ ggml_tensor * ott_graph_builder::select_outputs(ggml_tensor * cur) {
 
 ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
     const float softcap = model.hparams.logit_softcap;
-    cur = build_norm(cur, model.output_norm, "result_norm", -1);
-    cur = ggml_mul_mat(ctx, model.output, cur);
-    if (softcap > 0.0f) {
-        cur = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, cur, 1.0f / softcap)), softcap);
-    }
+    cur                 = build_norm(cur, model.output_norm, "result_norm", -1);
+    cur                 = ggml_mul_mat(ctx, model.output, cur);
+    if (softcap > 0.0f) { cur = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, cur, 1.0f / softcap)), softcap); }
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);
     return cur;
@@ -122,10 +123,10 @@ ggml_tensor * ott_build_graph(ott_graph_builder & b) {
     switch (b.model.hparams.arch) {
         case OTT_ARCH_LLAMA:
         case OTT_ARCH_MISTRAL:
-        case OTT_ARCH_QWEN2:  return ott_build_llama(b);
-        case OTT_ARCH_QWEN3:  return ott_build_qwen3(b);
-        case OTT_ARCH_GEMMA3: return ott_build_gemma3(b);
-        case OTT_ARCH_PHI3:   return ott_build_phi3(b);
+        case OTT_ARCH_QWEN2:   return ott_build_llama(b);
+        case OTT_ARCH_QWEN3:   return ott_build_qwen3(b);
+        case OTT_ARCH_GEMMA3:  return ott_build_gemma3(b);
+        case OTT_ARCH_PHI3:    return ott_build_phi3(b);
     }
     return nullptr;
 }
@@ -133,7 +134,7 @@ ggml_tensor * ott_build_graph(ott_graph_builder & b) {
 size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub, bool rotated) {
     size_t per_layer = 64 + 8 * ub.runs.size() + (rotated ? 24 : 0);
     for (const ott_run & r : ub.runs) {
-        if (r.n_tokens == 1) per_layer += 10 * (size_t) r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
+        if (r.n_tokens == 1) per_layer += 10 * (size_t)r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
     }
-    return 256 + (size_t) model.hparams.n_layer * per_layer;
+    return 256 + (size_t)model.hparams.n_layer * per_layer;
 }

@@ -20,13 +20,13 @@ struct ott_qkv {
 };
 
 struct ott_graph_builder {
-    const ott_model  & model;
+    const ott_model & model;
     const ott_ubatch & ub;
-    ott_kv_cache     & kv;
-    const ott_kv_rotation * rot;          // rotations around the cache, or null
-    ggml_tensor      * rope_factors;      // F32 [n_rot/2] frequency factors for this context, or null
-    ggml_context     * ctx;
-    ggml_cgraph      * gf;
+    ott_kv_cache & kv;
+    const ott_kv_rotation * rot;  // rotations around the cache, or null
+    ggml_tensor * rope_factors;   // F32 [n_rot/2] frequency factors for this context, or null
+    ggml_context * ctx;
+    ggml_cgraph * gf;
 
     // inputs, created by build_inputs()
     ggml_tensor * inp_tokens  = nullptr;  // I32 [n_tokens]
@@ -36,11 +36,11 @@ struct ott_graph_builder {
     void build_inputs();
     void set_inputs();
 
-    ggml_tensor * build_embd();                                           // F32 [n_embd, n_tokens]
+    ggml_tensor * build_embd();  // F32 [n_embd, n_tokens]
     // RMS norm over dimension 0 times w (rows of any shape: [n_embd, ...] or [n_embd_head, n_head, ...])
     ggml_tensor * build_norm(ggml_tensor * cur, ggml_tensor * w, const char * name, int il);
     // Q, K, V of cur [n_embd, n_tokens] by the layer's wq, wk, wv and their biases where it has them
-    ott_qkv       build_qkv(ggml_tensor * cur, const ott_layer & L, int il);
+    ott_qkv build_qkv(ggml_tensor * cur, const ott_layer & L, int il);
     // Rope at the ubatch positions with layer il's base and scale (local layers have their own)
     ggml_tensor * build_rope(ggml_tensor * x, const char * name, int il);
     // Attention of roped q, k, v through the KV cache (rotated around it), then the output
@@ -48,12 +48,12 @@ struct ott_graph_builder {
     ggml_tensor * build_attn(const ott_qkv & qkv, const ott_layer & L, int il);
     // Gated FFN: down(act(gate·cur) · up·cur)
     ggml_tensor * build_ffn(ggml_tensor * cur, const ott_layer & L, ott_ffn_act act, int il);
-    ggml_tensor * select_outputs(ggml_tensor * cur);                      // rows of out_idx
-    ggml_tensor * build_head(ggml_tensor * cur);                          // F32 [n_vocab, n_outputs]
+    ggml_tensor * select_outputs(ggml_tensor * cur);  // rows of out_idx
+    ggml_tensor * build_head(ggml_tensor * cur);      // F32 [n_vocab, n_outputs]
 };
 
 // Forward passes, one file each; they return the logits tensor.
-ggml_tensor * ott_build_llama(ott_graph_builder & b);   // llama, mistral, qwen2
+ggml_tensor * ott_build_llama(ott_graph_builder & b);  // llama, mistral, qwen2
 ggml_tensor * ott_build_qwen3(ott_graph_builder & b);
 ggml_tensor * ott_build_gemma3(ott_graph_builder & b);
 ggml_tensor * ott_build_phi3(ott_graph_builder & b);

@@ -4,20 +4,20 @@
 
 ggml_tensor * ott_build_qwen3(ott_graph_builder & b) {
     const ott_model & m = b.model;
-    ggml_context * ctx = b.ctx;
+    ggml_context * ctx  = b.ctx;
 
-    ggml_tensor * x = b.build_embd();                                   // [n_embd, n_tokens]
+    ggml_tensor * x = b.build_embd();  // [n_embd, n_tokens]
     for (int il = 0; il < m.hparams.n_layer; ++il) {
         const ott_layer & L = m.layers[il];
 
         ggml_tensor * cur = b.build_norm(x, L.attn_norm, "attn_norm", il);
-        ott_qkv qkv = b.build_qkv(cur, L, il);
+        ott_qkv qkv       = b.build_qkv(cur, L, il);
         qkv.q = b.build_norm(qkv.q, L.attn_q_norm, "Qcur_normed", il);  // per head: [n_embd_head, n_head, n_tokens]
         qkv.k = b.build_norm(qkv.k, L.attn_k_norm, "Kcur_normed", il);
         qkv.q = b.build_rope(qkv.q, "Qcur", il);
         qkv.k = b.build_rope(qkv.k, "Kcur", il);
-        cur = b.build_attn(qkv, L, il);
-        if (il == m.hparams.n_layer - 1) {                              // only output rows go on
+        cur   = b.build_attn(qkv, L, il);
+        if (il == m.hparams.n_layer - 1) {  // only output rows go on
             cur = b.select_outputs(cur);
             x   = b.select_outputs(x);
         }
@@ -26,8 +26,8 @@ ggml_tensor * ott_build_qwen3(ott_graph_builder & b) {
 
         cur = b.build_norm(ffn_inp, L.ffn_norm, "ffn_norm", il);
         cur = b.build_ffn(cur, L, OTT_FFN_SILU, il);
-        x = ggml_add(ctx, cur, ffn_inp);
+        x   = ggml_add(ctx, cur, ffn_inp);
         ggml_format_name(x, "l_out-%d", il);
     }
-    return b.build_head(x);                                             // [n_vocab, n_outputs]
+    return b.build_head(x);  // [n_vocab, n_outputs]
 }

@@ -20,19 +20,19 @@
 
 namespace {
 
-constexpr int32_t QUERY_TILE      = 32;   // chunk tokens per attention item
-constexpr int32_t BLOCKS_PER_PART = 4;    // quantized blocks per attention item
+constexpr int32_t QUERY_TILE      = 32;  // chunk tokens per attention item
+constexpr int32_t BLOCKS_PER_PART = 4;   // quantized blocks per attention item
 
 class kv_quant_cpu final : public ott_kv_cache {
 public:
     kv_quant_cpu(const ott_kv_config & cfg, const ott_kv_shape & shape)
         : cfg(cfg), sh(shape), sched(shape.n_seq_max), win_cap(shape.n_seq_max, 0),
-          layers((size_t) shape.n_layer * shape.n_seq_max), scratch(OTT_MAX_THREADS) {
-        step.cfg = &this->cfg;
-        step.layers = layers.data();
-        step.win_cap = win_cap.data();
+          layers((size_t)shape.n_layer * shape.n_seq_max), scratch(OTT_MAX_THREADS) {
+        step.cfg       = &this->cfg;
+        step.layers    = layers.data();
+        step.win_cap   = win_cap.data();
         step.n_seq_max = sh.n_seq_max;
-        step.scratch = &scratch;
+        step.scratch   = &scratch;
         step.layer_ops.resize(sh.n_layer);
         for (int il = 0; il < sh.n_layer; ++il) step.layer_ops[il] = { &step, il };
     }
@@ -55,7 +55,7 @@ public:
                     }
                 }
             }
-            sched[S.seq] = S.before;
+            sched[S.seq]       = S.before;
             const int32_t need = ott_kv_win_cap(cfg, S.n_win_max);
             if (need != win_cap[S.seq]) set_win_cap(S.seq, need);
         }
@@ -65,23 +65,25 @@ public:
 
     void build_inputs(ggml_context *) override {}
 
-    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il,
-                             ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
-        step.n_head = (int32_t) q->ne[1];
-        step.kq_scale = kq_scale;
-        step.rows_max = max_q * (step.n_head / sh.n_head_kv);
+    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
+                             ggml_tensor * v, float kq_scale) override {
+        step.n_head          = (int32_t)q->ne[1];
+        step.kq_scale        = kq_scale;
+        step.rows_max        = max_q * (step.n_head / sh.n_head_kv);
         ott_kv_layer_op * ud = &step.layer_ops[il];
         const int64_t hd = cfg.geom.head_dim, n_tokens = q->ne[2];
 
         ggml_tensor * args[3] = { q, k, v };
-        ggml_tensor * part = ggml_custom_4d(gctx, GGML_TYPE_F32, ott_attn_partial_row((int32_t) hd), step.rows_max,
-                                            (int64_t) step.items.size(), 1, args, 3, ott_cpu_attn_partial, GGML_N_TASKS_MAX, ud);
+        ggml_tensor * part =
+            ggml_custom_4d(gctx, GGML_TYPE_F32, ott_attn_partial_row((int32_t)hd), step.rows_max,
+                           (int64_t)step.items.size(), 1, args, 3, ott_cpu_attn_partial, GGML_N_TASKS_MAX, ud);
         ggml_format_name(part, "kq_partial-%d", il);
         ggml_tensor * out = ggml_custom_4d(gctx, GGML_TYPE_F32, hd * q->ne[1], n_tokens, 1, 1, &part, 1,
                                            ott_cpu_attn_merge, GGML_N_TASKS_MAX, ud);
         ggml_format_name(out, "kqv-%d", il);
-        ggml_tensor * app_args[3] = { k, v, out };   // out as a source: append runs after attention
-        ggml_tensor * app = ggml_custom_4d(gctx, GGML_TYPE_F32, 1, 1, 1, 1, app_args, 3, ott_cpu_kv_append, GGML_N_TASKS_MAX, ud);
+        ggml_tensor * app_args[3] = { k, v, out };  // out as a source: append runs after attention
+        ggml_tensor * app =
+            ggml_custom_4d(gctx, GGML_TYPE_F32, 1, 1, 1, 1, app_args, 3, ott_cpu_kv_append, GGML_N_TASKS_MAX, ud);
         ggml_format_name(app, "kv_append-%d", il);
         ggml_build_forward_expand(gf, app);
         return out;
@@ -110,22 +112,23 @@ public:
         try {
             for (int il = 0; il < sh.n_layer; ++il) {
                 ott_kv_layer_seq copy = ls(il, src);
-                copy.blocks.clear();                     // dst gets head-blocks of its own
+                copy.blocks.clear();  // dst gets head-blocks of its own
                 ls(il, dst) = std::move(copy);
             }
         } catch (const std::bad_alloc &) {
             release(dst);
             return ott_fail(OTT_ERR_ALLOC, "cannot allocate the fp16 stores of sequence %d", dst);
         }
-        sched[dst] = sched[src];
-        win_cap[dst] = win_cap[src];
+        sched[dst]          = sched[src];
+        win_cap[dst]        = win_cap[src];
         const ott_status st = reserve_blocks(dst, sched[src].n_blocks);
         if (st != OTT_OK) {
             release(dst);
             return st;
         }
         for (int il = 0; il < sh.n_layer; ++il) {
-            for (int32_t b = 0; b < sched[src].n_blocks; ++b) std::memcpy(ls(il, dst).blocks[b], ls(il, src).blocks[b], cfg.event_bytes());
+            for (int32_t b = 0; b < sched[src].n_blocks; ++b)
+                std::memcpy(ls(il, dst).blocks[b], ls(il, src).blocks[b], cfg.event_bytes());
         }
         return OTT_OK;
     }
@@ -133,10 +136,10 @@ public:
     int32_t tokens_until_event(int32_t seq) const override { return sched[seq].tokens_until_event(cfg); }
 
     ott_status export_head(int il, int32_t seq, int32_t h, ott_kv_head_state & out) const override {
-        const ott_kv_sched & sc = sched[seq];
+        const ott_kv_sched & sc    = sched[seq];
         const ott_kv_layer_seq & L = ls(il, seq);
-        const bool allocated = win_cap[seq] > 0;
-        const int32_t hd = cfg.geom.head_dim;
+        const bool allocated       = win_cap[seq] > 0;
+        const int32_t hd           = cfg.geom.head_dim;
         const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
         ott_kv_export_header(cfg, sc, out);
         out.n_pool  = allocated && pc ? L.n_pool[h] : 0;
@@ -145,54 +148,57 @@ public:
         if (!allocated) return OTT_OK;
 
         auto rows = [hd](uint16_t * dst, const std::vector<ott_fp16> & src, size_t first_row, int32_t n) {
-            if (dst && n > 0) std::memcpy(dst, src.data() + first_row * hd, (size_t) n * hd * sizeof(ott_fp16));
+            if (dst && n > 0) std::memcpy(dst, src.data() + first_row * hd, (size_t)n * hd * sizeof(ott_fp16));
         };
         for (int32_t b = 0; out.blocks && b < out.n_blocks; ++b) {
-            std::memcpy(out.blocks + (size_t) b * cfg.layout.size, ott_kv_head_block(L.blocks[b], &cfg.layout, h), cfg.layout.size);
+            std::memcpy(out.blocks + (size_t)b * cfg.layout.size, ott_kv_head_block(L.blocks[b], &cfg.layout, h),
+                        cfg.layout.size);
         }
-        rows(out.sink_k, L.sink_k, (size_t) h * cfg.sink, out.n_sink);
-        rows(out.sink_v, L.sink_v, (size_t) h * cfg.sink, out.n_sink);
+        rows(out.sink_k, L.sink_k, (size_t)h * cfg.sink, out.n_sink);
+        rows(out.sink_v, L.sink_v, (size_t)h * cfg.sink, out.n_sink);
         rows(out.pool_k, L.pool_k, h * pc, out.n_pool);
         rows(out.pool_v, L.pool_v, h * pc, out.n_pool);
         rows(out.extra_k, L.extra_k, h * ec, out.n_extra);
         rows(out.extra_v, L.extra_v, h * ec, out.n_extra);
-        for (int32_t i = 0; i < out.n_window; ++i) {              // in position order, from the ring
-            const size_t r = (size_t) h * win_cap[seq] + ott_kv_win_row(cfg, win_cap[seq], sc.win_pos0(cfg) + i);
-            rows(out.window_k ? out.window_k + (size_t) i * hd : nullptr, L.win_k, r, 1);
-            rows(out.window_v ? out.window_v + (size_t) i * hd : nullptr, L.win_v, r, 1);
+        for (int32_t i = 0; i < out.n_window; ++i) {  // in position order, from the ring
+            const size_t r = (size_t)h * win_cap[seq] + ott_kv_win_row(cfg, win_cap[seq], sc.win_pos0(cfg) + i);
+            rows(out.window_k ? out.window_k + (size_t)i * hd : nullptr, L.win_k, r, 1);
+            rows(out.window_v ? out.window_v + (size_t)i * hd : nullptr, L.win_v, r, 1);
         }
-        if (out.pool_pos && out.n_pool) std::memcpy(out.pool_pos, L.pool_pos.data() + h * pc, out.n_pool * sizeof(int32_t));
-        if (out.extra_pos && out.n_extra) std::memcpy(out.extra_pos, L.extra_pos.data() + h * ec, out.n_extra * sizeof(int32_t));
+        if (out.pool_pos && out.n_pool)
+            std::memcpy(out.pool_pos, L.pool_pos.data() + h * pc, out.n_pool * sizeof(int32_t));
+        if (out.extra_pos && out.n_extra)
+            std::memcpy(out.extra_pos, L.extra_pos.data() + h * ec, out.n_extra * sizeof(int32_t));
         return OTT_OK;
     }
 
     // Used: kv/kv_report.h's accounting; allocated: every byte held.
     ott_kv_stats stats() const override {
-        double used = 0;
+        double used      = 0;
         int64_t n_tokens = 0, allocated = 0;
         for (int32_t s = 0; s < sh.n_seq_max; ++s) {
             n_tokens += sched[s].n_tokens;
             if (win_cap[s] == 0) continue;
             for (int il = 0; il < sh.n_layer; ++il) {
                 const ott_kv_layer_seq & L = ls(il, s);
-                int64_t n_pooled = 0;
+                int64_t n_pooled           = 0;
                 for (int32_t h = 0; h < sh.n_head_kv && cfg.traces(il); ++h) n_pooled += L.n_pool[h] + L.n_extra[h];
                 used += ott_kv_used_bytes(cfg, il, sched[s], n_pooled);
-                allocated += (int64_t) L.blocks.size() * (int64_t) cfg.event_bytes() + store_bytes(L);
+                allocated += (int64_t)L.blocks.size() * (int64_t)cfg.event_bytes() + store_bytes(L);
             }
         }
         return ott_kv_stats_of(cfg, used, n_tokens, allocated);
     }
 
 private:
-    ott_kv_layer_seq & ls(int il, int32_t s) { return layers[(size_t) il * sh.n_seq_max + s]; }
-    const ott_kv_layer_seq & ls(int il, int32_t s) const { return layers[(size_t) il * sh.n_seq_max + s]; }
+    ott_kv_layer_seq & ls(int il, int32_t s) { return layers[(size_t)il * sh.n_seq_max + s]; }
+    const ott_kv_layer_seq & ls(int il, int32_t s) const { return layers[(size_t)il * sh.n_seq_max + s]; }
 
     static int64_t store_bytes(const ott_kv_layer_seq & L) {
-        const size_t f16 = L.sink_k.size() + L.sink_v.size() + L.win_k.size() + L.win_v.size()
-                         + L.pool_k.size() + L.pool_v.size() + L.extra_k.size() + L.extra_v.size();
+        const size_t f16 = L.sink_k.size() + L.sink_v.size() + L.win_k.size() + L.win_v.size() + L.pool_k.size() +
+                           L.pool_v.size() + L.extra_k.size() + L.extra_v.size();
         const size_t i32 = L.pool_pos.size() + L.extra_pos.size();
-        return (int64_t) (f16 * sizeof(ott_fp16) + i32 * sizeof(int32_t));
+        return (int64_t)(f16 * sizeof(ott_fp16) + i32 * sizeof(int32_t));
     }
 
     ott_status allocate(int32_t s) {
@@ -228,9 +234,9 @@ private:
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
             for (uint8_t * p : L.blocks) std::free(p);
-            L = ott_kv_layer_seq{};
+            L = ott_kv_layer_seq {};
         }
-        sched[s] = ott_kv_sched{};
+        sched[s]   = ott_kv_sched {};
         win_cap[s] = 0;
     }
 
@@ -242,11 +248,12 @@ private:
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
             for (std::vector<ott_fp16> * w : { &L.win_k, &L.win_v }) {
-                std::vector<ott_fp16> nw((size_t) sh.n_head_kv * cap * hd, 0);
+                std::vector<ott_fp16> nw((size_t)sh.n_head_kv * cap * hd, 0);
                 for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                     for (int32_t p = sc.win_pos0(cfg); p < sc.n_tokens; ++p) {
-                        std::memcpy(nw.data() + ((size_t) h * cap + ott_kv_win_row(cfg, cap, p)) * hd,
-                                    w->data() + ((size_t) h * win_cap[s] + ott_kv_win_row(cfg, win_cap[s], p)) * hd, row_bytes);
+                        std::memcpy(nw.data() + ((size_t)h * cap + ott_kv_win_row(cfg, cap, p)) * hd,
+                                    w->data() + ((size_t)h * win_cap[s] + ott_kv_win_row(cfg, win_cap[s], p)) * hd,
+                                    row_bytes);
                     }
                 }
                 w->swap(nw);
@@ -259,10 +266,12 @@ private:
     ott_status reserve_blocks(int32_t s, int32_t n_blocks) {
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
-            while ((int32_t) L.blocks.size() < n_blocks) {
+            while ((int32_t)L.blocks.size() < n_blocks) {
                 void * p = std::aligned_alloc(OTT_KV_ALIGN, cfg.event_bytes());
-                if (!p) return ott_fail(OTT_ERR_ALLOC, "cannot allocate a quantized block of sequence %d (%zu bytes)", s, cfg.event_bytes());
-                L.blocks.push_back((uint8_t *) p);
+                if (!p)
+                    return ott_fail(OTT_ERR_ALLOC, "cannot allocate a quantized block of sequence %d (%zu bytes)", s,
+                                    cfg.event_bytes());
+                L.blocks.push_back((uint8_t *)p);
             }
         }
         return OTT_OK;
@@ -275,15 +284,15 @@ private:
         step.items.clear();
         step.groups.clear();
         max_q = 1;
-        for (int32_t sq = 0; sq < (int32_t) step.plan.seqs.size(); ++sq) {
+        for (int32_t sq = 0; sq < (int32_t)step.plan.seqs.size(); ++sq) {
             const ott_kv_step_seq & S = step.plan.seqs[sq];
-            const int32_t n_blocks = S.before.n_blocks;
-            const int32_t n_parts = std::max(1, (n_blocks + BLOCKS_PER_PART - 1) / BLOCKS_PER_PART);
+            const int32_t n_blocks    = S.before.n_blocks;
+            const int32_t n_parts     = std::max(1, (n_blocks + BLOCKS_PER_PART - 1) / BLOCKS_PER_PART);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                 for (int32_t i0 = 0; i0 < S.n_new; i0 += QUERY_TILE) {
                     const int32_t n_q = std::min(QUERY_TILE, S.n_new - i0);
-                    max_q = std::max(max_q, n_q);
-                    step.groups.push_back((int32_t) step.items.size());
+                    max_q             = std::max(max_q, n_q);
+                    step.groups.push_back((int32_t)step.items.size());
                     for (int32_t p = 0; p < n_parts; ++p) {
                         const int32_t b0 = std::min(n_blocks, p * BLOCKS_PER_PART);
                         const int32_t b1 = std::min(n_blocks, (p + 1) * BLOCKS_PER_PART);
@@ -292,22 +301,23 @@ private:
                 }
             }
         }
-        step.groups.push_back((int32_t) step.items.size());
+        step.groups.push_back((int32_t)step.items.size());
     }
 
     ott_kv_config cfg;
-    ott_kv_shape  sh;
-    std::vector<ott_kv_sched>     sched;     // [n_seq_max]
-    std::vector<int32_t>          win_cap;   // [n_seq_max] window ring rows; 0: stores not allocated
-    std::vector<ott_kv_layer_seq> layers;    // [n_layer][n_seq_max]
+    ott_kv_shape sh;
+    std::vector<ott_kv_sched> sched;            // [n_seq_max]
+    std::vector<int32_t> win_cap;               // [n_seq_max] window ring rows; 0: stores not allocated
+    std::vector<ott_kv_layer_seq> layers;       // [n_layer][n_seq_max]
     std::vector<std::vector<uint8_t>> scratch;  // [OTT_MAX_THREADS]
     ott_kv_step step;
-    int32_t max_q = 1;                       // most chunk tokens of one attention item this step
+    int32_t max_q = 1;  // most chunk tokens of one attention item this step
 };
 
-} // namespace
+}  // namespace
 
-ott_status ott_kv_quant_cpu_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+ott_status ott_kv_quant_cpu_create(const ott_kv_config & cfg, const ott_kv_shape & shape,
+                                   std::unique_ptr<ott_kv_cache> & out) {
     out = std::make_unique<kv_quant_cpu>(cfg, shape);
     return OTT_OK;
 }

@@ -36,20 +36,24 @@
 
 namespace {
 
-constexpr int32_t KEY_TILE   = 128;   // keys per tile
-constexpr int32_t VL         = 16;    // floats per vector
+constexpr int32_t KEY_TILE   = 128;            // keys per tile
+constexpr int32_t VL         = 16;             // floats per vector
 constexpr int32_t LD         = KEY_TILE + VL;  // row stride of per-key buffers (a partial vector may overrun)
-constexpr int32_t RB_MAX     = 4;     // query rows whose accumulators stay in registers together
-constexpr int32_t FUSED_ROWS = 8;     // items with at most this many rows read codes directly
+constexpr int32_t RB_MAX     = 4;              // query rows whose accumulators stay in registers together
+constexpr int32_t FUSED_ROWS = 8;              // items with at most this many rows read codes directly
 
-typedef float    v16f __attribute__((vector_size(VL * sizeof(float))));
+typedef float v16f __attribute__((vector_size(VL * sizeof(float))));
 typedef uint32_t v16u __attribute__((vector_size(VL * sizeof(uint32_t))));
-typedef int32_t  v16i __attribute__((vector_size(VL * sizeof(int32_t))));
-typedef uint8_t  v16b __attribute__((vector_size(VL)));
+typedef int32_t v16i __attribute__((vector_size(VL * sizeof(int32_t))));
+typedef uint8_t v16b __attribute__((vector_size(VL)));
 
-OTT_INLINE v16f load16(const float * p) { v16f v; std::memcpy(&v, p, sizeof v); return v; }
+OTT_INLINE v16f load16(const float * p) {
+    v16f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 OTT_INLINE void store16(float * p, v16f v) { std::memcpy(p, &v, sizeof v); }
-OTT_INLINE v16f splat(float x) { return (v16f){} + x; }
+OTT_INLINE v16f splat(float x) { return (v16f) {} + x; }
 
 // 16 consecutive codes of a packed row, from the first bit of byte p
 OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
@@ -57,7 +61,7 @@ OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
         const v16u sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
         uint32_t w;
         std::memcpy(&w, p, 4);
-        return __builtin_convertvector((v16i) ((((v16u){}) + w) >> sh & 3u), v16f);
+        return __builtin_convertvector((v16i)((((v16u) {}) + w) >> sh & 3u), v16f);
     }
     if (bits == 4) {
         const v16u sh = { 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28 };
@@ -65,7 +69,7 @@ OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
         std::memcpy(&a, p, 4);
         std::memcpy(&b, p + 4, 4);
         const v16u w = { a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b };
-        return __builtin_convertvector((v16i) (w >> sh & 15u), v16f);
+        return __builtin_convertvector((v16i)(w >> sh & 15u), v16f);
     }
     v16b x;
     std::memcpy(&x, p, sizeof x);
@@ -80,10 +84,10 @@ struct code_lut {
 };
 
 constexpr code_lut make_code_lut() {
-    code_lut t{};
+    code_lut t {};
     for (int b = 0; b < 256; ++b) {
-        for (int i = 0; i < 4; ++i) t.two[b][i] = (float) ((b >> (2 * i)) & 3);
-        for (int i = 0; i < 2; ++i) t.four[b][i] = (float) ((b >> (4 * i)) & 15);
+        for (int i = 0; i < 4; ++i) t.two[b][i] = (float)((b >> (2 * i)) & 3);
+        for (int i = 0; i < 2; ++i) t.four[b][i] = (float)((b >> (4 * i)) & 15);
     }
     return t;
 }
@@ -93,26 +97,32 @@ constexpr code_lut LUT = make_code_lut();
 // n codes of a packed row -> float [n]; n*bits is a multiple of 8
 void unpack_codes(const uint8_t * row, int32_t n, int32_t bits, float * out) {
     switch (bits) {
-        case 2: for (int32_t j = 0; j < n / 4; ++j) std::memcpy(out + 4 * j, LUT.two[row[j]], 4 * sizeof(float)); break;
-        case 4: for (int32_t j = 0; j < n / 2; ++j) std::memcpy(out + 2 * j, LUT.four[row[j]], 2 * sizeof(float)); break;
-        default: for (int32_t j = 0; j < n; ++j) out[j] = (float) row[j]; break;
+        case 2:
+            for (int32_t j = 0; j < n / 4; ++j) std::memcpy(out + 4 * j, LUT.two[row[j]], 4 * sizeof(float));
+            break;
+        case 4:
+            for (int32_t j = 0; j < n / 2; ++j) std::memcpy(out + 2 * j, LUT.four[row[j]], 2 * sizeof(float));
+            break;
+        default:
+            for (int32_t j = 0; j < n; ++j) out[j] = (float)row[j];
+            break;
     }
 }
 
 // e^x for x <= 0 (x = -inf gives 0); relative error below 4e-7; branch-free so loops over
 // it vectorise. x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial.
 OTT_INLINE float exp_nonpos(float x) {
-    const float xc = x < -87.0f ? -87.0f : x;
-    const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-    const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const uint32_t bits = (uint32_t) ((int32_t) n + 127) << 23;   // 2^n, n >= -126
+    const float xc      = x < -87.0f ? -87.0f : x;
+    const float n       = std::floor(xc * 1.44269504088896341f + 0.5f);
+    const float r       = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p             = 1.0f / 720.0f;
+    p                   = p * r + 1.0f / 120.0f;
+    p                   = p * r + 1.0f / 24.0f;
+    p                   = p * r + 1.0f / 6.0f;
+    p                   = p * r + 0.5f;
+    p                   = p * r + 1.0f;
+    p                   = p * r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;  // 2^n, n >= -126
     float scale;
     std::memcpy(&scale, &bits, sizeof(float));
     return x < -87.0f ? 0.0f : p * scale;
@@ -120,69 +130,86 @@ OTT_INLINE float exp_nonpos(float x) {
 
 // n scales and minimums of a head-block's parameter arrays sc and mn from group i0, as floats
 // into s and m: fp16, or ufp8 and int8 (param_bits 8, kv_layout.h).
-void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n, float * s, float * m) {
+void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n, float * s,
+                float * m) {
     if (g.param_bits == 8) {
         for (int64_t j = 0; j < n; ++j) {
             s[j] = ott_kv_scale8(sc[i0 + j]);
-            m[j] = ott_kv_min8((int8_t) mn[i0 + j], s[j]);
+            m[j] = ott_kv_min8((int8_t)mn[i0 + j], s[j]);
         }
         return;
     }
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) sc + i0, s, n);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) mn + i0, m, n);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)sc + i0, s, n);
+    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)mn + i0, m, n);
 }
 
 // ---- per-thread work memory -------------------------------------------------------------
 
 struct attn_ws {
-    int32_t   hd, hdp;   // head_dim, and head_dim rounded up to VL (row stride of q, acc, v)
-    float   * kc;    // [head_dim][LD] keys of a tile, channel-major
-    float   * vc;    // [KEY_TILE][hdp] values of a tile
-    float   * tmp;   // [KEY_TILE][hdp] conversions
-    float   * s;     // [rows][LD] scores, then probabilities
-    float   * pw;    // [rows][LD] probabilities times a value group's scales
-    float   * q;     // [rows][hdp] queries times kq_scale
-    float   * qs;    // [rows][hdp] queries times a key group's scales
-    float   * acc;   // [rows][hdp] weighted values
-    float   * m;     // [rows] running max
-    float   * l;     // [rows] running sum
-    float   * qm;    // [rows] queries · a key group's mins
-    float   * mt;    // [rows] probabilities · a value group's mins
-    float   * ksc;   // [KEY_TILE][head_dim] key scales of a tile's groups (worst case group_k = 1)
-    float   * kmn;   // [KEY_TILE][head_dim] key mins
-    float   * vsc;   // [KEY_TILE][n_gv] value scales of a tile's slots
-    float   * vmn;   // [KEY_TILE][n_gv]
-    int32_t * lim;   // [rows] causal limit of each row inside a tile of the chunk
-    uint8_t * dead;  // [KEY_TILE] 1: masked slot
+    int32_t hd, hdp;  // head_dim, and head_dim rounded up to VL (row stride of q, acc, v)
+    float * kc;       // [head_dim][LD] keys of a tile, channel-major
+    float * vc;       // [KEY_TILE][hdp] values of a tile
+    float * tmp;      // [KEY_TILE][hdp] conversions
+    float * s;        // [rows][LD] scores, then probabilities
+    float * pw;       // [rows][LD] probabilities times a value group's scales
+    float * q;        // [rows][hdp] queries times kq_scale
+    float * qs;       // [rows][hdp] queries times a key group's scales
+    float * acc;      // [rows][hdp] weighted values
+    float * m;        // [rows] running max
+    float * l;        // [rows] running sum
+    float * qm;       // [rows] queries · a key group's mins
+    float * mt;       // [rows] probabilities · a value group's mins
+    float * ksc;      // [KEY_TILE][head_dim] key scales of a tile's groups (worst case group_k = 1)
+    float * kmn;      // [KEY_TILE][head_dim] key mins
+    float * vsc;      // [KEY_TILE][n_gv] value scales of a tile's slots
+    float * vmn;      // [KEY_TILE][n_gv]
+    int32_t * lim;    // [rows] causal limit of each row inside a tile of the chunk
+    uint8_t * dead;   // [KEY_TILE] 1: masked slot
 };
 
 attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t rows) {
     attn_ws w;
-    w.hd = hd;
-    w.hdp = (hd + VL - 1) / VL * VL;
+    w.hd           = hd;
+    w.hdp          = (hd + VL - 1) / VL * VL;
     const size_t T = KEY_TILE, R = rows, H = w.hdp;
-    const size_t n_f = hd * (size_t) LD + 2 * T * H + 2 * R * LD + 4 * R * H + 4 * R + 2 * T * hd + 2 * T * n_gv;
+    const size_t n_f   = hd * (size_t)LD + 2 * T * H + 2 * R * LD + 4 * R * H + 4 * R + 2 * T * hd + 2 * T * n_gv;
     const size_t bytes = n_f * sizeof(float) + R * sizeof(int32_t) + T;
-    if (mem.size() < bytes) mem.assign(bytes, 0);    // zero: padding lanes stay finite
-    float * f = (float *) mem.data();
-    w.kc  = f; f += hd * (size_t) LD;
-    w.vc  = f; f += T * H;
-    w.tmp = f; f += T * H;
-    w.s   = f; f += R * LD;
-    w.pw  = f; f += R * LD;
-    w.q   = f; f += R * H;
-    w.qs  = f; f += R * H;
-    w.acc = f; f += R * H;
-    w.m   = f; f += R;
-    w.l   = f; f += R;
-    w.qm  = f; f += R;
-    w.mt  = f; f += R;
-    w.ksc = f; f += T * hd;
-    w.kmn = f; f += T * hd;
-    w.vsc = f; f += T * n_gv;
-    w.vmn = f; f += T * n_gv;
-    w.lim  = (int32_t *) f;
-    w.dead = (uint8_t *) (w.lim + R);
+    if (mem.size() < bytes) mem.assign(bytes, 0);  // zero: padding lanes stay finite
+    float * f = (float *)mem.data();
+    w.kc      = f;
+    f += hd * (size_t)LD;
+    w.vc = f;
+    f += T * H;
+    w.tmp = f;
+    f += T * H;
+    w.s = f;
+    f += R * LD;
+    w.pw = f;
+    f += R * LD;
+    w.q = f;
+    f += R * H;
+    w.qs = f;
+    f += R * H;
+    w.acc = f;
+    f += R * H;
+    w.m = f;
+    f += R;
+    w.l = f;
+    f += R;
+    w.qm = f;
+    f += R;
+    w.mt = f;
+    f += R;
+    w.ksc = f;
+    f += T * hd;
+    w.kmn = f;
+    f += T * hd;
+    w.vsc = f;
+    f += T * n_gv;
+    w.vmn = f;
+    f += T * n_gv;
+    w.lim  = (int32_t *)f;
+    w.dead = (uint8_t *)(w.lim + R);
     return w;
 }
 
@@ -194,24 +221,23 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
     for (int32_t t = 0; t < n_t; t += VL) {
         v16f a[RB] = {};
         for (int32_t c = 0; c < hd; ++c) {
-            const v16f k = load16(kc + (size_t) c * LD + t);
-            for (int r = 0; r < RB; ++r) a[r] += q[(size_t) r * hdp + c] * k;
+            const v16f k = load16(kc + (size_t)c * LD + t);
+            for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
         }
-        for (int r = 0; r < RB; ++r) store16(s + (size_t) r * LD + t, a[r]);
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r]);
     }
 }
 
 // acc[r][c] += Σ_t p[r][t]·vc[t][c], c in [0, hdp)
-template <int RB>
-OTT_INLINE void values_rb(const float * p, const float * vc, int32_t hdp, int32_t n_t, float * acc) {
+template <int RB> OTT_INLINE void values_rb(const float * p, const float * vc, int32_t hdp, int32_t n_t, float * acc) {
     for (int32_t c = 0; c < hdp; c += VL) {
         v16f a[RB];
-        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t) r * hdp + c);
+        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t)r * hdp + c);
         for (int32_t t = 0; t < n_t; ++t) {
-            const v16f v = load16(vc + (size_t) t * hdp + c);
-            for (int r = 0; r < RB; ++r) a[r] += p[(size_t) r * LD + t] * v;
+            const v16f v = load16(vc + (size_t)t * hdp + c);
+            for (int r = 0; r < RB; ++r) a[r] += p[(size_t)r * LD + t] * v;
         }
-        for (int r = 0; r < RB; ++r) store16(acc + (size_t) r * hdp + c, a[r]);
+        for (int r = 0; r < RB; ++r) store16(acc + (size_t)r * hdp + c, a[r]);
     }
 }
 
@@ -222,12 +248,12 @@ OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp,
     for (int32_t t = ta; t < tb; t += VL) {
         v16f a[RB];
         for (int r = 0; r < RB; ++r) a[r] = splat(qm[r]);
-        const uint8_t * col = kcodes + (size_t) t * bits / 8;
+        const uint8_t * col = kcodes + (size_t)t * bits / 8;
         for (int32_t c = 0; c < hd; ++c) {
             const v16f k = codes16(col + c * krow, bits);
-            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t) r * hdp + c] * k;
+            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
         }
-        for (int r = 0; r < RB; ++r) store16(s + (size_t) r * LD + (t - ta), a[r]);
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + (t - ta), a[r]);
     }
 }
 
@@ -237,25 +263,25 @@ OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_
                                 int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
     for (int32_t c = ca; c < cb; c += VL) {
         v16f a[RB];
-        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t) r * hdp + c) + mt[r];
-        const uint8_t * col = vcodes + (size_t) c * bits / 8;
+        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t)r * hdp + c) + mt[r];
+        const uint8_t * col = vcodes + (size_t)c * bits / 8;
         for (int32_t t = 0; t < n_t; ++t) {
             const v16f v = codes16(col + t * vrow, bits);
-            for (int r = 0; r < RB; ++r) a[r] += pw[(size_t) r * LD + t] * v;
+            for (int r = 0; r < RB; ++r) a[r] += pw[(size_t)r * LD + t] * v;
         }
-        for (int r = 0; r < RB; ++r) store16(acc + (size_t) r * hdp + c, a[r]);
+        for (int r = 0; r < RB; ++r) store16(acc + (size_t)r * hdp + c, a[r]);
     }
 }
 
 // Run kernel K<RB> over the rows in blocks of RB_MAX: f(rb_kernel, first row).
-#define OTT_FOR_ROW_BLOCKS(rows, CALL)                                \
-    for (int32_t r0 = 0; r0 < (rows); r0 += RB_MAX) {                 \
-        switch (std::min(RB_MAX, (rows) - r0)) {                      \
-            case 1:  CALL(1); break;                                  \
-            case 2:  CALL(2); break;                                  \
-            case 3:  CALL(3); break;                                  \
-            default: CALL(4); break;                                  \
-        }                                                             \
+#define OTT_FOR_ROW_BLOCKS(rows, CALL)                                                                                 \
+    for (int32_t r0 = 0; r0 < (rows); r0 += RB_MAX) {                                                                  \
+        switch (std::min(RB_MAX, (rows) - r0)) {                                                                       \
+            case 1:  CALL(1); break;                                                                                   \
+            case 2:  CALL(2); break;                                                                                   \
+            case 3:  CALL(3); break;                                                                                   \
+            default: CALL(4); break;                                                                                   \
+        }                                                                                                              \
     }
 
 // Online softmax over a tile's scores w.s (n_t keys): masks, new max, rescaled sums and
@@ -263,7 +289,7 @@ OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_
 // nullptr); causal: row r sees keys t < w.lim[r].
 OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const uint8_t * dead, bool causal) {
     for (int32_t r = 0; r < rows; ++r) {
-        float * s = w.s + (size_t) r * LD;
+        float * s = w.s + (size_t)r * LD;
         if (dead) {
             for (int32_t t = 0; t < n_t; ++t) s[t] = dead[t] ? -INFINITY : s[t];
         }
@@ -272,13 +298,13 @@ OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const
         }
         float mx = -INFINITY;
         for (int32_t t = 0; t < n_t; ++t) mx = std::max(mx, s[t]);
-        if (mx == -INFINITY) {          // nothing visible in this tile
+        if (mx == -INFINITY) {  // nothing visible in this tile
             std::fill(s, s + n_t, 0.0f);
             continue;
         }
         const float m_new = std::max(w.m[r], mx);
-        const float corr = exp_nonpos(w.m[r] - m_new);
-        float sum = 0.0f;
+        const float corr  = exp_nonpos(w.m[r] - m_new);
+        float sum         = 0.0f;
         for (int32_t t = 0; t < n_t; ++t) {
             s[t] = exp_nonpos(s[t] - m_new);
             sum += s[t];
@@ -286,7 +312,7 @@ OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const
         w.l[r] = w.l[r] * corr + sum;
         w.m[r] = m_new;
         if (corr != 1.0f) {
-            float * acc = w.acc + (size_t) r * w.hdp;
+            float * acc = w.acc + (size_t)r * w.hdp;
             for (int32_t c = 0; c < w.hdp; ++c) acc[c] *= corr;
         }
     }
@@ -294,14 +320,14 @@ OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const
 
 // One tile already in w.kc / w.vc (n_t keys): scores, softmax, values.
 OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const uint8_t * dead, bool causal) {
-    for (int32_t c = 0; c < w.hd && n_t % VL; ++c) {      // finite lanes past n_t
-        std::fill(w.kc + (size_t) c * LD + n_t, w.kc + (size_t) c * LD + (n_t + VL - 1) / VL * VL, 0.0f);
+    for (int32_t c = 0; c < w.hd && n_t % VL; ++c) {  // finite lanes past n_t
+        std::fill(w.kc + (size_t)c * LD + n_t, w.kc + (size_t)c * LD + (n_t + VL - 1) / VL * VL, 0.0f);
     }
-#define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t) r0 * w.hdp, w.hdp, w.hd, w.kc, n_t, w.s + (size_t) r0 * LD)
+#define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t)r0 * w.hdp, w.hdp, w.hd, w.kc, n_t, w.s + (size_t)r0 * LD)
     OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
     softmax_tile(w, rows, n_t, dead, causal);
-#define OTT_VALUES(RB) values_rb<RB>(w.s + (size_t) r0 * LD, w.vc, w.hdp, n_t, w.acc + (size_t) r0 * w.hdp)
+#define OTT_VALUES(RB) values_rb<RB>(w.s + (size_t)r0 * LD, w.vc, w.hdp, n_t, w.acc + (size_t)r0 * w.hdp)
     OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
 #undef OTT_VALUES
 }
@@ -310,28 +336,29 @@ OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const 
 // group_v multiples of VL, n_t a multiple of VL).
 OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
                              int32_t rows, const uint8_t * dead) {
-    const ott_kv_geom & g = cfg.geom;
+    const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
     const uint8_t * kcodes = hb + L.k_codes;
-    const size_t krow = ott_kv_k_row_bytes(&g);
+    const size_t krow      = ott_kv_k_row_bytes(&g);
 
     // scores, one key group segment at a time: qs = q·scale, qm = q·min
     for (int32_t ta = t0; ta < t0 + n_t;) {
         const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
-        params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t) gi * hd, hd, w.ksc, w.kmn);
+        params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)gi * hd, hd, w.ksc, w.kmn);
         for (int32_t r = 0; r < rows; ++r) {
-            const float * q = w.q + (size_t) r * hdp;
-            float * qs = w.qs + (size_t) r * hdp;
-            float qm = 0.0f;
+            const float * q = w.q + (size_t)r * hdp;
+            float * qs      = w.qs + (size_t)r * hdp;
+            float qm        = 0.0f;
             for (int32_t c = 0; c < hd; ++c) {
                 qs[c] = q[c] * w.ksc[c];
                 qm += q[c] * w.kmn[c];
             }
             w.qm[r] = qm;
         }
-#define OTT_SCORES(RB) scores_codes_rb<RB>(w.qs + (size_t) r0 * hdp, w.qm + r0, hdp, hd, kcodes, krow, g.bits_k, \
-                                           ta, tb, w.s + (size_t) r0 * LD + (ta - t0))
+#define OTT_SCORES(RB)                                                                                                 \
+    scores_codes_rb<RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, hd, kcodes, krow, g.bits_k, ta, tb,                   \
+                        w.s + (size_t)r0 * LD + (ta - t0))
         OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
         ta = tb;
@@ -339,21 +366,22 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
     softmax_tile(w, rows, n_t, dead, false);
 
     // values, one value group at a time: pw = p·scale, mt = Σ p·min
-    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t) t0 * n_gv, (int64_t) n_t * n_gv, w.vsc, w.vmn);
-    const uint8_t * vcodes = hb + L.v_codes + (size_t) t0 * ott_kv_v_row_bytes(&g);
+    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
+    const uint8_t * vcodes = hb + L.v_codes + (size_t)t0 * ott_kv_v_row_bytes(&g);
     for (int32_t gi = 0; gi < n_gv; ++gi) {
         for (int32_t r = 0; r < rows; ++r) {
-            const float * p = w.s + (size_t) r * LD;
-            float * pw = w.pw + (size_t) r * LD;
-            float mt = 0.0f;
+            const float * p = w.s + (size_t)r * LD;
+            float * pw      = w.pw + (size_t)r * LD;
+            float mt        = 0.0f;
             for (int32_t t = 0; t < n_t; ++t) {
                 pw[t] = p[t] * w.vsc[t * n_gv + gi];
                 mt += p[t] * w.vmn[t * n_gv + gi];
             }
             w.mt[r] = mt;
         }
-#define OTT_VALUES(RB) values_codes_rb<RB>(w.pw + (size_t) r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, \
-                                           n_t, gi * gv, (gi + 1) * gv, hdp, w.acc + (size_t) r0 * hdp)
+#define OTT_VALUES(RB)                                                                                                 \
+    values_codes_rb<RB>(w.pw + (size_t)r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t, gi * gv,     \
+                        (gi + 1) * gv, hdp, w.acc + (size_t)r0 * hdp)
         OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
 #undef OTT_VALUES
     }
@@ -363,31 +391,31 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
 
 // Slots t0 .. t0+n_t-1 of a head-block, dequantised (materialised path).
 void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
-    const ott_kv_geom & g = cfg.geom;
+    const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
 
     // keys: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c]
     const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
-    params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t) g0 * hd, (int64_t) (g1 - g0) * hd, w.ksc, w.kmn);
-    const size_t krow = ott_kv_k_row_bytes(&g);
-    const uint8_t * kcodes = hb + L.k_codes + (size_t) t0 * g.bits_k / 8;
+    params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)g0 * hd, (int64_t)(g1 - g0) * hd, w.ksc, w.kmn);
+    const size_t krow      = ott_kv_k_row_bytes(&g);
+    const uint8_t * kcodes = hb + L.k_codes + (size_t)t0 * g.bits_k / 8;
     for (int32_t c = 0; c < hd; ++c) {
-        float * kt = w.kc + (size_t) c * LD;
+        float * kt = w.kc + (size_t)c * LD;
         unpack_codes(kcodes + c * krow, n_t, g.bits_k, kt);
         for (int32_t gi = g0; gi < g1; ++gi) {
             const int32_t ts = std::max(t0, gi * gk) - t0, te = std::min(t0 + n_t, (gi + 1) * gk) - t0;
-            const float sc = w.ksc[(size_t) (gi - g0) * hd + c], mn = w.kmn[(size_t) (gi - g0) * hd + c];
+            const float sc = w.ksc[(size_t)(gi - g0) * hd + c], mn = w.kmn[(size_t)(gi - g0) * hd + c];
             for (int32_t t = ts; t < te; ++t) kt[t] = kt[t] * sc + mn;
         }
     }
 
     // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
-    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t) t0 * n_gv, (int64_t) n_t * n_gv, w.vsc, w.vmn);
+    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
     const size_t vrow = ott_kv_v_row_bytes(&g);
     for (int32_t t = 0; t < n_t; ++t) {
-        float * vt = w.vc + (size_t) t * w.hdp;
-        unpack_codes(hb + L.v_codes + (size_t) (t0 + t) * vrow, hd, g.bits_v, vt);
+        float * vt = w.vc + (size_t)t * w.hdp;
+        unpack_codes(hb + L.v_codes + (size_t)(t0 + t) * vrow, hd, g.bits_v, vt);
         for (int32_t gi = 0; gi < n_gv; ++gi) {
             const float sc = w.vsc[t * n_gv + gi], mn = w.vmn[t * n_gv + gi];
             float * x = vt + gi * gv;
@@ -399,16 +427,16 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
 // Transpose rows [n_t][hdp] in w.tmp into w.kc.
 void keys_from_tmp(int32_t n_t, const attn_ws & w) {
     for (int32_t t = 0; t < n_t; ++t) {
-        const float * row = w.tmp + (size_t) t * w.hdp;
-        for (int32_t c = 0; c < w.hd; ++c) w.kc[(size_t) c * LD + t] = row[c];
+        const float * row = w.tmp + (size_t)t * w.hdp;
+        for (int32_t c = 0; c < w.hd; ++c) w.kc[(size_t)c * LD + t] = row[c];
     }
 }
 
 // n_t fp16 rows of a store.
 void f16_tile(const ott_fp16 * k, const ott_fp16 * v, int32_t n_t, const attn_ws & w) {
     for (int32_t t = 0; t < n_t; ++t) {
-        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) k + (size_t) t * w.hd, w.tmp + (size_t) t * w.hdp, w.hd);
-        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) v + (size_t) t * w.hd, w.vc + (size_t) t * w.hdp, w.hd);
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)k + (size_t)t * w.hd, w.tmp + (size_t)t * w.hdp, w.hd);
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)v + (size_t)t * w.hd, w.vc + (size_t)t * w.hdp, w.hd);
     }
     keys_from_tmp(n_t, w);
 }
@@ -418,14 +446,16 @@ void f16_tile(const ott_fp16 * k, const ott_fp16 * v, int32_t n_t, const attn_ws
 void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int32_t h, int32_t n_t, const attn_ws & w) {
     ggml_fp16_t h16[1024];
     for (int32_t t = 0; t < n_t; ++t) {
-        const float * kr = (const float *) ((const char *) k->data + (size_t) (tok0 + t) * k->nb[2] + (size_t) h * k->nb[1]);
-        const float * vr = (const float *) ((const char *) v->data + (size_t) (tok0 + t) * v->nb[2] + (size_t) h * v->nb[1]);
+        const float * kr =
+            (const float *)((const char *)k->data + (size_t)(tok0 + t) * k->nb[2] + (size_t)h * k->nb[1]);
+        const float * vr =
+            (const float *)((const char *)v->data + (size_t)(tok0 + t) * v->nb[2] + (size_t)h * v->nb[1]);
         for (int32_t c0 = 0; c0 < w.hd; c0 += 1024) {
             const int32_t n = std::min(w.hd - c0, 1024);
             ggml_cpu_fp32_to_fp16(kr + c0, h16, n);
-            ggml_cpu_fp16_to_fp32(h16, w.tmp + (size_t) t * w.hdp + c0, n);
+            ggml_cpu_fp16_to_fp32(h16, w.tmp + (size_t)t * w.hdp + c0, n);
             ggml_cpu_fp32_to_fp16(vr + c0, h16, n);
-            ggml_cpu_fp16_to_fp32(h16, w.vc + (size_t) t * w.hdp + c0, n);
+            ggml_cpu_fp16_to_fp32(h16, w.vc + (size_t)t * w.hdp + c0, n);
         }
     }
     keys_from_tmp(n_t, w);
@@ -435,49 +465,49 @@ void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int3
 void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n) {
     for (int32_t t0 = 0; t0 < n; t0 += KEY_TILE) {
         const int32_t n_t = std::min(KEY_TILE, n - t0);
-        f16_tile(k + (size_t) t0 * w.hd, v + (size_t) t0 * w.hd, n_t, w);
+        f16_tile(k + (size_t)t0 * w.hd, v + (size_t)t0 * w.hd, n_t, w);
         attend_tile(w, rows, n_t, nullptr, false);
     }
 }
 
-} // namespace
+}  // namespace
 
 void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
-    const ott_kv_step & st = *op.step;
-    const ott_kv_config & cfg = *st.cfg;
-    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *)userdata;
+    const ott_kv_step & st     = *op.step;
+    const ott_kv_config & cfg  = *st.cfg;
+    const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
     const int32_t hd = cfg.geom.head_dim, n_rep = st.n_head / cfg.n_head_kv, block = cfg.geom.block;
-    const bool traces = cfg.traces(op.il);
+    const bool traces  = cfg.traces(op.il);
     const bool aligned = cfg.geom.group_k % VL == 0 && cfg.geom.group_v % VL == 0;
-    const attn_ws w = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
+    const attn_ws w    = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
 
     for (size_t it = ith; it < st.items.size(); it += nth) {
-        const ott_kv_attn_item & I = st.items[it];
-        const ott_kv_step_seq & S = st.plan.seqs[I.sq];
+        const ott_kv_attn_item & I  = st.items[it];
+        const ott_kv_step_seq & S   = st.plan.seqs[I.sq];
         const ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
-        const int32_t rows = I.n_q * n_rep;
-        const bool fused = aligned && rows <= FUSED_ROWS;
+        const int32_t rows          = I.n_q * n_rep;
+        const bool fused            = aligned && rows <= FUSED_ROWS;
 
         // row qi*n_rep + r: query of chunk token I.i0 + qi, head I.head*n_rep + r
         for (int32_t qi = 0; qi < I.n_q; ++qi) {
             for (int32_t r = 0; r < n_rep; ++r) {
-                const float * src = (const float *) ((const char *) q->data + (size_t) (S.t0 + I.i0 + qi) * q->nb[2]
-                                                     + (size_t) (I.head * n_rep + r) * q->nb[1]);
-                float * qr = w.q + (size_t) (qi * n_rep + r) * w.hdp;
+                const float * src = (const float *)((const char *)q->data + (size_t)(S.t0 + I.i0 + qi) * q->nb[2] +
+                                                    (size_t)(I.head * n_rep + r) * q->nb[1]);
+                float * qr        = w.q + (size_t)(qi * n_rep + r) * w.hdp;
                 for (int32_t c = 0; c < hd; ++c) qr[c] = src[c] * st.kq_scale;
             }
         }
         std::fill(w.m, w.m + rows, -INFINITY);
         std::fill(w.l, w.l + rows, 0.0f);
-        std::fill(w.acc, w.acc + (size_t) rows * w.hdp, 0.0f);
+        std::fill(w.acc, w.acc + (size_t)rows * w.hdp, 0.0f);
 
         // quantized blocks, masked slots excluded
         for (int32_t b = I.b0; b < I.b1; ++b) {
             const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
             for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                 const int32_t n_t = std::min(KEY_TILE, block - t0);
-                bool any_dead = false;
+                bool any_dead     = false;
                 if (traces) {
                     const uint8_t * mask = hb + cfg.layout.mask;
                     for (int32_t t = 0; t < n_t; ++t) {
@@ -497,19 +527,20 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
         if (I.fp16) {
             const int32_t h = I.head;
             const size_t pc = cfg.pool_cap(op.il), ec = cfg.extra_cap(op.il);
-            attend_f16_store(w, rows, ls.sink_k.data() + (size_t) h * cfg.sink * hd,
-                             ls.sink_v.data() + (size_t) h * cfg.sink * hd, S.before.n_sink);
+            attend_f16_store(w, rows, ls.sink_k.data() + (size_t)h * cfg.sink * hd,
+                             ls.sink_v.data() + (size_t)h * cfg.sink * hd, S.before.n_sink);
             if (pc) {
                 attend_f16_store(w, rows, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
             }
             if (ec) {
-                attend_f16_store(w, rows, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd, ls.n_extra[h]);
+                attend_f16_store(w, rows, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
+                                 ls.n_extra[h]);
             }
             // the window ring: its rows from the oldest window position, wrapping once
             const int32_t cap = st.win_cap[S.seq], n_win = S.before.n_win;
             const int32_t r0 = ott_kv_win_row(cfg, cap, S.before.win_pos0(cfg)), n_first = std::min(n_win, cap - r0);
-            const ott_fp16 * wk = ls.win_k.data() + (size_t) h * cap * hd, * wv = ls.win_v.data() + (size_t) h * cap * hd;
-            attend_f16_store(w, rows, wk + (size_t) r0 * hd, wv + (size_t) r0 * hd, n_first);
+            const ott_fp16 *wk = ls.win_k.data() + (size_t)h * cap * hd, *wv = ls.win_v.data() + (size_t)h * cap * hd;
+            attend_f16_store(w, rows, wk + (size_t)r0 * hd, wv + (size_t)r0 * hd, n_first);
             attend_f16_store(w, rows, wk, wv, n_win - n_first);
             // the chunk itself, causally: query token i sees chunk tokens j <= i
             const int32_t n_own = I.i0 + I.n_q;
@@ -524,38 +555,39 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
         }
 
         const int64_t prow = ott_attn_partial_row(hd);
-        float * out = (float *) dst->data + (size_t) it * st.rows_max * prow;
+        float * out        = (float *)dst->data + (size_t)it * st.rows_max * prow;
         for (int32_t r = 0; r < rows; ++r) {
-            float * o = out + (size_t) r * prow;
-            o[0] = w.m[r];
-            o[1] = w.l[r];
-            std::memcpy(o + 2, w.acc + (size_t) r * w.hdp, (size_t) hd * sizeof(float));
+            float * o = out + (size_t)r * prow;
+            o[0]      = w.m[r];
+            o[1]      = w.l[r];
+            std::memcpy(o + 2, w.acc + (size_t)r * w.hdp, (size_t)hd * sizeof(float));
         }
     }
 }
 
 void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
-    const ott_kv_step & st = *op.step;
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *)userdata;
+    const ott_kv_step & st     = *op.step;
     const int32_t hd = st.cfg->geom.head_dim, n_rep = st.n_head / st.cfg->n_head_kv;
     const int64_t prow = ott_attn_partial_row(hd);
-    const float * part = (const float *) dst->src[0]->data;
+    const float * part = (const float *)dst->src[0]->data;
 
     for (size_t gi = ith; gi + 1 < st.groups.size(); gi += nth) {
         const int32_t i_first = st.groups[gi], i_end = st.groups[gi + 1];
         const ott_kv_attn_item & I = st.items[i_first];
-        const ott_kv_step_seq & S = st.plan.seqs[I.sq];
+        const ott_kv_step_seq & S  = st.plan.seqs[I.sq];
         for (int32_t qi = 0; qi < I.n_q; ++qi) {
             for (int32_t r = 0; r < n_rep; ++r) {
                 const int32_t row = qi * n_rep + r;
-                float mx = -INFINITY;
-                for (int32_t it = i_first; it < i_end; ++it) mx = std::max(mx, part[((size_t) it * st.rows_max + row) * prow]);
-                float * o = (float *) ((char *) dst->data + (size_t) (S.t0 + I.i0 + qi) * dst->nb[1])
-                            + (size_t) (I.head * n_rep + r) * hd;
+                float mx          = -INFINITY;
+                for (int32_t it = i_first; it < i_end; ++it)
+                    mx = std::max(mx, part[((size_t)it * st.rows_max + row) * prow]);
+                float * o = (float *)((char *)dst->data + (size_t)(S.t0 + I.i0 + qi) * dst->nb[1]) +
+                            (size_t)(I.head * n_rep + r) * hd;
                 std::fill(o, o + hd, 0.0f);
                 float l = 0.0f;
                 for (int32_t it = i_first; it < i_end; ++it) {
-                    const float * p = part + ((size_t) it * st.rows_max + row) * prow;
+                    const float * p = part + ((size_t)it * st.rows_max + row) * prow;
                     if (p[1] == 0.0f) continue;
                     const float f = std::exp(p[0] - mx);
                     l += p[1] * f;
@@ -572,21 +604,21 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
                       const ott_kv_event & e, std::vector<uint8_t> & scratch) {
     const int32_t hd = cfg.geom.head_dim, block = cfg.geom.block;
     const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
-    const size_t rows_bytes = (size_t) block * hd * sizeof(ott_fp16);                 // K or V of the block
-    const size_t need = 2 * rows_bytes + ott_kv_event_scratch_bytes(&cfg.geom, (int32_t) pc);
+    const size_t rows_bytes = (size_t)block * hd * sizeof(ott_fp16);  // K or V of the block
+    const size_t need       = 2 * rows_bytes + ott_kv_event_scratch_bytes(&cfg.geom, (int32_t)pc);
     if (scratch.size() < need) scratch.resize(need);
     // the block's rows, gathered from the ring (they may wrap around its end)
-    ott_fp16 * blk_k = (ott_fp16 *) scratch.data(), * blk_v = blk_k + (size_t) block * hd;
+    ott_fp16 *blk_k = (ott_fp16 *)scratch.data(), *blk_v = blk_k + (size_t)block * hd;
     for (int32_t t = 0; t < block; ++t) {
-        const size_t row = (size_t) h * win_cap + ott_kv_win_row(cfg, win_cap, e.pos0 + t);
-        std::memcpy(blk_k + (size_t) t * hd, ls.win_k.data() + row * hd, hd * sizeof(ott_fp16));
-        std::memcpy(blk_v + (size_t) t * hd, ls.win_v.data() + row * hd, hd * sizeof(ott_fp16));
+        const size_t row = (size_t)h * win_cap + ott_kv_win_row(cfg, win_cap, e.pos0 + t);
+        std::memcpy(blk_k + (size_t)t * hd, ls.win_k.data() + row * hd, hd * sizeof(ott_fp16));
+        std::memcpy(blk_v + (size_t)t * hd, ls.win_v.data() + row * hd, hd * sizeof(ott_fp16));
     }
-    ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd,
-                          ls.pool_pos.data() + h * pc, ls.n_pool[h], (int32_t) pc };
+    ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.pool_pos.data() + h * pc,
+                          ls.n_pool[h], (int32_t)pc };
     ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
-                          ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t) ec };
-    int32_t tracing = ls.tracing[h];
+                          ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t)ec };
+    int32_t tracing   = ls.tracing[h];
     ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing,
                      ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h), scratch.data() + 2 * rows_bytes);
     ls.n_pool[h]  = pool.n;
@@ -595,26 +627,26 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
 }
 
 void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const ott_kv_layer_op & op = *(const ott_kv_layer_op *) userdata;
-    const ott_kv_step & st = *op.step;
-    const ott_kv_config & cfg = *st.cfg;
-    const ggml_tensor * k = dst->src[0], * v = dst->src[1];
+    const ott_kv_layer_op & op = *(const ott_kv_layer_op *)userdata;
+    const ott_kv_step & st     = *op.step;
+    const ott_kv_config & cfg  = *st.cfg;
+    const ggml_tensor *k = dst->src[0], *v = dst->src[1];
     const int32_t hd = cfg.geom.head_dim, n_kv = cfg.n_head_kv;
 
     // one (sequence, KV head) per work item: its appends in order, each event after the
     // append that fills the window
     for (size_t idx = ith; idx < st.plan.seqs.size() * n_kv; idx += nth) {
         const ott_kv_step_seq & S = st.plan.seqs[idx / n_kv];
-        const int32_t h = (int32_t) (idx % n_kv), cap = st.win_cap[S.seq];
+        const int32_t h = (int32_t)(idx % n_kv), cap = st.win_cap[S.seq];
         ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
-        int32_t ev = S.ev0;
-        while (ev < S.ev0 + S.n_ev && st.plan.events[ev].after < 0) ++ev;     // deferred: fired in begin()
+        int32_t ev            = S.ev0;
+        while (ev < S.ev0 + S.n_ev && st.plan.events[ev].after < 0) ++ev;  // deferred: fired in begin()
         for (int32_t j = 0; j < S.n_app; ++j) {
             const ott_kv_append & a = st.plan.appends[S.app0 + j];
-            const float * kr = (const float *) ((const char *) k->data + (size_t) a.tok * k->nb[2] + (size_t) h * k->nb[1]);
-            const float * vr = (const float *) ((const char *) v->data + (size_t) a.tok * v->nb[2] + (size_t) h * v->nb[1]);
-            const size_t row = a.sink_row >= 0 ? (size_t) h * cfg.sink + a.sink_row
-                                               : (size_t) h * cap + ott_kv_win_row(cfg, cap, a.pos);
+            const float * kr = (const float *)((const char *)k->data + (size_t)a.tok * k->nb[2] + (size_t)h * k->nb[1]);
+            const float * vr = (const float *)((const char *)v->data + (size_t)a.tok * v->nb[2] + (size_t)h * v->nb[1]);
+            const size_t row =
+                a.sink_row >= 0 ? (size_t)h * cfg.sink + a.sink_row : (size_t)h * cap + ott_kv_win_row(cfg, cap, a.pos);
             ott_fp16 * kd = (a.sink_row >= 0 ? ls.sink_k : ls.win_k).data() + row * hd;
             ott_fp16 * vd = (a.sink_row >= 0 ? ls.sink_v : ls.win_v).data() + row * hd;
             for (int32_t c = 0; c < hd; ++c) {

@@ -23,25 +23,25 @@
 
 // The stores of one layer of one sequence, all KV heads (head-major).
 struct ott_kv_layer_seq {
-    std::vector<ott_fp16> sink_k, sink_v;     // [n_head_kv][sink][head_dim]
-    std::vector<ott_fp16> win_k, win_v;       // [n_head_kv][win_cap][head_dim] ring: position p at
-                                              // row ott_kv_win_row(p), win_cap of the sequence
-    std::vector<ott_fp16> pool_k, pool_v;     // [n_head_kv][pool_cap][head_dim]
-    std::vector<int32_t>  pool_pos;           // [n_head_kv][pool_cap]
-    std::vector<ott_fp16> extra_k, extra_v;   // [n_head_kv][extra_cap][head_dim]
-    std::vector<int32_t>  extra_pos;          // [n_head_kv][extra_cap]
-    std::vector<int32_t>  n_pool, n_extra;    // [n_head_kv]
-    std::vector<int32_t>  tracing;            // [n_head_kv] 1 while the head traces
-    std::vector<uint8_t *> blocks;            // [>= n_blocks] event j: n_head_kv head-blocks side by side
+    std::vector<ott_fp16> sink_k, sink_v;    // [n_head_kv][sink][head_dim]
+    std::vector<ott_fp16> win_k, win_v;      // [n_head_kv][win_cap][head_dim] ring: position p at
+                                             // row ott_kv_win_row(p), win_cap of the sequence
+    std::vector<ott_fp16> pool_k, pool_v;    // [n_head_kv][pool_cap][head_dim]
+    std::vector<int32_t> pool_pos;           // [n_head_kv][pool_cap]
+    std::vector<ott_fp16> extra_k, extra_v;  // [n_head_kv][extra_cap][head_dim]
+    std::vector<int32_t> extra_pos;          // [n_head_kv][extra_cap]
+    std::vector<int32_t> n_pool, n_extra;    // [n_head_kv]
+    std::vector<int32_t> tracing;            // [n_head_kv] 1 while the head traces
+    std::vector<uint8_t *> blocks;           // [>= n_blocks] event j: n_head_kv head-blocks side by side
 };
 
 // One unit of attention work: query rows of one KV head of one sequence over a key range.
 struct ott_kv_attn_item {
-    int32_t sq;             // index into ott_kv_step::plan.seqs
-    int32_t head;           // KV head
-    int32_t i0, n_q;        // chunk tokens [i0, i0+n_q) whose queries it computes
-    int32_t b0, b1;         // quantized blocks [b0, b1) it reads
-    int32_t fp16;           // 1: it also reads sink, pools, window and the chunk itself
+    int32_t sq;       // index into ott_kv_step::plan.seqs
+    int32_t head;     // KV head
+    int32_t i0, n_q;  // chunk tokens [i0, i0+n_q) whose queries it computes
+    int32_t b0, b1;   // quantized blocks [b0, b1) it reads
+    int32_t fp16;     // 1: it also reads sink, pools, window and the chunk itself
 };
 
 struct ott_kv_step;
@@ -49,25 +49,25 @@ struct ott_kv_step;
 // What one layer's ops get as userdata.
 struct ott_kv_layer_op {
     ott_kv_step * step;
-    int32_t       il;
+    int32_t il;
 };
 
 // A step as planned by the cache's begin(): valid while the graph computes.
 struct ott_kv_step {
     const ott_kv_config * cfg;
-    ott_kv_layer_seq    * layers;             // [n_layer][n_seq_max], row-major
-    const int32_t       * win_cap;            // [n_seq_max] window ring rows of each sequence
-    int32_t               n_seq_max;
-    int32_t               n_head;             // query heads
-    float                 kq_scale;
-    int32_t               rows_max;           // query rows per item: n_rep * max n_q
-    ott_kv_plan                   plan;       // appends and events (kv/kv_schedule.h)
-    std::vector<ott_kv_attn_item> items;      // grouped: items of one query group are consecutive
-    std::vector<int32_t>          groups;     // [n_groups+1] first item of each group
-    std::vector<ott_kv_layer_op>  layer_ops;  // [n_layer]
+    ott_kv_layer_seq * layers;  // [n_layer][n_seq_max], row-major
+    const int32_t * win_cap;    // [n_seq_max] window ring rows of each sequence
+    int32_t n_seq_max;
+    int32_t n_head;  // query heads
+    float kq_scale;
+    int32_t rows_max;                             // query rows per item: n_rep * max n_q
+    ott_kv_plan plan;                             // appends and events (kv/kv_schedule.h)
+    std::vector<ott_kv_attn_item> items;          // grouped: items of one query group are consecutive
+    std::vector<int32_t> groups;                  // [n_groups+1] first item of each group
+    std::vector<ott_kv_layer_op> layer_ops;       // [n_layer]
     std::vector<std::vector<uint8_t>> * scratch;  // [OTT_MAX_THREADS] per-thread work memory
 
-    ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t) il * n_seq_max + seq]; }
+    ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };
 
 // Threads a ggml CPU backend may run (ott_context_set_threads allows up to 512).

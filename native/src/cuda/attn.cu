@@ -34,7 +34,7 @@
 
 namespace {
 
-constexpr int WARPS = 4;
+constexpr int WARPS   = 4;
 constexpr float LOG2E = 1.4426950408889634f;
 
 __device__ __forceinline__ float h2f(ott_fp16 x) { return __half2float(__ushort_as_half(x)); }
@@ -44,9 +44,9 @@ __device__ __forceinline__ float h2f(ott_fp16 x) { return __half2float(__ushort_
 __device__ __forceinline__ float2 param_at(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
     if (g.param_bits == 8) {
         const float s = ott_kv_scale8(sc[i]);
-        return make_float2(s, ott_kv_min8((int8_t) mn[i], s));
+        return make_float2(s, ott_kv_min8((int8_t)mn[i], s));
     }
-    return make_float2(h2f(((const ott_fp16 *) sc)[i]), h2f(((const ott_fp16 *) mn)[i]));
+    return make_float2(h2f(((const ott_fp16 *)sc)[i]), h2f(((const ott_fp16 *)mn)[i]));
 }
 
 // acc[u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the 32/BITS codes u of word w (i: u's
@@ -58,7 +58,7 @@ __device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], 
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
         const uint32_t ws = b * 8 <= 15 ? w << (15 - b * 8) : w >> (b * 8 - 15);
-        const int gi = NGW == 1 ? 0 : b;
+        const int gi      = NGW == 1 ? 0 : b;
 #pragma unroll
         for (int i = 0; i < CPB; ++i) {
             const float f = __uint_as_float(0x3F800000u | (ws & (((1u << BITS) - 1) << (15 + i * BITS))));
@@ -69,13 +69,11 @@ __device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], 
 }
 
 // The word's group of the codes of byte b: NGW = 1, one group; NGW = 4, a group per byte.
-template <int NGW>
-__device__ __forceinline__ constexpr int group_of_byte(int b) { return NGW == 1 ? 0 : b; }
+template <int NGW> __device__ __forceinline__ constexpr int group_of_byte(int b) { return NGW == 1 ? 0 : b; }
 
 // The weight of code u's sum: sums over 1 + code·2^(i·BITS-8) give Σ s·code = (sum - Σ s)·2^(8-i·BITS).
-template <int BITS>
-__device__ __forceinline__ constexpr float code_weight(int u) {
-    return (float) (1 << (8 - (u % (8 / BITS)) * BITS));
+template <int BITS> __device__ __forceinline__ constexpr float code_weight(int u) {
+    return (float)(1 << (8 - (u % (8 / BITS)) * BITS));
 }
 
 // x summed over the lanes that differ from this one in lane bits >= first (a power of two).
@@ -84,8 +82,7 @@ __device__ __forceinline__ void warp_sum_from(float & x, int first) {
 }
 
 // Per-warp online-softmax state of NR rows; every lane holds the same m and l.
-template <int NR>
-struct softmax_rows {
+template <int NR> struct softmax_rows {
     float m[NR];
     float l[NR];
 };
@@ -100,13 +97,12 @@ constexpr int STATES = 2 * WARPS;
 // phase's states' weighted values fv[WARPS][NR][HD]: past the buffers when that phase runs
 // first (fp16_first), else right after red.
 __host__ __device__ inline size_t fp16_values_at(size_t per_warp, int nr, int hd, bool fp16_first) {
-    const size_t red = (size_t) WARPS * nr * hd * sizeof(float);
-    const size_t blocks = (size_t) WARPS * per_warp;
+    const size_t red    = (size_t)WARPS * nr * hd * sizeof(float);
+    const size_t blocks = (size_t)WARPS * per_warp;
     return fp16_first ? ((blocks > red ? blocks : red) + 15) / 16 * 16 : red;
 }
 
-template <int HD, int NR>
-struct __align__(16) attn_smem {
+template <int HD, int NR> struct __align__(16) attn_smem {
     float q[NR][HD];
     float m[STATES][NR];
     float l[STATES][NR];
@@ -130,7 +126,7 @@ template <int HD, int NR>
 __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
                               const float * fv, const ott_cuda_attn_tile & T) {
     __syncthreads();
-    float * out = a.partials + ((size_t) blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    float * out = a.partials + ((size_t)blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;
         for (int w = 0; w < STATES; ++w) mx = fmaxf(mx, S.m[w][r]);
@@ -140,12 +136,12 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
             wgt[w] = S.m[w][r] == -INFINITY ? 0.0f : exp2f(S.m[w][r] - mx);
             l += S.l[w][r] * wgt[w];
         }
-        float * o = out + (size_t) r * (HD + 2);
+        float * o = out + (size_t)r * (HD + 2);
         for (int c = threadIdx.x; c < HD; c += blockDim.x) {
             float acc = 0.0f;
             for (int w = 0; w < STATES; ++w) {
-                const float * x = w < WARPS ? red + (size_t) w * NR * HD : fv + (size_t) (w - WARPS) * NR * HD;
-                acc += x[(size_t) r * HD + c] * wgt[w];
+                const float * x = w < WARPS ? red + (size_t)w * NR * HD : fv + (size_t)(w - WARPS) * NR * HD;
+                acc += x[(size_t)r * HD + c] * wgt[w];
             }
             o[2 + c] = acc;
         }
@@ -161,12 +157,13 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
 // The head-blocks [x, y) of tile T that split blockIdx.y reads.
 __device__ __forceinline__ int2 split_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T) {
     const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
-    const int b0 = min(T.n_blocks, (int) blockIdx.y * per);
+    const int b0  = min(T.n_blocks, (int)blockIdx.y * per);
     return make_int2(b0, min(T.n_blocks, b0 + per));
 }
 
 // Head-block blk of tile T's sequence and KV head.
-__device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & L, const ott_cuda_attn_tile & T, int blk) {
+__device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & L, const ott_cuda_attn_tile & T,
+                                                      int blk) {
     return ott_cuda_head_block(L, T.seq, blk, T.head);
 }
 
@@ -177,35 +174,35 @@ __device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & 
 // Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
 // head-block's scales and mins (its bytes before k_codes), staged with coalesced loads.
 __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr) {
-    return (size_t) nr * g.block * sizeof(float) + L.k_codes;
+    return (size_t)nr * g.block * sizeof(float) + L.k_codes;
 }
 
 template <int HD, int BK, int BV, int NR, int NGW, int PF>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                               uint8_t * dyn) {
-    constexpr int TPK = 32 / BK, CPBK = 8 / BK;      // key codes per 32-bit word, per byte
-    constexpr int TPV = 32 / BV, CPBV = 8 / BV;      // value codes per 32-bit word, per byte
-    constexpr int WV = HD * BV / 32, NPHV = 32 / WV;    // words per value row, lanes per word
+    constexpr int TPK = 32 / BK, CPBK = 8 / BK;       // key codes per 32-bit word, per byte
+    constexpr int TPV = 32 / BV, CPBV = 8 / BV;       // value codes per 32-bit word, per byte
+    constexpr int WV = HD * BV / 32, NPHV = 32 / WV;  // words per value row, lanes per word
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
-    const ott_kv_geom & g = L.geom;
+    const ott_kv_geom & g       = L.geom;
     const int block = g.block, n_gv = HD / g.group_v;
-    const int Wk = block * BK / 32, nphk = 32 / Wk;     // words per key row, lanes per word
-    const int jk = lane % Wk, phk = lane / Wk, cplk = HD / nphk;       // a lane's key word, its channels
-    const int jv = lane % WV, phv = lane / WV, tplv = block / NPHV;    // a lane's value word, its slots
+    const int Wk = block * BK / 32, nphk = 32 / Wk;                  // words per key row, lanes per word
+    const int jk = lane % Wk, phk = lane / Wk, cplk = HD / nphk;     // a lane's key word, its channels
+    const int jv = lane % WV, phv = lane / WV, tplv = block / NPHV;  // a lane's value word, its slots
     const int c_first = phk * cplk, t_first = phv * tplv;
-    int gk[NGW], gv[NGW];                            // groups of the lane's key slots / value channels
+    int gk[NGW], gv[NGW];  // groups of the lane's key slots / value channels
 #pragma unroll
     for (int gi = 0; gi < NGW; ++gi) {
         gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
         gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
     }
-    uint8_t * wsm = dyn + (size_t) warp * warp_smem_bytes(g, L.layout, NR);
-    float * p_s = (float *) wsm;                     // [NR][block] this warp's probabilities
-    uint8_t * sc_s = wsm + (size_t) NR * block * sizeof(float);
-    const uint8_t * ksc = sc_s + L.layout.k_scale;   // [block/group_k][HD] parameters
+    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
+    float * p_s         = (float *)wsm;  // [NR][block] this warp's probabilities
+    uint8_t * sc_s      = wsm + (size_t)NR * block * sizeof(float);
+    const uint8_t * ksc = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
     const uint8_t * kmn = sc_s + L.layout.k_min;
-    const uint8_t * vsc = sc_s + L.layout.v_scale;   // [block][n_gv]
+    const uint8_t * vsc = sc_s + L.layout.v_scale;  // [block][n_gv]
     const uint8_t * vmn = sc_s + L.layout.v_min;
 
     const int2 range = split_blocks(a, T);
@@ -224,9 +221,9 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
     }
 
     for (int b = b0 + warp; b < b1; b += WARPS) {
-        const uint8_t * hb = head_block(L, T, b);
-        const uint32_t * kc = (const uint32_t *) (hb + L.layout.k_codes);   // [HD][Wk]
-        const uint32_t * vc = (const uint32_t *) (hb + L.layout.v_codes);   // [block][WV]
+        const uint8_t * hb  = head_block(L, T, b);
+        const uint32_t * kc = (const uint32_t *)(hb + L.layout.k_codes);  // [HD][Wk]
+        const uint32_t * vc = (const uint32_t *)(hb + L.layout.v_codes);  // [block][WV]
 
         // keys: scores of slots jk*TPK .. jk*TPK+TPK-1 over the lane's channels, in s
         float s[TPK][NR], off[NGW][NR], base[NGW][NR];
@@ -242,9 +239,10 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             uint32_t w[PF];
 #pragma unroll
             for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
-            if (c0 == 0) {                           // scales and mins of the head-block
+            if (c0 == 0) {  // scales and mins of the head-block
                 __syncwarp();
-                for (int i = lane; i < (int) (L.layout.k_codes / 16); i += 32) ((uint4 *) sc_s)[i] = ((const uint4 *) hb)[i];
+                for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32)
+                    ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
                 __syncwarp();
             }
 #pragma unroll
@@ -278,9 +276,9 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             for (int u = 0; u < TPK; ++u) {
                 const int gi = group_of_byte<NGW>(u / CPBK);
                 warp_sum_from(s[u][r], Wk);
-                const int t = jk * TPK + u;
+                const int t       = jk * TPK + u;
                 const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
-                s[u][r] = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
+                s[u][r]           = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
             }
         }
 
@@ -292,8 +290,8 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             for (int u = 0; u < TPK; ++u) mx = fmaxf(mx, s[u][r]);
             for (int o = 1; o < Wk; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(sm.m[r], mx);
-            const float corr = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
-            float psum = 0.0f;
+            const float corr  = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
+            float psum        = 0.0f;
 #pragma unroll
             for (int u = 0; u < TPK; ++u) {
                 s[u][r] = m_new == -INFINITY ? 0.0f : exp2f(s[u][r] - m_new);
@@ -314,7 +312,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
 #pragma unroll
-                for (int u = 0; u < TPK; ++u) p_s[(size_t) r * block + jk * TPK + u] = s[u][r];
+                for (int u = 0; u < TPK; ++u) p_s[(size_t)r * block + jk * TPK + u] = s[u][r];
             }
         }
         __syncwarp();
@@ -336,8 +334,8 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                     const float vs = vp.x, vm = vp.y;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
-                        const float p = p_s[(size_t) r * block + t];
-                        pv[gi][r] = p * vs;
+                        const float p = p_s[(size_t)r * block + t];
+                        pv[gi][r]     = p * vs;
                         sv[gi][r] += pv[gi][r];
                         mv[gi][r] = fmaf(p, vm, mv[gi][r]);
                     }
@@ -349,16 +347,16 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
     }
 
     // this warp's weighted values, summed over its lanes' slot sets, into shared memory
-    __syncthreads();                                   // the per-warp regions become red
-    float * red = (float *) dyn;                       // [WARPS][NR][HD]
+    __syncthreads();             // the per-warp regions become red
+    float * red = (float *)dyn;  // [WARPS][NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
         for (int u = 0; u < TPV; ++u) {
             const int gi = group_of_byte<NGW>(u / CPBV);
-            float x = (accv[u][r] - sv[gi][r]) * code_weight<BV>(u) + mv[gi][r];
+            float x      = (accv[u][r] - sv[gi][r]) * code_weight<BV>(u) + mv[gi][r];
             warp_sum_from(x, WV);
-            if (phv == 0) red[((size_t) warp * NR + r) * HD + jv * TPV + u] = x;
+            if (phv == 0) red[((size_t)warp * NR + r) * HD + jv * TPV + u] = x;
         }
     }
     put_state<HD, NR>(S, warp, sm);
@@ -396,10 +394,10 @@ __device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID val
                 for (int i = 0; i < CPL; ++i) d[g] = fmaf(q[r][i], k[g][i], d[g]);
                 warp_sum_from(d[g], 1);
                 d[g] = t + g < t1 && valid(t + g, r) ? d[g] : -INFINITY;
-                mx = fmaxf(mx, d[g]);
+                mx   = fmaxf(mx, d[g]);
             }
             const float m_new = fmaxf(sm.m[r], mx);
-            if (m_new == -INFINITY) continue;         // nothing this row may see yet
+            if (m_new == -INFINITY) continue;  // nothing this row may see yet
             const float corr = exp2f(sm.m[r] - m_new);
             sm.l[r] *= corr;
 #pragma unroll
@@ -422,19 +420,19 @@ __device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID val
 template <int HD, int NR>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                             float * fv) {
-    constexpr int CPL = HD / 32;                      // channels per lane: 2(lane + 32i), +1
-    constexpr int G = 1024 / HD;                      // rows in flight per warp: 2 KB
+    constexpr int CPL = HD / 32;    // channels per lane: 2(lane + 32i), +1
+    constexpr int G   = 1024 / HD;  // rows in flight per warp: 2 KB
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const ott_cuda_kv_layer & L = a.L;
-    const int64_t sh = (int64_t) T.seq * L.n_head_kv + T.head;
-    const int n_pool = L.pool_cap > 0 ? L.n_pool[sh] : 0;
-    const int n_extra = L.extra_cap > 0 ? L.n_extra[sh] : 0;
+    const int64_t sh            = (int64_t)T.seq * L.n_head_kv + T.head;
+    const int n_pool            = L.pool_cap > 0 ? L.n_pool[sh] : 0;
+    const int n_extra           = L.extra_cap > 0 ? L.n_extra[sh] : 0;
     const int e_sink = T.n_sink, e_pool = e_sink + n_pool, e_extra = e_pool + n_extra, e_win = e_extra + T.n_win;
     const int n_all = e_win + T.n_q;
-    const int per = (n_all + a.n_splits - 1) / a.n_splits;
-    const int f0 = min(n_all, (int) blockIdx.y * per), f1 = min(n_all, f0 + per);
+    const int per   = (n_all + a.n_splits - 1) / a.n_splits;
+    const int f0 = min(n_all, (int)blockIdx.y * per), f1 = min(n_all, f0 + per);
     const int per_w = (f1 - f0 + WARPS - 1) / WARPS;
-    const int u0 = min(f1, f0 + warp * per_w), u1 = min(f1, u0 + per_w);   // this warp's rows
+    const int u0 = min(f1, f0 + warp * per_w), u1 = min(f1, u0 + per_w);  // this warp's rows
 
     softmax_rows<NR> sm;
     float acc[CPL][NR], q[NR][CPL];
@@ -444,8 +442,8 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
         sm.l[r] = 0.0f;
 #pragma unroll
         for (int i = 0; i < CPL / 2; ++i) {
-            const float2 qq = *(const float2 *) &S.q[r][2 * (lane + 32 * i)];
-            q[r][2 * i] = qq.x;
+            const float2 qq = *(const float2 *)&S.q[r][2 * (lane + 32 * i)];
+            q[r][2 * i]     = qq.x;
             q[r][2 * i + 1] = qq.y;
             acc[2 * i][r] = acc[2 * i + 1][r] = 0.0f;
         }
@@ -457,28 +455,45 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     const auto all = [](int, int) { return true; };
 #pragma unroll 1
     for (int pc = 0; pc < 5; ++pc) {
-        const ott_fp16 * kb, * vb;
+        const ott_fp16 *kb, *vb;
         int first, n;
         if (pc == 0) {
-            kb = L.sink_k + sh * L.sink * HD; vb = L.sink_v + sh * L.sink * HD; first = 0; n = e_sink;
+            kb    = L.sink_k + sh * L.sink * HD;
+            vb    = L.sink_v + sh * L.sink * HD;
+            first = 0;
+            n     = e_sink;
         } else if (pc == 1) {
-            kb = L.pool_k + sh * L.pool_cap * HD; vb = L.pool_v + sh * L.pool_cap * HD; first = e_sink; n = n_pool;
+            kb    = L.pool_k + sh * L.pool_cap * HD;
+            vb    = L.pool_v + sh * L.pool_cap * HD;
+            first = e_sink;
+            n     = n_pool;
         } else if (pc == 2) {
-            kb = L.extra_k + sh * L.extra_cap * HD; vb = L.extra_v + sh * L.extra_cap * HD; first = e_pool; n = n_extra;
+            kb    = L.extra_k + sh * L.extra_cap * HD;
+            vb    = L.extra_v + sh * L.extra_cap * HD;
+            first = e_pool;
+            n     = n_extra;
         } else if (pc == 3) {
-            kb = L.win_k + (sh * L.win_cap + w0) * HD; vb = L.win_v + (sh * L.win_cap + w0) * HD; first = e_extra; n = n_w1;
+            kb    = L.win_k + (sh * L.win_cap + w0) * HD;
+            vb    = L.win_v + (sh * L.win_cap + w0) * HD;
+            first = e_extra;
+            n     = n_w1;
         } else {
-            kb = L.win_k + sh * L.win_cap * HD; vb = L.win_v + sh * L.win_cap * HD; first = e_extra + n_w1; n = T.n_win - n_w1;
+            kb    = L.win_k + sh * L.win_cap * HD;
+            vb    = L.win_v + sh * L.win_cap * HD;
+            first = e_extra + n_w1;
+            n     = T.n_win - n_w1;
         }
         const int t0 = max(u0, first) - first, t1 = min(u1, first + n) - first;
         if (t0 >= t1) continue;
         const auto load = [&](int t, float (&k)[CPL], float (&v)[CPL]) {
-            const __half2 * kr = (const __half2 *) (kb + (size_t) t * HD), * vr = (const __half2 *) (vb + (size_t) t * HD);
+            const __half2 *kr = (const __half2 *)(kb + (size_t)t * HD), *vr = (const __half2 *)(vb + (size_t)t * HD);
 #pragma unroll
             for (int i = 0; i < CPL / 2; ++i) {
                 const float2 kf = __half22float2(kr[lane + 32 * i]), vf = __half22float2(vr[lane + 32 * i]);
-                k[2 * i] = kf.x; k[2 * i + 1] = kf.y;
-                v[2 * i] = vf.x; v[2 * i + 1] = vf.y;
+                k[2 * i]     = kf.x;
+                k[2 * i + 1] = kf.y;
+                v[2 * i]     = vf.x;
+                v[2 * i + 1] = vf.y;
             }
         };
         attend_rows<HD, NR, G>(t0, t1, load, all, q, sm, acc);
@@ -489,28 +504,31 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
 #pragma unroll
     for (int r = 0; r < NR; ++r) last_q[r] = r < T.n_rows ? (T.row0 + r) / a.n_rep : -1;
     const auto load_chunk = [&](int j, float (&k)[CPL], float (&v)[CPL]) {
-        const float * kr = a.k.data + (int64_t) (T.t0 + j) * a.k.nb2 + (int64_t) T.head * a.k.nb1;
-        const float * vr = a.v.data + (int64_t) (T.t0 + j) * a.v.nb2 + (int64_t) T.head * a.v.nb1;
+        const float * kr = a.k.data + (int64_t)(T.t0 + j) * a.k.nb2 + (int64_t)T.head * a.k.nb1;
+        const float * vr = a.v.data + (int64_t)(T.t0 + j) * a.v.nb2 + (int64_t)T.head * a.v.nb1;
 #pragma unroll
         for (int i = 0; i < CPL / 2; ++i) {
-            const float2 kf = ((const float2 *) kr)[lane + 32 * i], vf = ((const float2 *) vr)[lane + 32 * i];
-            k[2 * i] = __half2float(__float2half_rn(kf.x)); k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
-            v[2 * i] = __half2float(__float2half_rn(vf.x)); v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
+            const float2 kf = ((const float2 *)kr)[lane + 32 * i], vf = ((const float2 *)vr)[lane + 32 * i];
+            k[2 * i]     = __half2float(__float2half_rn(kf.x));
+            k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
+            v[2 * i]     = __half2float(__float2half_rn(vf.x));
+            v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
         }
     };
     const auto causal = [&](int j, int r) { return j <= last_q[r]; };
     attend_rows<HD, NR, G>(max(u0, e_win) - e_win, min(u1, n_all) - e_win, load_chunk, causal, q, sm, acc);
 
-    float * red = fv + (size_t) warp * NR * HD;        // [NR][HD]
+    float * red = fv + (size_t)warp * NR * HD;  // [NR][HD]
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
-        for (int i = 0; i < CPL / 2; ++i) *(float2 *) &red[(size_t) r * HD + 2 * (lane + 32 * i)] = make_float2(acc[2 * i][r], acc[2 * i + 1][r]);
+        for (int i = 0; i < CPL / 2; ++i)
+            *(float2 *)&red[(size_t)r * HD + 2 * (lane + 32 * i)] = make_float2(acc[2 * i][r], acc[2 * i + 1][r]);
     }
     put_state<HD, NR>(S, WARPS + warp, sm);
 }
 
-} // namespace
+}  // namespace
 
 #include "cuda/attn_imma.cuh"
 
@@ -548,7 +566,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     __shared__ attn_smem<HD, NR> S;
     let_merge_start();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);   // in flight while the queries and fp16 rows load
+    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);  // in flight while the queries and fp16 rows load
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
@@ -557,7 +575,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
         if (r < T.n_rows) {
             const int rho = T.row0 + r;
             const int tok = T.t0 + rho / a.n_rep, hq = T.head * a.n_rep + rho % a.n_rep;
-            x = a.q.data[(int64_t) tok * a.q.nb2 + (int64_t) hq * a.q.nb1 + c] * (a.kq_scale * LOG2E);
+            x = a.q.data[(int64_t)tok * a.q.nb2 + (int64_t)hq * a.q.nb1 + c] * (a.kq_scale * LOG2E);
         }
         S.q[r][c] = x;
     }
@@ -566,37 +584,38 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     // FFMA: after the quantized blocks (first, they cost the one-row kernel 5 registers more,
     // past the 168 that let three blocks share a multiprocessor).
     constexpr bool fp16_first = GKM > 0;
-    const size_t per_warp = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
-    float * fv = (float *) (dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
+    const size_t per_warp     = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
+    float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
-    if constexpr (GKM > 0) attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
-    else attend_blocks<HD, BK, BV, NR, NGW, PF>(a, T, S, dyn);
+    if constexpr (GKM > 0)
+        attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
+    else
+        attend_blocks<HD, BK, BV, NR, NGW, PF>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
-    write_partial<HD, NR>(a, S, (const float *) dyn, fv, T);
+    write_partial<HD, NR>(a, S, (const float *)dyn, fv, T);
 }
 
 // grid: n_tiles; threads over channels
-template <int HD>
-__global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
+template <int HD> __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
     wait_for_partials();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    const int n_parts = a.n_splits;
-    const float * part = a.partials + (size_t) blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    const int n_parts          = a.n_splits;
+    const float * part         = a.partials + (size_t)blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;
-        for (int s = 0; s < n_parts; ++s) mx = fmaxf(mx, part[((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2)]);
+        for (int s = 0; s < n_parts; ++s) mx = fmaxf(mx, part[((size_t)s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2)]);
         float l = 0.0f;
         for (int s = 0; s < n_parts; ++s) {
-            const float * p = part + ((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
+            const float * p = part + ((size_t)s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
             if (p[1] != 0.0f) l += p[1] * exp2f(p[0] - mx);
         }
         const int rho = T.row0 + r;
         const int tok = T.t0 + rho / a.n_rep, hq = T.head * a.n_rep + rho % a.n_rep;
-        float * o = out + (int64_t) tok * out_nb1 + (int64_t) hq * HD;
+        float * o = out + (int64_t)tok * out_nb1 + (int64_t)hq * HD;
         for (int c = threadIdx.x; c < HD; c += blockDim.x) {
             float acc = 0.0f;
             for (int s = 0; s < n_parts; ++s) {
-                const float * p = part + ((size_t) s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
+                const float * p = part + ((size_t)s * OTT_CUDA_ATTN_ROWS + r) * (HD + 2);
                 if (p[1] != 0.0f) acc += p[2 + c] * exp2f(p[0] - mx);
             }
             o[c] = acc / l;
@@ -609,21 +628,22 @@ bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 // dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's)
 size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
-    const size_t per_warp = block_phase_bytes(g, L, nr, tensor_cores);
-    const size_t fv_end = fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t) WARPS * nr * g.head_dim * sizeof(float);
+    const size_t per_warp       = block_phase_bytes(g, L, nr, tensor_cores);
+    const size_t fv_end =
+        fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t)WARPS * nr * g.head_dim * sizeof(float);
     return std::max(WARPS * per_warp, fv_end);
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
 template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
-    if constexpr (HD * BV > 32 * 32) {             // a value row of more than 32 words: unsupported
+    if constexpr (HD * BV > 32 * 32) {  // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
         const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM>;
         const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
         if (smem > 48 * 1024) {
-            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return e;
         }
         if (occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, WARPS * 32, smem);
@@ -653,14 +673,16 @@ cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int
         if (imma_applies(g, a.tensor_cores, NR)) {
             // one key row and up to two or four value rows (decode with DESIGN's groups), else up to 8 each
             if constexpr (NR == 1) {
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2) return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4) return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4>(a, stream, occ);
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2)
+                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4)
+                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4>(a, stream, occ);
             }
             return launch_partial<HD, BK, BV, NR, 1, 8, 8, 8>(a, stream, occ);
         }
     }
     if (g.group_k * BK >= 32 && g.group_v * BV >= 32) {
-        if constexpr (NR == 1) {                     // decode: the prefetch depth is tunable
+        if constexpr (NR == 1) {  // decode: the prefetch depth is tunable
             switch (a.prefetch) {
                 case 16: return launch_partial<HD, BK, BV, 1, 1, 16>(a, stream, occ);
                 case 32: return launch_partial<HD, BK, BV, 1, 1, 32>(a, stream, occ);
@@ -682,8 +704,7 @@ cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t strea
 }
 
 // Key and value widths: equal, or 4-bit keys with 2-bit values (ott_cuda_attn_unsupported).
-template <int HD>
-cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
+template <int HD> cudaError_t launch_bits(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
     if (g.bits_k == 4 && g.bits_v == 2) return launch_rows<HD, 4, 2>(a, nr, stream, occ);
     switch (g.bits_k) {
@@ -703,13 +724,14 @@ cudaError_t dispatch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, 
     }
 }
 
-} // namespace
+}  // namespace
 
 const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
     if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return "head_dim must be 64, 128 or 256";
     if (g.bits_k != g.bits_v && !(g.bits_k == 4 && g.bits_v == 2)) return "bits_k and bits_v must be equal, or 4 and 2";
     if (g.bits_k != 2 && g.bits_k != 4 && g.bits_k != 8) return "bits must be 2, 4 or 8";
-    if (g.block * g.bits_k % 32 || !pow2_upto_32(g.block * g.bits_k / 32)) return "block*bits/32 must be a power of two up to 32";
+    if (g.block * g.bits_k % 32 || !pow2_upto_32(g.block * g.bits_k / 32))
+        return "block*bits/32 must be a power of two up to 32";
     if (!pow2_upto_32(g.head_dim * g.bits_v / 32)) return "head_dim*bits/32 must be a power of two up to 32";
     if (g.group_k * g.bits_k % 8 || g.group_v * g.bits_v % 8) return "groups must fill whole bytes";
     if (dyn_smem(g, OTT_CUDA_ATTN_ROWS) > 96 * 1024) return "block is too large";
@@ -730,20 +752,20 @@ int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32
     }
     // tensor cores: the fewest splits whose blocks fill the resident slots' waves best
     // (ties to fewer splits: each split adds a partial to merge)
-    ott_cuda_attn_args a{};
-    a.L.geom = g;
+    ott_cuda_attn_args a {};
+    a.L.geom        = g;
     a.rows_per_tile = rows_per_tile;
-    a.tensor_cores = tensor_cores;
-    int per_sm = 1;
+    a.tensor_cores  = tensor_cores;
+    int per_sm      = 1;
     if (dispatch_partial(a, nullptr, &per_sm) != cudaSuccess || per_sm < 1) per_sm = 1;
-    const double slots = (double) per_sm * n_sm;
-    int32_t best = 1;
-    double best_fill = 0.0;
+    const double slots = (double)per_sm * n_sm;
+    int32_t best       = 1;
+    double best_fill   = 0.0;
     for (int32_t s = 1; s <= std::min<int32_t>(most, 8); ++s) {
-        const double blocks = (double) n_tiles * s;
-        const double fill = blocks / (std::ceil(blocks / slots) * slots);
+        const double blocks = (double)n_tiles * s;
+        const double fill   = blocks / (std::ceil(blocks / slots) * slots);
         if (fill > best_fill + 0.05) {
-            best = s;
+            best      = s;
             best_fill = fill;
         }
     }
@@ -761,14 +783,14 @@ cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e != cudaSuccess) return e;
-    cudaLaunchAttribute pdl{};                       // a programmatic dependent launch where the GPU has them
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    cudaLaunchAttribute pdl {};  // a programmatic dependent launch where the GPU has them
+    pdl.id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
     pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(a.n_tiles);
-    cfg.blockDim = dim3(a.L.geom.head_dim);          // threads over channels
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
+    cudaLaunchConfig_t cfg {};
+    cfg.gridDim  = dim3(a.n_tiles);
+    cfg.blockDim = dim3(a.L.geom.head_dim);  // threads over channels
+    cfg.stream   = stream;
+    cfg.attrs    = &pdl;
     cfg.numAttrs = major >= 9 ? 1 : 0;
     switch (a.L.geom.head_dim) {
         case 64:  return cudaLaunchKernelEx(&cfg, attn_merge_kernel<64>, a, out, out_nb1);

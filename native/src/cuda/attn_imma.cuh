@@ -42,12 +42,12 @@
 
 namespace imma {
 
-constexpr int HD = 128, BLOCK = 128, WORDS = 8;   // 2-bit rows: 8 words of 16 codes
-constexpr int CODE_BYTES = HD * BLOCK * 2 / 8;    // the keys' (values') codes of a head-block
-constexpr int A_STRIDE = 144;                     // bytes per A row in shared memory: rows 36
-                                                  // words apart, so lane (g, q) reads bank 4g + q
-constexpr int BIAS_BITS = 0x4B400000;             // 1.5·2^23 as float bits
-constexpr float BIAS = 12582912.0f;
+constexpr int HD = 128, BLOCK = 128, WORDS = 8;  // 2-bit rows: 8 words of 16 codes
+constexpr int CODE_BYTES = HD * BLOCK * 2 / 8;   // the keys' (values') codes of a head-block
+constexpr int A_STRIDE   = 144;                  // bytes per A row in shared memory: rows 36
+                                                 // words apart, so lane (g, q) reads bank 4g + q
+constexpr int BIAS_BITS = 0x4B400000;            // 1.5·2^23 as float bits
+constexpr float BIAS    = 12582912.0f;
 
 // D += A·B, m16n8k32, signed bytes times unsigned bytes; FIRST: D = A·B + the float bias in
 // every element (no register moves to start the sums).
@@ -55,16 +55,18 @@ template <bool FIRST>
 __device__ __forceinline__ void mma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (FIRST) {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(BIAS_BITS));
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(BIAS_BITS));
     } else {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 #else
-    __trap();                                        // launchers never pick this path below sm_80
+    __trap();  // launchers never pick this path below sm_80
 #endif
 }
 
@@ -97,28 +99,28 @@ __device__ __forceinline__ void row_exponents(const uint32_t (&E)[8], int rows, 
     }
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
-        const int E_max = (int) (p[c >> 2] >> (8 * (c & 3)) & 255u);   // max|x| < 2^(E_max - 126)
-        e[c] = max(-100, min(100, 140 - E_max));
+        const int E_max = (int)(p[c >> 2] >> (8 * (c & 3)) & 255u);  // max|x| < 2^(E_max - 126)
+        e[c]            = max(-100, min(100, 140 - E_max));
     }
 }
 
 // v[c] summed over the warp, for c = the lane's row g = lane / 4 (a reduce-scatter: each
 // step keeps the half of the rows that the lane's row lies in and adds the partner's).
 __device__ __forceinline__ float sum_of_row(const float (&v)[8], int lane) {
-    const bool h4 = lane & 16, h3 = lane & 8, h2 = lane & 4;   // the row's bits 2, 1, 0
+    const bool h4 = lane & 16, h3 = lane & 8, h2 = lane & 4;  // the row's bits 2, 1, 0
     float a4[4], a2[2];
 #pragma unroll
     for (int i = 0; i < 4; ++i) a4[i] = (h4 ? v[4 + i] : v[i]) + __shfl_xor_sync(0xffffffffu, h4 ? v[i] : v[4 + i], 16);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) a2[i] = (h3 ? a4[2 + i] : a4[i]) + __shfl_xor_sync(0xffffffffu, h3 ? a4[i] : a4[2 + i], 8);
+    for (int i = 0; i < 2; ++i)
+        a2[i] = (h3 ? a4[2 + i] : a4[i]) + __shfl_xor_sync(0xffffffffu, h3 ? a4[i] : a4[2 + i], 8);
     float x = (h2 ? a2[1] : a2[0]) + __shfl_xor_sync(0xffffffffu, h2 ? a2[0] : a2[1], 4);
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
 // v[i] for i < N (a runtime index into a register array, without local memory).
-template <int N, typename T, int M>
-__device__ __forceinline__ T pick(const T (&v)[M], int i) {
+template <int N, typename T, int M> __device__ __forceinline__ T pick(const T (&v)[M], int i) {
     static_assert(N <= M, "pick: N exceeds the array");
     T x = v[0];
 #pragma unroll
@@ -129,14 +131,14 @@ __device__ __forceinline__ T pick(const T (&v)[M], int i) {
 // D = A·B plus the float bias over a head-block: all 16 n-tiles (b, s) of 4 k-steps of 32
 // rows. The lane's B words of k-step ks are rows 32ks + 4i + q and 32ks + 16 + 4i + q (i < 4),
 // word g.
-__device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t (&a)[4][4], int (&d)[4][4][4],
-                                          int g, int q) {
+__device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t (&a)[4][4], int (&d)[4][4][4], int g,
+                                          int q) {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
         uint32_t w[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            w[i] = rows[(32 * ks + 4 * i + q) * WORDS + g];
+            w[i]     = rows[(32 * ks + 4 * i + q) * WORDS + g];
             w[4 + i] = rows[(32 * ks + 16 + 4 * i + q) * WORDS + g];
         }
         uint32_t lo[4], hi[4];
@@ -147,8 +149,10 @@ __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t 
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
                 const uint32_t m = 0x03030303u << (2 * s);
-                if (ks == 0) mma<true>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
-                else mma<false>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
+                if (ks == 0)
+                    mma<true>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
+                else
+                    mma<false>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
             }
     }
 }
@@ -161,15 +165,16 @@ __device__ __forceinline__ float dot_of(const int (&d)[4], int j) {
 // The A row of combination cmb from the lane's 4 values x[i] (code row lane + 32i, i.e. k-step
 // i, reduction index 16h + 4q' + i' for lane = 16h + 4i' + q'): fixed point with exponent e,
 // high and low bytes to a_hi/a_lo [8][A_STRIDE] at the reduction index's byte.
-__device__ __forceinline__ void store_a_row(const float (&x)[4], int e, int cmb, int lane, int8_t * a_hi, int8_t * a_lo) {
+__device__ __forceinline__ void store_a_row(const float (&x)[4], int e, int cmb, int lane, int8_t * a_hi,
+                                            int8_t * a_lo) {
     const float f = pow2(e);
     const int pos = 16 * (lane >> 4) + 4 * (lane & 3) + ((lane >> 2) & 3);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int Q = __float_as_int(fmaf(x[i], f, BIAS)) - BIAS_BITS;   // rint(x·2^e), |Q| <= 2^14
+        const int Q   = __float_as_int(fmaf(x[i], f, BIAS)) - BIAS_BITS;  // rint(x·2^e), |Q| <= 2^14
         const int hi8 = (Q + 128) >> 8;
-        a_hi[cmb * A_STRIDE + 32 * i + pos] = (int8_t) hi8;
-        a_lo[cmb * A_STRIDE + 32 * i + pos] = (int8_t) (Q - (hi8 << 8));
+        a_hi[cmb * A_STRIDE + 32 * i + pos] = (int8_t)hi8;
+        a_lo[cmb * A_STRIDE + 32 * i + pos] = (int8_t)(Q - (hi8 << 8));
     }
 }
 
@@ -180,9 +185,9 @@ __device__ __forceinline__ void load_a(const int8_t * a_hi, const int8_t * a_lo,
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int off = c * A_STRIDE + 32 * ks + 16 * h + 4 * q;
-            a[ks][2 * h] = row ? *(const uint32_t *) (a_hi + off) : 0u;
-            a[ks][2 * h + 1] = row ? *(const uint32_t *) (a_lo + off) : 0u;
+            const int off    = c * A_STRIDE + 32 * ks + 16 * h + 4 * q;
+            a[ks][2 * h]     = row ? *(const uint32_t *)(a_hi + off) : 0u;
+            a[ks][2 * h + 1] = row ? *(const uint32_t *)(a_lo + off) : 0u;
         }
 }
 
@@ -198,20 +203,19 @@ __device__ __forceinline__ void copy_range(uint8_t * dst, const uint8_t * src, u
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #pragma unroll 1
     for (uint32_t i = lo + lane * 16; i < hi; i += 32 * 16) {
-        const unsigned d = (unsigned) __cvta_generic_to_shared(dst + i);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src + i));
+        const unsigned d = (unsigned)__cvta_generic_to_shared(dst + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + i));
     }
 #endif
 }
 
 // Copy the BYTES bytes (a multiple of 512) at src to dst with cp.async, unrolled.
-template <int BYTES>
-__device__ __forceinline__ void copy_fixed(uint8_t * dst, const uint8_t * src, int lane) {
+template <int BYTES> __device__ __forceinline__ void copy_fixed(uint8_t * dst, const uint8_t * src, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned) __cvta_generic_to_shared(dst + lane * 16);
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst + lane * 16);
 #pragma unroll
     for (int i = 0; i < BYTES / 512; ++i) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d + i * 512), "l"(src + lane * 16 + i * 512));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + i * 512), "l"(src + lane * 16 + i * 512));
     }
 #endif
 }
@@ -243,7 +247,7 @@ __device__ __forceinline__ void wait_all_but_newest() {
 // Per-warp shared memory: one head-block, scores [NR][BLOCK] floats, A rows (high and low
 // bytes) [2][8][A_STRIDE].
 __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_block_layout & L, int nr) {
-    return (size_t) L.size + (size_t) nr * BLOCK * sizeof(float) + 2 * 8 * A_STRIDE;
+    return (size_t)L.size + (size_t)nr * BLOCK * sizeof(float) + 2 * 8 * A_STRIDE;
 }
 
 // The key part of this warp's first head-block of split blockIdx.y, as the first cp.async
@@ -252,15 +256,14 @@ template <int NR>
 __device__ void copy_first_keys(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, uint8_t * dyn) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int2 range = split_blocks(a, T);
-    const int blk = range.x + warp;
-    copy_part(dyn + (size_t) warp * warp_smem_bytes(a.L.layout, NR), blk < range.y ? head_block(a.L, T, blk) : nullptr,
+    const int blk    = range.x + warp;
+    copy_part(dyn + (size_t)warp * warp_smem_bytes(a.L.layout, NR), blk < range.y ? head_block(a.L, T, blk) : nullptr,
               a.L.layout, true, lane);
 }
 
 // The lane's n-tile i when REP lanes share an A row: tile t = REP·i + h (h: the lane's share
 // of the tiles), its 4 D registers chosen by selects (static indices, no local memory).
-template <int REP>
-__device__ __forceinline__ void tile_of(const int (&d)[4][4][4], int i, int h, int (&v)[4]) {
+template <int REP> __device__ __forceinline__ void tile_of(const int (&d)[4][4][4], int i, int h, int (&v)[4]) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = d[(REP * i) >> 2][(REP * i) & 3][k];
 #pragma unroll
@@ -272,18 +275,17 @@ __device__ __forceinline__ void tile_of(const int (&d)[4][4][4], int i, int h, i
 }
 
 // v[c] summed over the warp, for the lane's A row c < M.
-template <int M>
-__device__ __forceinline__ float row_sum(const float (&v)[8], int c, int lane) {
+template <int M> __device__ __forceinline__ float row_sum(const float (&v)[8], int c, int lane) {
     if constexpr (M == 1) {
         float x = v[0];
         warp_sum_from(x, 1);
         return x;
     } else {
-        return __shfl_sync(0xffffffffu, sum_of_row(v, lane), c << 2);   // lane (c, 0) holds row c
+        return __shfl_sync(0xffffffffu, sum_of_row(v, lane), c << 2);  // lane (c, 0) holds row c
     }
 }
 
-} // namespace imma
+}  // namespace imma
 
 // The quantized-block phase of split blockIdx.y with integer tensor cores (see above); the
 // same partial results as attend_blocks. Needs G_K = NR·(block/group_k) <= GKM and
@@ -297,14 +299,14 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     using namespace imma;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
     const ott_cuda_kv_layer & L = a.L;
-    const int lg_k = 31 - __clz(L.geom.group_k), lg_v = 31 - __clz(L.geom.group_v);   // groups are powers of two
-    const int lg_nk = 7 - lg_k, lg_nv = 7 - lg_v;    // log2 of the groups per head-block: BLOCK = HD = 2^7
+    const int lg_k = 31 - __clz(L.geom.group_k), lg_v = 31 - __clz(L.geom.group_v);  // groups are powers of two
+    const int lg_nk = 7 - lg_k, lg_nv = 7 - lg_v;  // log2 of the groups per head-block: BLOCK = HD = 2^7
     const int n_gk = 1 << lg_nk, n_gv = 1 << lg_nv;
-    const int G_K = NR << lg_nk, G_V = NR << lg_nv;  // A rows in use: (query row, group)
-    constexpr int REPK = 8 / GKM, REPV = 8 / GVM;    // lanes sharing a key / value A row
-    const int ck = g % GKM, hk = g / GKM;            // the lane's key A row, its share of the n-tiles
-    const int cv = g % GVM, hv = g / GVM;            // the same for the values
-    const bool k_row = ck < G_K, v_row = cv < G_V;   // the lane's A row means something
+    const int G_K = NR << lg_nk, G_V = NR << lg_nv;    // A rows in use: (query row, group)
+    constexpr int REPK = 8 / GKM, REPV = 8 / GVM;      // lanes sharing a key / value A row
+    const int ck = g % GKM, hk = g / GKM;              // the lane's key A row, its share of the n-tiles
+    const int cv = g % GVM, hv = g / GVM;              // the same for the values
+    const bool k_row = ck < G_K, v_row = cv < G_V;     // the lane's A row means something
     const int rk = ck >> lg_nk, gk = ck & (n_gk - 1);  // query row and key group of row ck
     const int rv = cv >> lg_nv, gv = cv & (n_gv - 1);  // query row and value group of row cv
     // the lane's D columns 16(2q+j) + t (n-tile t) lie in group (32q + 16j) / group of their slots / channels
@@ -314,18 +316,18 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         k_own[j] = k_row && (32 * q + 16 * j) >> lg_k == gk;
         v_own[j] = v_row && (32 * q + 16 * j) >> lg_v == gv;
     }
-    const int hb_bytes = (int) L.layout.size;
-    uint8_t * wsm = dyn + (size_t) warp * warp_smem_bytes(L.layout, NR);
-    float * p_s = (float *) (wsm + (size_t) hb_bytes);        // [NR][BLOCK] scores
-    int8_t * a_hi = (int8_t *) (p_s + NR * BLOCK);           // [8][A_STRIDE]
-    int8_t * a_lo = a_hi + 8 * A_STRIDE;
+    const int hb_bytes = (int)L.layout.size;
+    uint8_t * wsm      = dyn + (size_t)warp * warp_smem_bytes(L.layout, NR);
+    float * p_s        = (float *)(wsm + (size_t)hb_bytes);  // [NR][BLOCK] scores
+    int8_t * a_hi      = (int8_t *)(p_s + NR * BLOCK);       // [8][A_STRIDE]
+    int8_t * a_lo      = a_hi + 8 * A_STRIDE;
 
     const int2 range = split_blocks(a, T);
     const int b0 = range.x, b1 = range.y;
 
     // Per lane, summed over the warp at the end: the softmax sums of the lane's slots (row r)
     // and sum p·min of the lane's slots (A row c); every lane holds the same maxima m[r].
-    float m[NR], l[NR], vmin[8];                     // vmin[c >= GVM] stay 0
+    float m[NR], l[NR], vmin[8];  // vmin[c >= GVM] stay 0
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
         m[r] = -INFINITY;
@@ -333,8 +335,8 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     }
 #pragma unroll
     for (int c = 0; c < 8; ++c) vmin[c] = 0.0f;
-    constexpr int TV = 16 / REPV;                    // value n-tiles of a lane
-    float acc[TV][2];                                // values of row rv, channel 16(2q+j) + REPV·i + hv
+    constexpr int TV = 16 / REPV;  // value n-tiles of a lane
+    float acc[TV][2];              // values of row rv, channel 16(2q+j) + REPV·i + hv
 #pragma unroll
     for (int i = 0; i < TV; ++i) acc[i][0] = acc[i][1] = 0.0f;
 
@@ -344,11 +346,11 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     const uint8_t * hb = wsm;
     for (int blk = b0 + warp; blk < b1; blk += WARPS) {
         copy_part(wsm, head_block(L, T, blk), L.layout, false, lane);
-        wait_all_but_newest();                       // the keys' part
+        wait_all_but_newest();  // the keys' part
         __syncwarp();
-        const uint8_t * ksc = hb + L.layout.k_scale;   // [n_gk][HD] parameters
+        const uint8_t * ksc = hb + L.layout.k_scale;  // [n_gk][HD] parameters
         const uint8_t * kmn = hb + L.layout.k_min;
-        const uint8_t * vsc = hb + L.layout.v_scale;   // [BLOCK][n_gv]
+        const uint8_t * vsc = hb + L.layout.v_scale;  // [BLOCK][n_gv]
         const uint8_t * vmn = hb + L.layout.v_min;
 
         // keys: A row c = (r, group) is q_r·scale over channels lane + 32i; kbase[c] its sum q_r·min
@@ -358,17 +360,17 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
             kbase[c] = 0.0f;
-            E[c] = 0u;
+            E[c]     = 0u;
             if (c >= GKM || c >= G_K) continue;
             const int r = min(c >> lg_nk, NR - 1), gi = c & (n_gk - 1);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int ch = lane + 32 * i;
-                const float qc = S.q[r][ch];
+                const int ch    = lane + 32 * i;
+                const float qc  = S.q[r][ch];
                 const float2 kp = param_at(L.geom, ksc, kmn, gi * HD + ch);
-                x[c][i] = qc * kp.x;
-                kbase[c] = fmaf(qc, kp.y, kbase[c]);
-                E[c] = max(E[c], exp_bits(x[c][i]));
+                x[c][i]         = qc * kp.x;
+                kbase[c]        = fmaf(qc, kp.y, kbase[c]);
+                E[c]            = max(E[c], exp_bits(x[c][i]));
             }
         }
         row_exponents(E, G_K, e);
@@ -376,39 +378,40 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         for (int c = 0; c < GKM; ++c) {
             if (c < G_K) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
         }
-        const float kb = row_sum<GKM>(kbase, ck, lane);
+        const float kb     = row_sum<GKM>(kbase, ck, lane);
         const float kscale = pow2(-pick<GKM>(e, ck));
         __syncwarp();
         uint32_t af[4][4];
         load_a(a_hi, a_lo, k_row, ck, q, af);
         int d[4][4][4];
-        block_mma((const uint32_t *) (hb + L.layout.k_codes), af, d, g, q);
+        block_mma((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
 
         // scores of the lane's slots 16(2q+j) + t (its n-tiles t), where its row's group holds
         // them (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
-        const uint32_t mask_q = a.traces ? ((const uint32_t *) (hb + L.layout.mask))[q] : 0u;
-        __syncwarp();                                // a_hi/a_lo are rewritten below
+        const uint32_t mask_q = a.traces ? ((const uint32_t *)(hb + L.layout.mask))[q] : 0u;
+        __syncwarp();  // a_hi/a_lo are rewritten below
         constexpr int TK = 16 / REPK;
         float sc[2][TK];
 #pragma unroll
         for (int i = 0; i < TK; ++i) {
             int v[4];
             tile_of<REPK>(d, i, hk, v);
-            const int t = REPK * i + hk;
-            const float f = kscale * pow2(-2 * (t & 3));   // code·4^s: s = t % 4
+            const int t   = REPK * i + hk;
+            const float f = kscale * pow2(-2 * (t & 3));  // code·4^s: s = t % 4
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const bool masked = (mask_q >> (16 * j + t)) & 1;
-                sc[j][i] = masked ? -INFINITY : fmaf(dot_of(v, j), f, kb);
+                sc[j][i]          = masked ? -INFINITY : fmaf(dot_of(v, j), f, kb);
             }
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             if (!k_own[j]) continue;
             float * row = p_s + rk * BLOCK + 16 * (2 * q + j);
-            if constexpr (REPK == 1) {                // consecutive slots: float4 stores
+            if constexpr (REPK == 1) {  // consecutive slots: float4 stores
 #pragma unroll
-                for (int i = 0; i < TK; i += 4) *(float4 *) &row[i] = make_float4(sc[j][i], sc[j][i + 1], sc[j][i + 2], sc[j][i + 3]);
+                for (int i = 0; i < TK; i += 4)
+                    *(float4 *)&row[i] = make_float4(sc[j][i], sc[j][i + 1], sc[j][i + 2], sc[j][i + 3]);
             } else {
 #pragma unroll
                 for (int i = 0; i < TK; ++i) row[REPK * i + hk] = sc[j][i];
@@ -425,12 +428,12 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 p[r][i] = p_s[r * BLOCK + lane + 32 * i];
-                mx = fmaxf(mx, p[r][i]);
+                mx      = fmaxf(mx, p[r][i]);
             }
-            mx = warp_max(mx);
+            mx                = warp_max(mx);
             const float m_new = fmaxf(m[r], mx);
-            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
-            float psum = 0.0f;
+            corr[r]           = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+            float psum        = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 p[r][i] = m_new == -INFINITY ? 0.0f : exp2f(p[r][i] - m_new);
@@ -440,14 +443,14 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             m[r] = m_new;
         }
         copy_part(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
-        wait_all_but_newest();                       // the values' part
+        wait_all_but_newest();  // the values' part
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
             E[c] = 0u;
             if (c >= GVM || c >= G_V) continue;
             const int r = min(c >> lg_nv, NR - 1), gi = c & (n_gv - 1);
-            float pr[4] = { p[0][0], p[0][1], p[0][2], p[0][3] };   // p[r], without indexing registers
+            float pr[4] = { p[0][0], p[0][1], p[0][2], p[0][3] };  // p[r], without indexing registers
 #pragma unroll
             for (int rr = 1; rr < NR; ++rr)
 #pragma unroll
@@ -455,11 +458,11 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             float pm = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int t = lane + 32 * i;
+                const int t     = lane + 32 * i;
                 const float2 vp = param_at(L.geom, vsc, vmn, t * n_gv + gi);
-                x[c][i] = pr[i] * vp.x;
-                pm = fmaf(pr[i], vp.y, pm);
-                E[c] = max(E[c], exp_bits(x[c][i]));
+                x[c][i]         = pr[i] * vp.x;
+                pm              = fmaf(pr[i], vp.y, pm);
+                E[c]            = max(E[c], exp_bits(x[c][i]));
             }
             vmin[c] = fmaf(vmin[c], pick<NR>(corr, r), pm);
         }
@@ -471,7 +474,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         const float vscale = pow2(-pick<GVM>(e, cv));
         __syncwarp();
         load_a(a_hi, a_lo, v_row, cv, q, af);
-        block_mma((const uint32_t *) (hb + L.layout.v_codes), af, d, g, q);
+        block_mma((const uint32_t *)(hb + L.layout.v_codes), af, d, g, q);
         const float rcorr = pick<NR>(corr, rv);
 #pragma unroll
         for (int i = 0; i < TV; ++i) {
@@ -481,7 +484,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
             for (int j = 0; j < 2; ++j) acc[i][j] = fmaf(acc[i][j], rcorr, dot_of(v, j) * f);
         }
-        __syncwarp();                                // the values' part is refilled next iteration
+        __syncwarp();  // the values' part is refilled next iteration
     }
 
     // the warp's sums; then its weighted values into shared memory, by the lane that owns
@@ -494,12 +497,12 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         sm.l[r] = l[r];
     }
     const float vm = row_sum<GVM>(vmin, cv, lane);
-    __syncthreads();                                   // the per-warp regions become red
-    float * red = (float *) dyn;                       // [WARPS][NR][HD]
+    __syncthreads();             // the per-warp regions become red
+    float * red = (float *)dyn;  // [WARPS][NR][HD]
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (!v_own[j]) continue;
-        float * row = red + ((size_t) warp * NR + rv) * HD + 16 * (2 * q + j);
+        float * row = red + ((size_t)warp * NR + rv) * HD + 16 * (2 * q + j);
 #pragma unroll
         for (int i = 0; i < TV; ++i) row[REPV * i + hv] = acc[i][j] + vm;
     }

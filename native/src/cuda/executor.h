@@ -14,7 +14,7 @@ class ott_kv_cache;
 struct ott_cuda_executor;
 
 ott_status ott_cuda_executor_create(ggml_backend_t backend, int cuda_device, ott_cuda_executor ** out);
-void       ott_cuda_executor_free(ott_cuda_executor * ex);
+void ott_cuda_executor_free(ott_cuda_executor * ex);
 // Compute gf, whose attention of layers 0 .. n_layer-1 kv runs between the segments.
 ott_status ott_cuda_executor_compute(ott_cuda_executor * ex, ggml_backend_t backend, ggml_cgraph * gf,
                                      ott_kv_cache & kv, int n_layer);

@@ -10,14 +10,14 @@ __global__ void kv_append_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3
                                  const ott_cuda_append * items) {
     const ott_cuda_append it = items[blockIdx.x];
     const int32_t h = blockIdx.y, hd = L.geom.head_dim;
-    const int64_t sh = (int64_t) it.seq * L.n_head_kv + h;
-    ott_fp16 * kd, * vd;
+    const int64_t sh = (int64_t)it.seq * L.n_head_kv + h;
+    ott_fp16 *kd, *vd;
     if (it.row >= 0) {
-        kd = L.sink_k + ((size_t) sh * L.sink + it.row) * hd;
-        vd = L.sink_v + ((size_t) sh * L.sink + it.row) * hd;
+        kd = L.sink_k + ((size_t)sh * L.sink + it.row) * hd;
+        vd = L.sink_v + ((size_t)sh * L.sink + it.row) * hd;
     } else {
-        kd = L.win_k + ((size_t) sh * L.win_cap + (-it.row - 1)) * hd;
-        vd = L.win_v + ((size_t) sh * L.win_cap + (-it.row - 1)) * hd;
+        kd = L.win_k + ((size_t)sh * L.win_cap + (-it.row - 1)) * hd;
+        vd = L.win_v + ((size_t)sh * L.win_cap + (-it.row - 1)) * hd;
     }
     const float * kr = k.data + it.tok * k.nb2 + h * k.nb1;
     const float * vr = v.data + it.tok * v.nb2 + h * v.nb1;
@@ -27,7 +27,7 @@ __global__ void kv_append_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3
     }
 }
 
-} // namespace
+}  // namespace
 
 cudaError_t ott_cuda_kv_append(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
                                const ott_cuda_append * items, int32_t n_items, cudaStream_t stream) {

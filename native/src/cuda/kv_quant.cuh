@@ -15,70 +15,71 @@
 #include <stdint.h>
 
 static __device__ __forceinline__ float ott_fp16_to_fp32_ref(ott_fp16 h) {
-    const uint32_t sign = (uint32_t) (h & 0x8000) << 16;
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     const uint32_t exp  = (h >> 10) & 0x1f;
     const uint32_t mant = h & 0x3ff;
     uint32_t bits;
-    if (exp == 0x1f) {                       /* inf / nan */
+    if (exp == 0x1f) { /* inf / nan */
         bits = sign | 0x7f800000 | (mant << 13);
-    } else if (exp != 0) {                   /* normal */
+    } else if (exp != 0) { /* normal */
         bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {                  /* zero */
+    } else if (mant == 0) { /* zero */
         bits = sign;
-    } else {                                 /* subnormal: mant * 2^-24, exact in float */
-        const float f = __fmul_rn((float) mant, 0x1p-24f);
-        bits = __float_as_uint(f) | sign;
+    } else { /* subnormal: mant * 2^-24, exact in float */
+        const float f = __fmul_rn((float)mant, 0x1p-24f);
+        bits          = __float_as_uint(f) | sign;
     }
     return __uint_as_float(bits);
 }
 
 static __device__ __forceinline__ ott_fp16 ott_fp32_to_fp16_ref(float f) {
-    const uint32_t x = __float_as_uint(f);
-    const uint16_t sign = (uint16_t) ((x >> 16) & 0x8000);
-    const uint32_t ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) return (ott_fp16) (sign | 0x7e00);           /* nan */
-    if (ax >= 0x477ff000) return (ott_fp16) (sign | 0x7c00);          /* >= 65520: inf */
-    if (ax >= 0x38800000) {                                           /* fp16 normal */
-        uint32_t h = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff);
+    const uint32_t x    = __float_as_uint(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax   = x & 0x7fffffff;
+    if (ax > 0x7f800000) return (ott_fp16)(sign | 0x7e00);  /* nan */
+    if (ax >= 0x477ff000) return (ott_fp16)(sign | 0x7c00); /* >= 65520: inf */
+    if (ax >= 0x38800000) {                                 /* fp16 normal */
+        uint32_t h          = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff);
         const uint32_t rest = ax & 0x1fff;
-        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;        /* carry may raise the exponent */
-        return (ott_fp16) (sign | h);
+        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* carry may raise the exponent */
+        return (ott_fp16)(sign | h);
     }
-    if (ax <= 0x33000000) return sign;                                /* <= 2^-25: rounds to 0 */
+    if (ax <= 0x33000000) return sign; /* <= 2^-25: rounds to 0 */
     /* fp16 subnormal: round(value / 2^-24), value = m * 2^(e-150) */
-    const uint32_t m = (ax & 0x7fffff) | 0x800000;
-    const int shift = 126 - (int) (ax >> 23);                         /* 14 .. 24 */
-    uint32_t h = m >> shift;
+    const uint32_t m    = (ax & 0x7fffff) | 0x800000;
+    const int shift     = 126 - (int)(ax >> 23); /* 14 .. 24 */
+    uint32_t h          = m >> shift;
     const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rest > half || (rest == half && (h & 1))) h++;
-    return (ott_fp16) (sign | h);
+    return (ott_fp16)(sign | h);
 }
 
 static __device__ void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
-    *s16 = ott_fp32_to_fp16_ref(__fdiv_rn(__fsub_rn(hi, lo), levels));
-    *m16 = ott_fp32_to_fp16_ref(lo);
+    *s16            = ott_fp32_to_fp16_ref(__fdiv_rn(__fsub_rn(hi, lo), levels));
+    *m16            = ott_fp32_to_fp16_ref(lo);
     const float s32 = ott_fp16_to_fp32_ref(*s16);
-    *inv = s32 != 0.0f ? __fdiv_rn(1.0f, s32) : 0.0f;
+    *inv            = s32 != 0.0f ? __fdiv_rn(1.0f, s32) : 0.0f;
 }
 
 static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
-    const float t = rintf(__fmul_rn(__fsub_rn(x, m32), inv));        /* half to even */
-    return (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+    const float t = rintf(__fmul_rn(__fsub_rn(x, m32), inv)); /* half to even */
+    return (uint8_t)(t < 0.0f ? 0.0f : (t > levels ? levels : t));
 }
 
-static __device__ void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s, float * m) {
+static __device__ void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s,
+                               float * m) {
     const float t = __fdiv_rn(__fsub_rn(mx, mn), levels);
-    uint32_t h = ott_fp32_to_fp16_ref(t);
-    if (ott_fp16_to_fp32_ref((ott_fp16) h) < t) h++;                   /* the least fp16 >= t */
-    uint32_t s8 = (h + 127) >> 7;                                      /* the least ufp8 >= h */
+    uint32_t h    = ott_fp32_to_fp16_ref(t);
+    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+    uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
     if (s8 == 0) s8 = 1;
-    for (;; ++s8) {                                                    /* widen until z reaches mn */
-        *s = ott_kv_scale8((uint8_t) s8);
+    for (;; ++s8) { /* widen until z reaches mn */
+        *s            = ott_kv_scale8((uint8_t)s8);
         const float z = floorf(__fmul_rn(__fdiv_rn(mn, *s), 4.0f));
         if (z >= -128.0f && z <= 127.0f) {
-            *s8_out = (uint8_t) s8;
-            *z_out = (int8_t) z;
-            *m = __fmul_rn(__fmul_rn((float) (int8_t) z, 0.25f), *s);
+            *s8_out = (uint8_t)s8;
+            *z_out  = (int8_t)z;
+            *m      = __fmul_rn(__fmul_rn((float)(int8_t)z, 0.25f), *s);
             return;
         }
     }
@@ -89,13 +90,13 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
         const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-        mn = xi < mn ? xi : mn;
-        mx = xi > mx ? xi : mx;
+        mn             = xi < mn ? xi : mn;
+        mx             = xi > mx ? xi : mx;
     }
-    const float levels = (float) ((1 << bits) - 1);
+    const float levels = (float)((1 << bits) - 1);
     if (param_bits == 8) {
         float s, m;
-        params8(mn, mx, levels, scale, (int8_t *) min, &s, &m);
+        params8(mn, mx, levels, scale, (int8_t *)min, &s, &m);
         const float inv = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
         for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m, inv, levels);
         return;
@@ -103,7 +104,7 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
     const float width = __fsub_rn(mx, mn);
     ott_fp16 s16, m16;
     float inv;
-    int32_t best = 0;
+    int32_t best    = 0;
     double best_err = 0.0;
     for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
         const float d = __fmul_rn(ott_clip_shrink(c), width);
@@ -112,34 +113,36 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
         double err = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p = __fmul_rn((float) code_of(xi, m32, inv, levels), s32);
-            const float e = __fsub_rn(__fadd_rn(p, m32), xi);
-            err = __dadd_rn(err, __dmul_rn((double) e, (double) e));
+            const float p  = __fmul_rn((float)code_of(xi, m32, inv, levels), s32);
+            const float e  = __fsub_rn(__fadd_rn(p, m32), xi);
+            err            = __dadd_rn(err, __dmul_rn((double)e, (double)e));
         }
         if (c == 0 || err < best_err) {
-            best = c;
+            best     = c;
             best_err = err;
         }
     }
-    float lo = mn, hi = mx;                                           /* min-max: exactly mn (also -0) */
+    float lo = mn, hi = mx; /* min-max: exactly mn (also -0) */
     if (clip) {
         const float d = __fmul_rn(ott_clip_shrink(best), width);
-        lo = __fadd_rn(mn, d);
-        hi = __fsub_rn(mx, d);
+        lo            = __fadd_rn(mn, d);
+        hi            = __fsub_rn(mx, d);
     }
     range_params(lo, hi, levels, &s16, &m16, &inv);
     const float m32 = ott_fp16_to_fp32_ref(m16);
     for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
-    scale[0] = (uint8_t) (s16 & 0xff); scale[1] = (uint8_t) (s16 >> 8);
-    min[0] = (uint8_t) (m16 & 0xff);   min[1] = (uint8_t) (m16 >> 8);
+    scale[0] = (uint8_t)(s16 & 0xff);
+    scale[1] = (uint8_t)(s16 >> 8);
+    min[0]   = (uint8_t)(m16 & 0xff);
+    min[1]   = (uint8_t)(m16 >> 8);
 }
 
 static __device__ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
     const int32_t per_byte = 8 / bits;
     for (int32_t j = 0; j < n / per_byte; ++j) {
         uint32_t b = 0;
-        for (int32_t i = 0; i < per_byte; ++i) b |= (uint32_t) codes[j * per_byte + i] << (i * bits);
-        out[j] = (uint8_t) b;
+        for (int32_t i = 0; i < per_byte; ++i) b |= (uint32_t)codes[j * per_byte + i] << (i * bits);
+        out[j] = (uint8_t)b;
     }
 }
 
@@ -147,19 +150,19 @@ static __device__ int64_t ott_l1_score_ref(const ott_fp16 * k, int32_t head_dim)
     int64_t s = 0;
     for (int32_t c = 0; c < head_dim; ++c) {
         const uint32_t e = (k[c] >> 10) & 0x1f, m = k[c] & 0x3ff;
-        s += e == 0 ? (int64_t) m : (int64_t) (1024 + m) << (e - 1);  /* |k_c| / 2^-24 */
+        s += e == 0 ? (int64_t)m : (int64_t)(1024 + m) << (e - 1); /* |k_c| / 2^-24 */
     }
     return s;
 }
 
-static __device__ void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity,
-                                           uint8_t * keep, int32_t * best) {
+static __device__ void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity, uint8_t * keep,
+                                           int32_t * best) {
     /* best[0 .. n_best-1]: indices of the smallest scores so far, ascending (score, index) */
     int32_t n_best = 0;
     for (int32_t i = 0; i < n_cand; ++i) keep[i] = 0;
     if (capacity <= 0) return;
     for (int32_t i = 0; i < n_cand; ++i) {
-        if (n_best == capacity && score[i] >= score[best[n_best - 1]]) continue;  /* ties: older wins */
+        if (n_best == capacity && score[i] >= score[best[n_best - 1]]) continue; /* ties: older wins */
         int32_t j = n_best < capacity ? n_best++ : n_best - 1;
         while (j > 0 && score[best[j - 1]] > score[i]) {
             best[j] = best[j - 1];
@@ -176,17 +179,17 @@ static __device__ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t 
     for (int32_t t = 0; t < n; ++t) n_other += masked[t] == 0;
     if (n_other == n) return;
     for (int32_t c = threadIdx.x; c < head_dim; c += blockDim.x) {
-        int64_t units = 0;                                             /* exact sum, in 2^-24 */
+        int64_t units = 0; /* exact sum, in 2^-24 */
         for (int32_t t = 0; t < n; ++t) {
             if (masked[t]) continue;
-            const ott_fp16 h = x[(int64_t) t * head_dim + c];
-            const int64_t a = ott_l1_score_ref(&h, 1);
+            const ott_fp16 h = x[(int64_t)t * head_dim + c];
+            const int64_t a  = ott_l1_score_ref(&h, 1);
             units += (h & 0x8000) ? -a : a;
         }
-        const double mean = __ddiv_rn(__dmul_rn((double) units, 0x1p-24), (double) n_other);
+        const double mean  = __ddiv_rn(__dmul_rn((double)units, 0x1p-24), (double)n_other);
         const ott_fp16 m16 = ott_fp32_to_fp16_ref(__double2float_rn(mean));
         for (int32_t t = 0; t < n; ++t) {
-            if (masked[t]) x[(int64_t) t * head_dim + c] = m16;
+            if (masked[t]) x[(int64_t)t * head_dim + c] = m16;
         }
     }
 }
@@ -199,33 +202,33 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     const int32_t hd = g->head_dim, block = g->block;
     const uint32_t pb = ott_kv_param_bytes(g);
 
-    for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *) out)[i] = 0;
+    for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
     __syncthreads();
     /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
     for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-        uint8_t * row = codes + (size_t) c * block;
+        uint8_t * row = codes + (size_t)c * block;
         for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            const size_t at = ((size_t) gk * hd + c) * pb;
-            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip, g->param_bits,
-                                   row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+            const size_t at = ((size_t)gk * hd + c) * pb;
+            ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
+                                   g->param_bits, row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
         }
-        ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t) c * ott_kv_k_row_bytes(g));
+        ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
     }
     __syncthreads();
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
     const int32_t n_gv = hd / g->group_v;
     for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
-        uint8_t * row = codes + (size_t) t * hd;
+        uint8_t * row = codes + (size_t)t * hd;
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            const size_t at = ((size_t) t * n_gv + gv) * pb;
-            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip, g->param_bits,
-                                   row + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
+            const size_t at = ((size_t)t * n_gv + gv) * pb;
+            ott_quantize_group_ref(v + (int64_t)t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
+                                   g->param_bits, row + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
         }
-        ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t) t * ott_kv_v_row_bytes(g));
+        ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
     }
     if (threadIdx.x == 0) {
         for (int32_t t = 0; t < block; ++t) {
-            if (masked[t]) out[L.mask + t / 8] |= (uint8_t) (1u << (t % 8));
+            if (masked[t]) out[L.mask + t / 8] |= (uint8_t)(1u << (t % 8));
         }
     }
     __syncthreads();

@@ -25,10 +25,10 @@ namespace {
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 int32_t round_up(int32_t n, int32_t m) { return (n + m - 1) / m * m; }
 
-#define OTT_CUDA_TRY(expr)                                                                          \
-    do {                                                                                            \
-        const cudaError_t _e = (expr);                                                              \
-        if (_e != cudaSuccess) return ott_fail(OTT_ERR_BACKEND, "CUDA: %s: %s", #expr, cudaGetErrorString(_e)); \
+#define OTT_CUDA_TRY(expr)                                                                                             \
+    do {                                                                                                               \
+        const cudaError_t _e = (expr);                                                                                 \
+        if (_e != cudaSuccess) return ott_fail(OTT_ERR_BACKEND, "CUDA: %s: %s", #expr, cudaGetErrorString(_e));        \
     } while (0)
 
 class kv_quant_cuda final : public ott_kv_cache {
@@ -53,52 +53,72 @@ public:
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, sh.cuda_device));
         int cc_major = 0;
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, sh.cuda_device));
-        tensor_cores = cc_major >= 8 ? 1 : 0;     // integer mma.sync m16n8k32: sm_80+
+        tensor_cores = cc_major >= 8 ? 1 : 0;  // integer mma.sync m16n8k32: sm_80+
 
         // one buffer: per layer, the arrays of ott_cuda_kv_layer
         const size_t S = sh.n_seq_max, H = sh.n_head_kv, hd = cfg.geom.head_dim;
         std::vector<size_t> offs;
         size_t total = 0;
-        auto take = [&](size_t bytes) { offs.push_back(total); total += align256(bytes); };
+        auto take    = [&](size_t bytes) {
+            offs.push_back(total);
+            total += align256(bytes);
+        };
         for (int il = 0; il < sh.n_layer; ++il) {
             const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
-            take(S * H * cfg.sink * hd * 2);  take(S * H * cfg.sink * hd * 2);
-            take(S * H * win_cap * hd * 2);   take(S * H * win_cap * hd * 2);
-            take(S * H * pc * hd * 2);        take(S * H * pc * hd * 2);    take(S * H * pc * 4);
-            take(S * H * ec * hd * 2);        take(S * H * ec * hd * 2);    take(S * H * ec * 4);
-            take(S * H * 4);                  take(S * H * 4);              take(S * H * 4);
+            take(S * H * cfg.sink * hd * 2);
+            take(S * H * cfg.sink * hd * 2);
+            take(S * H * win_cap * hd * 2);
+            take(S * H * win_cap * hd * 2);
+            take(S * H * pc * hd * 2);
+            take(S * H * pc * hd * 2);
+            take(S * H * pc * 4);
+            take(S * H * ec * hd * 2);
+            take(S * H * ec * hd * 2);
+            take(S * H * ec * 4);
+            take(S * H * 4);
+            take(S * H * 4);
+            take(S * H * 4);
             take(S * max_blocks * H * cfg.layout.size);
         }
         buf = ggml_backend_buft_alloc_buffer(sh.buft, total);
         if (!buf) {
-            return ott_fail(OTT_ERR_ALLOC, "cannot allocate the quantized KV cache on cuda:%d (%.2f GiB for %d sequences x %d tokens)",
+            return ott_fail(OTT_ERR_ALLOC,
+                            "cannot allocate the quantized KV cache on cuda:%d (%.2f GiB for %d sequences x %d tokens)",
                             sh.cuda_device, total / 1073741824.0, sh.n_seq_max, sh.n_ctx);
         }
         ggml_backend_buffer_clear(buf, 0);
-        uint8_t * base = (uint8_t *) ggml_backend_buffer_get_base(buf);
-        size_t k = 0;
-        auto next = [&]() { return base + offs[k++]; };
+        uint8_t * base = (uint8_t *)ggml_backend_buffer_get_base(buf);
+        size_t k       = 0;
+        auto next      = [&]() { return base + offs[k++]; };
         for (int il = 0; il < sh.n_layer; ++il) {
-            ott_cuda_kv_layer L{};
-            L.geom = cfg.geom;
-            L.layout = cfg.layout;
-            L.n_head_kv = sh.n_head_kv;
-            L.sink = cfg.sink;
-            L.win_cap = win_cap;
-            L.pool_cap = cfg.pool_cap(il);
-            L.extra_cap = cfg.extra_cap(il);
+            ott_cuda_kv_layer L {};
+            L.geom       = cfg.geom;
+            L.layout     = cfg.layout;
+            L.n_head_kv  = sh.n_head_kv;
+            L.sink       = cfg.sink;
+            L.win_cap    = win_cap;
+            L.pool_cap   = cfg.pool_cap(il);
+            L.extra_cap  = cfg.extra_cap(il);
             L.max_blocks = max_blocks;
-            L.sink_k = (ott_fp16 *) next();  L.sink_v = (ott_fp16 *) next();
-            L.win_k = (ott_fp16 *) next();   L.win_v = (ott_fp16 *) next();
-            L.pool_k = (ott_fp16 *) next();  L.pool_v = (ott_fp16 *) next();  L.pool_pos = (int32_t *) next();
-            L.extra_k = (ott_fp16 *) next(); L.extra_v = (ott_fp16 *) next(); L.extra_pos = (int32_t *) next();
-            L.n_pool = (int32_t *) next();   L.n_extra = (int32_t *) next();  L.tracing = (int32_t *) next();
-            L.blocks = next();
+            L.sink_k     = (ott_fp16 *)next();
+            L.sink_v     = (ott_fp16 *)next();
+            L.win_k      = (ott_fp16 *)next();
+            L.win_v      = (ott_fp16 *)next();
+            L.pool_k     = (ott_fp16 *)next();
+            L.pool_v     = (ott_fp16 *)next();
+            L.pool_pos   = (int32_t *)next();
+            L.extra_k    = (ott_fp16 *)next();
+            L.extra_v    = (ott_fp16 *)next();
+            L.extra_pos  = (int32_t *)next();
+            L.n_pool     = (int32_t *)next();
+            L.n_extra    = (int32_t *)next();
+            L.tracing    = (int32_t *)next();
+            L.blocks     = next();
             layers.push_back(L);
         }
-        for (int il = 0; il < sh.n_layer; ++il) {     // the buffer is zeroed: tracing flags on
+        for (int il = 0; il < sh.n_layer; ++il) {  // the buffer is zeroed: tracing flags on
             if (!cfg.traces(il)) continue;
-            const std::vector<int32_t> on((size_t) sh.n_seq_max * sh.n_head_kv, 1);
+            const std::vector<int32_t> on((size_t)sh.n_seq_max * sh.n_head_kv, 1);
             OTT_CUDA_TRY(cudaMemcpy(layers[il].tracing, on.data(), on.size() * 4, cudaMemcpyHostToDevice));
         }
         return OTT_OK;
@@ -111,8 +131,8 @@ public:
 
     void build_inputs(ggml_context *) override {}
 
-    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il,
-                             ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
+    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
+                             ggml_tensor * v, float kq_scale) override {
         // segment il ends with q, k, v; our kernels read them and fill `out`
         for (ggml_tensor * t : { q, k, v }) {
             ggml_set_output(t);
@@ -121,9 +141,9 @@ public:
         ggml_tensor * out = ggml_new_tensor_2d(gctx, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2]);
         ggml_format_name(out, "kqv-%d", il);
         ggml_set_input(out);
-        if ((int) io.size() != sh.n_layer) io.resize(sh.n_layer);
-        io[il] = { q, k, v, out, ggml_graph_n_nodes(gf) };
-        n_head = (int32_t) q->ne[1];
+        if ((int)io.size() != sh.n_layer) io.resize(sh.n_layer);
+        io[il]         = { q, k, v, out, ggml_graph_n_nodes(gf) };
+        n_head         = (int32_t)q->ne[1];
         this->kq_scale = kq_scale;
         return out;
     }
@@ -144,7 +164,8 @@ public:
             plan_cap = packed.size() * 2;
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
-        const size_t parts = tiles.size() * (size_t) n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
+        const size_t parts =
+            tiles.size() * (size_t)n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
             partials_cap = parts * 2;
@@ -160,22 +181,23 @@ public:
         for (const span & s : pre_spans) OTT_CUDA_TRY(ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, exec_stream));
 
         const layer_io & x = io[il];
-        ott_cuda_attn_args a{};
-        a.L = L;
-        a.q = view_of(x.q);
-        a.k = view_of(x.k);
-        a.v = view_of(x.v);
-        a.n_rep = n_rep();
-        a.kq_scale = kq_scale;
-        a.traces = cfg.traces(il) ? 1 : 0;
-        a.tiles = items<ott_cuda_attn_tile>(tiles_span);
-        a.n_tiles = tiles_span.n;
+        ott_cuda_attn_args a {};
+        a.L             = L;
+        a.q             = view_of(x.q);
+        a.k             = view_of(x.k);
+        a.v             = view_of(x.v);
+        a.n_rep         = n_rep();
+        a.kq_scale      = kq_scale;
+        a.traces        = cfg.traces(il) ? 1 : 0;
+        a.tiles         = items<ott_cuda_attn_tile>(tiles_span);
+        a.n_tiles       = tiles_span.n;
         a.rows_per_tile = rows_per_tile;
-        a.n_splits = n_splits;
-        a.tensor_cores = tensor_cores;
-        a.partials = d_partials;
+        a.n_splits      = n_splits;
+        a.tensor_cores  = tensor_cores;
+        a.partials      = d_partials;
         OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
-        OTT_CUDA_TRY(ott_cuda_attn_merge(a, (float *) x.out->data, (int64_t) (x.out->nb[1] / sizeof(float)), exec_stream));
+        OTT_CUDA_TRY(
+            ott_cuda_attn_merge(a, (float *)x.out->data, (int64_t)(x.out->nb[1] / sizeof(float)), exec_stream));
 
         for (const auto & r : round_spans) {
             OTT_CUDA_TRY(ott_cuda_kv_append(L, a.k, a.v, items<ott_cuda_append>(r.first), r.first.n, exec_stream));
@@ -190,7 +212,7 @@ public:
         ott_kv_sched & sc = sched[seq];
         if (n_keep >= sc.n_tokens) return OTT_OK;
         if (n_keep == 0) {
-            sc = ott_kv_sched{};
+            sc = ott_kv_sched {};
             return reset_counts(seq);
         }
         return sc.truncate(cfg, seq, n_keep);
@@ -201,7 +223,7 @@ public:
         const size_t H = sh.n_head_kv, hd = cfg.geom.head_dim;
         for (const ott_cuda_kv_layer & L : layers) {
             auto copy = [&](void * base, size_t per_seq) {
-                uint8_t * b = (uint8_t *) base;
+                uint8_t * b = (uint8_t *)base;
                 return cudaMemcpyAsync(b + dst * per_seq, b + src * per_seq, per_seq, cudaMemcpyDeviceToDevice, stream);
             };
             OTT_CUDA_TRY(copy(L.sink_k, H * L.sink * hd * 2));
@@ -217,9 +239,10 @@ public:
             OTT_CUDA_TRY(copy(L.n_pool, H * 4));
             OTT_CUDA_TRY(copy(L.n_extra, H * 4));
             OTT_CUDA_TRY(copy(L.tracing, H * 4));
-            const size_t per_seq = (size_t) L.max_blocks * H * L.layout.size;
+            const size_t per_seq = (size_t)L.max_blocks * H * L.layout.size;
             OTT_CUDA_TRY(cudaMemcpyAsync(L.blocks + dst * per_seq, L.blocks + src * per_seq,
-                                         (size_t) sched[src].n_blocks * H * L.layout.size, cudaMemcpyDeviceToDevice, stream));
+                                         (size_t)sched[src].n_blocks * H * L.layout.size, cudaMemcpyDeviceToDevice,
+                                         stream));
         }
         OTT_CUDA_TRY(cudaStreamSynchronize(stream));
         sched[dst] = sched[src];
@@ -230,24 +253,24 @@ public:
 
     ott_status export_head(int il, int32_t seq, int32_t h, ott_kv_head_state & out) const override {
         const ott_cuda_kv_layer & L = layers[il];
-        const ott_kv_sched & sc = sched[seq];
-        const size_t sh_idx = (size_t) seq * sh.n_head_kv + h, hd = cfg.geom.head_dim, row = hd * sizeof(ott_fp16);
+        const ott_kv_sched & sc     = sched[seq];
+        const size_t sh_idx = (size_t)seq * sh.n_head_kv + h, hd = cfg.geom.head_dim, row = hd * sizeof(ott_fp16);
         OTT_CUDA_TRY(cudaSetDevice(sh.cuda_device));
         int32_t counts[3] = { 0, 0, 0 };
         OTT_CUDA_TRY(cudaMemcpy(&counts[0], L.n_pool + sh_idx, 4, cudaMemcpyDeviceToHost));
         OTT_CUDA_TRY(cudaMemcpy(&counts[1], L.n_extra + sh_idx, 4, cudaMemcpyDeviceToHost));
         OTT_CUDA_TRY(cudaMemcpy(&counts[2], L.tracing + sh_idx, 4, cudaMemcpyDeviceToHost));
         ott_kv_export_header(cfg, sc, out);
-        out.n_pool   = L.pool_cap ? counts[0] : 0;
-        out.n_extra  = L.extra_cap ? counts[1] : 0;
-        out.tracing  = counts[2];
+        out.n_pool                    = L.pool_cap ? counts[0] : 0;
+        out.n_extra                   = L.extra_cap ? counts[1] : 0;
+        out.tracing                   = counts[2];
         const ott_kv_block_layout & B = cfg.layout;
 
         auto get = [](void * dst, const void * src, size_t n) {
             return dst && n ? cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) : cudaSuccess;
         };
         for (int32_t b = 0; out.blocks && b < out.n_blocks; ++b) {
-            OTT_CUDA_TRY(get(out.blocks + (size_t) b * B.size, ott_cuda_head_block(L, seq, b, h), B.size));
+            OTT_CUDA_TRY(get(out.blocks + (size_t)b * B.size, ott_cuda_head_block(L, seq, b, h), B.size));
         }
         OTT_CUDA_TRY(get(out.sink_k, L.sink_k + sh_idx * L.sink * hd, out.n_sink * row));
         OTT_CUDA_TRY(get(out.sink_v, L.sink_v + sh_idx * L.sink * hd, out.n_sink * row));
@@ -259,7 +282,7 @@ public:
         OTT_CUDA_TRY(get(out.extra_pos, L.extra_pos + sh_idx * L.extra_cap, out.n_extra * 4));
         // window rows in position order, from the ring
         for (int32_t i = 0; i < out.n_window; ++i) {
-            const size_t r = (size_t) ott_kv_win_row(cfg, win_cap, sc.win_pos0(cfg) + i);
+            const size_t r = (size_t)ott_kv_win_row(cfg, win_cap, sc.win_pos0(cfg) + i);
             if (out.window_k) OTT_CUDA_TRY(get(out.window_k + i * hd, L.win_k + (sh_idx * win_cap + r) * hd, row));
             if (out.window_v) OTT_CUDA_TRY(get(out.window_v + i * hd, L.win_v + (sh_idx * win_cap + r) * hd, row));
         }
@@ -269,8 +292,8 @@ public:
     // Used: kv/kv_report.h's accounting (pool counts from the device); allocated: the buffer.
     ott_kv_stats stats() const override {
         const int32_t H = sh.n_head_kv;
-        std::vector<int32_t> n_pool((size_t) sh.n_seq_max * H), n_extra(n_pool.size());
-        double used = 0;
+        std::vector<int32_t> n_pool((size_t)sh.n_seq_max * H), n_extra(n_pool.size());
+        double used      = 0;
         int64_t n_tokens = 0;
         cudaSetDevice(sh.cuda_device);
         for (int il = 0; il < sh.n_layer; ++il) {
@@ -287,7 +310,7 @@ public:
             }
         }
         for (const ott_kv_sched & sc : sched) n_tokens += sc.n_tokens;
-        return ott_kv_stats_of(cfg, used, n_tokens, (int64_t) ggml_backend_buffer_get_size(buf));
+        return ott_kv_stats_of(cfg, used, n_tokens, (int64_t)ggml_backend_buffer_get_size(buf));
     }
 
 private:
@@ -298,8 +321,8 @@ private:
     };
 
     struct layer_io {
-        ggml_tensor * q, * k, * v, * out;
-        int cut;              // the graph's node count when the layer's q, k, v were added
+        ggml_tensor *q, *k, *v, *out;
+        int cut;  // the graph's node count when the layer's q, k, v were added
     };
 
     // Counts, pools and tracing flags of sequence s as at its start.
@@ -336,8 +359,8 @@ private:
         int32_t max_rows = 1;
         for (const ott_kv_step_seq & S : plan.seqs) {
             const ott_kv_sched & sc = S.before;
-            const int32_t rows = S.n_new * n_rep();
-            max_rows = std::max(max_rows, rows);
+            const int32_t rows      = S.n_new * n_rep();
+            max_rows                = std::max(max_rows, rows);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                 for (int32_t row0 = 0; row0 < rows; row0 += OTT_CUDA_ATTN_ROWS) {
                     tiles.push_back({ S.seq, h, S.t0, S.n_new, row0, std::min(OTT_CUDA_ATTN_ROWS, rows - row0),
@@ -363,7 +386,8 @@ private:
         if (rows_per_tile < OTT_CUDA_ATTN_ROWS) {
             for (ott_cuda_attn_tile & t : tiles) t.n_rows = std::min(t.n_rows, rows_per_tile);
         }
-        n_splits = ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t) tiles.size(), n_sm, plan.max_blocks);
+        n_splits =
+            ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t)tiles.size(), n_sm, plan.max_blocks);
 
         // pack: tiles | pre rounds | (app, ev) rounds
         packed.clear();
@@ -371,7 +395,7 @@ private:
             const size_t off = (packed.size() + 15) / 16 * 16;
             packed.resize(off + n_items * item);
             if (n_items) std::memcpy(packed.data() + off, p, n_items * item);
-            return span{ off, (int32_t) n_items };
+            return span { off, (int32_t)n_items };
         };
         tiles_span = put(tiles.data(), tiles.size(), sizeof(ott_cuda_attn_tile));
         pre_spans.clear();
@@ -391,47 +415,48 @@ private:
     int32_t n_rep() const { return std::max(1, n_head / sh.n_head_kv); }
 
     static ott_cuda_f32_3d view_of(const ggml_tensor * t) {
-        return { (const float *) t->data, (int64_t) (t->nb[1] / sizeof(float)), (int64_t) (t->nb[2] / sizeof(float)) };
+        return { (const float *)t->data, (int64_t)(t->nb[1] / sizeof(float)), (int64_t)(t->nb[2] / sizeof(float)) };
     }
 
-    template <typename T>
-    const T * items(const span & s) const { return (const T *) (d_plan + s.off); }
+    template <typename T> const T * items(const span & s) const { return (const T *)(d_plan + s.off); }
 
     ott_kv_config cfg;
-    ott_kv_shape  sh;
-    int32_t win_cap = 0;                     // window ring rows per (sequence, KV head)
-    int32_t max_blocks = 0;                  // head-block slots per (sequence, KV head)
-    std::vector<ott_kv_sched> sched;         // [n_seq_max]
-    std::vector<ott_cuda_kv_layer> layers;   // [n_layer] device pointers into buf
+    ott_kv_shape sh;
+    int32_t win_cap    = 0;                 // window ring rows per (sequence, KV head)
+    int32_t max_blocks = 0;                 // head-block slots per (sequence, KV head)
+    std::vector<ott_kv_sched> sched;        // [n_seq_max]
+    std::vector<ott_cuda_kv_layer> layers;  // [n_layer] device pointers into buf
     ggml_backend_buffer_t buf = nullptr;
 
-    cudaStream_t stream = nullptr;           // sequence copies and resets, outside steps
-    int n_sm = 1;
-    int32_t tensor_cores = 0;                // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
+    cudaStream_t stream  = nullptr;  // sequence copies and resets, outside steps
+    int n_sm             = 1;
+    int32_t tensor_cores = 0;  // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
 
     // the step being built and run
-    ott_kv_plan plan;                        // kv/kv_schedule.h
+    ott_kv_plan plan;  // kv/kv_schedule.h
     std::vector<ott_cuda_attn_tile> tiles;
     int32_t rows_per_tile = 1, n_splits = 1, n_head = 1;
     float kq_scale = 1.0f;
-    std::vector<uint8_t> packed;             // launch items, uploaded once per step
-    span tiles_span{};
+    std::vector<uint8_t> packed;  // launch items, uploaded once per step
+    span tiles_span {};
     std::vector<span> pre_spans;
     std::vector<std::pair<span, span>> round_spans;  // (appends, events)
-    std::vector<layer_io> io;                // [n_layer]
+    std::vector<layer_io> io;                        // [n_layer]
 
-    uint8_t * d_plan = nullptr;
-    size_t plan_cap = 0;
-    float * d_partials = nullptr;
-    size_t partials_cap = 0;                 // floats
+    uint8_t * d_plan    = nullptr;
+    size_t plan_cap     = 0;
+    float * d_partials  = nullptr;
+    size_t partials_cap = 0;  // floats
 };
 
-} // namespace
+}  // namespace
 
-ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out) {
+ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape,
+                                    std::unique_ptr<ott_kv_cache> & out) {
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)", why,
-                        cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k, cfg.geom.group_v);
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",
+                        why, cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k,
+                        cfg.geom.group_v);
     }
     auto c = std::make_unique<kv_quant_cuda>(cfg, shape);
     OTT_TRY(c->init());

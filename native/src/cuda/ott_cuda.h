@@ -33,25 +33,33 @@
 
 // One layer's stores (device pointers) and the knobs the kernels need.
 struct ott_cuda_kv_layer {
-    ott_kv_geom         geom;
+    ott_kv_geom geom;
     ott_kv_block_layout layout;
     int32_t n_head_kv;
-    int32_t sink;            // sink capacity
-    int32_t win_cap;         // window rows per (sequence, KV head)
-    int32_t pool_cap;        // 0 in layers that do not trace
+    int32_t sink;      // sink capacity
+    int32_t win_cap;   // window rows per (sequence, KV head)
+    int32_t pool_cap;  // 0 in layers that do not trace
     int32_t extra_cap;
-    int32_t max_blocks;      // head-block slots per (sequence, KV head)
-    ott_fp16 * sink_k;  ott_fp16 * sink_v;
-    ott_fp16 * win_k;   ott_fp16 * win_v;
-    ott_fp16 * pool_k;  ott_fp16 * pool_v;  int32_t * pool_pos;
-    ott_fp16 * extra_k; ott_fp16 * extra_v; int32_t * extra_pos;
-    int32_t  * n_pool;  int32_t  * n_extra; int32_t * tracing;
-    uint8_t  * blocks;
+    int32_t max_blocks;  // head-block slots per (sequence, KV head)
+    ott_fp16 * sink_k;
+    ott_fp16 * sink_v;
+    ott_fp16 * win_k;
+    ott_fp16 * win_v;
+    ott_fp16 * pool_k;
+    ott_fp16 * pool_v;
+    int32_t * pool_pos;
+    ott_fp16 * extra_k;
+    ott_fp16 * extra_v;
+    int32_t * extra_pos;
+    int32_t * n_pool;
+    int32_t * n_extra;
+    int32_t * tracing;
+    uint8_t * blocks;
 };
 
 // Head-block j of KV head h of sequence s.
 static inline OTT_HD uint8_t * ott_cuda_head_block(const ott_cuda_kv_layer & L, int32_t s, int32_t j, int32_t h) {
-    return L.blocks + (((size_t) s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
+    return L.blocks + (((size_t)s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
 }
 
 // A step's F32 activations: element (c, h, t) of x at x[t*nb2 + h*nb1 + c] (floats).
@@ -94,7 +102,7 @@ cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event 
 
 // ---- attention ------------------------------------------------------------------------------
 
-constexpr int OTT_CUDA_ATTN_ROWS = 4;   // query rows of a tile, at most
+constexpr int OTT_CUDA_ATTN_ROWS = 4;  // query rows of a tile, at most
 
 // A tile: up to OTT_CUDA_ATTN_ROWS consecutive query rows of one (sequence, KV head). Row
 // rho = i*n_rep + r is the query of chunk token i (ubatch token t0 + i) and query head
@@ -119,20 +127,20 @@ inline int64_t ott_cuda_partial_row(int32_t head_dim) { return head_dim + 2; }
 
 struct ott_cuda_attn_args {
     ott_cuda_kv_layer L;
-    ott_cuda_f32_3d q;       // F32 [head_dim, n_head, n_tokens]
-    ott_cuda_f32_3d k;       // F32 [head_dim, n_head_kv, n_tokens] the chunk's own
+    ott_cuda_f32_3d q;  // F32 [head_dim, n_head, n_tokens]
+    ott_cuda_f32_3d k;  // F32 [head_dim, n_head_kv, n_tokens] the chunk's own
     ott_cuda_f32_3d v;
-    int32_t n_rep;           // query heads per KV head
-    float   kq_scale;
-    int32_t traces;          // 1: the layer's head-blocks carry masks
+    int32_t n_rep;  // query heads per KV head
+    float kq_scale;
+    int32_t traces;                    // 1: the layer's head-blocks carry masks
     const ott_cuda_attn_tile * tiles;  // device [n_tiles]
     int32_t n_tiles;
-    int32_t rows_per_tile;   // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
-    int32_t prefetch;        // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
-    int32_t tensor_cores;    // 1: head-blocks of head_dim 128, block 128, 2 bits run on integer
-                             // tensor cores (attn_imma.cuh; needs sm_80+), 0: FFMA everywhere
-    int32_t n_splits;        // blocks per tile, each a share of its quantized blocks and fp16 rows
-    float * partials;        // device [n_tiles][n_splits][OTT_CUDA_ATTN_ROWS][head_dim+2]
+    int32_t rows_per_tile;  // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
+    int32_t prefetch;       // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
+    int32_t tensor_cores;   // 1: head-blocks of head_dim 128, block 128, 2 bits run on integer
+                            // tensor cores (attn_imma.cuh; needs sm_80+), 0: FFMA everywhere
+    int32_t n_splits;       // blocks per tile, each a share of its quantized blocks and fp16 rows
+    float * partials;       // device [n_tiles][n_splits][OTT_CUDA_ATTN_ROWS][head_dim+2]
 };
 
 // Which kernel configurations exist: bits 2/4/8 with every code word (32 bits) inside one

@@ -7,17 +7,21 @@
 ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_shape & shape) {
     switch (params.type) {
         case OTT_KV_F16: {
-            const int32_t knobs[] = { params.bits_k, params.bits_v, params.group_k, params.group_v, params.block, params.window,
-                                      params.pool, params.extra_pool, params.skip_layers, params.sink, params.prefill_fp16,
-                                      params.clip, params.param_bits, params.rot_k, params.rot_v };
+            const int32_t knobs[] = { params.bits_k,      params.bits_v, params.group_k,      params.group_v,
+                                      params.block,       params.window, params.pool,         params.extra_pool,
+                                      params.skip_layers, params.sink,   params.prefill_fp16, params.clip,
+                                      params.param_bits,  params.rot_k,  params.rot_v };
             for (int32_t k : knobs) {
-                if (k != 0) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no quantization knobs (all must be 0)");
+                if (k != 0)
+                    return ott_fail(OTT_ERR_INVALID_ARG,
+                                    "kv config: the fp16 cache takes no quantization knobs (all must be 0)");
             }
-            if (params.calib_path) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no calibration sidecar");
+            if (params.calib_path)
+                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no calibration sidecar");
             return OTT_OK;
         }
         case OTT_KV_KIVI:
-        case OTT_KV_OTT: {
+        case OTT_KV_OTT:  {
             ott_kv_config cfg;
             return ott_kv_config_resolve(params, shape, cfg);
         }

@@ -35,13 +35,13 @@ struct ott_run {
 struct CUstream_st;
 
 struct ott_ubatch {
-    std::vector<int32_t> token;     // [n_tokens]
-    std::vector<int32_t> pos;       // [n_tokens]
-    std::vector<int32_t> seq_id;    // [n_tokens]
-    std::vector<int32_t> out_idx;   // ubatch indices whose logits are returned, in order
-    std::vector<ott_run> runs;      // covering every token, in token order
+    std::vector<int32_t> token;    // [n_tokens]
+    std::vector<int32_t> pos;      // [n_tokens]
+    std::vector<int32_t> seq_id;   // [n_tokens]
+    std::vector<int32_t> out_idx;  // ubatch indices whose logits are returned, in order
+    std::vector<ott_run> runs;     // covering every token, in token order
 
-    int32_t n_tokens() const { return (int32_t) token.size(); }
+    int32_t n_tokens() const { return (int32_t)token.size(); }
 };
 
 class ott_kv_cache {
@@ -49,15 +49,15 @@ public:
     virtual ~ott_kv_cache() = default;
 
     virtual ott_status begin(const ott_ubatch & ub) = 0;
-    virtual void build_inputs(ggml_context * ctx) = 0;
+    virtual void build_inputs(ggml_context * ctx)   = 0;
     // q: F32 [n_embd_head, n_head,    n_tokens] (rotated)
     // k: F32 [n_embd_head, n_head_kv, n_tokens] (rotated)
     // v: F32 [n_embd_head, n_head_kv, n_tokens]
     // returns F32 [n_embd_head*n_head, n_tokens]
-    virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il,
-                                     ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) = 0;
-    virtual void set_inputs() = 0;
-    virtual void commit() = 0;
+    virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
+                                     ggml_tensor * v, float kq_scale) = 0;
+    virtual void set_inputs()                                         = 0;
+    virtual void commit()                                             = 0;
 
     // Attention outside ggml's graph (the CUDA quantized cache: ggml-cuda has no custom ops,
     // DESIGN §1). Then build_attn ends a graph segment at layer il — q, k, v are that
@@ -70,11 +70,11 @@ public:
     virtual ott_status prepare_step(CUstream_st * stream) { return OTT_OK; }
     virtual ott_status run_layer(int il, CUstream_st * stream) { return OTT_OK; }
 
-    virtual int32_t    seq_len(int32_t seq) const = 0;
+    virtual int32_t seq_len(int32_t seq) const                   = 0;
     virtual ott_status seq_truncate(int32_t seq, int32_t n_keep) = 0;
     // dst becomes a copy of src (src != dst, both valid).
     virtual ott_status seq_copy(int32_t src, int32_t dst) = 0;
-    virtual ott_kv_stats stats() const = 0;
+    virtual ott_kv_stats stats() const                    = 0;
 
     // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
     virtual int32_t tokens_until_event(int32_t seq) const { return 0; }
@@ -86,7 +86,7 @@ struct ott_kv_shape {
     int32_t n_layer;
     int32_t n_head_kv;
     int32_t n_embd_head;
-    int32_t n_ctx;       // tokens per sequence
+    int32_t n_ctx;  // tokens per sequence
     int32_t n_seq_max;
     ggml_backend_buffer_type_t buft;  // memory of the context's backend, where stores live
     int32_t cuda_device;              // the backend's CUDA device; -1: the CPU backend
@@ -99,7 +99,9 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
 // The fp16 cache (kv_f16.cpp).
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
 // The quantized cache, KIVI and OTT modes, in host memory with CPU custom ops (cpu/kv_quant_cpu.cpp).
-ott_status ott_kv_quant_cpu_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+ott_status ott_kv_quant_cpu_create(const ott_kv_config & cfg, const ott_kv_shape & shape,
+                                   std::unique_ptr<ott_kv_cache> & out);
 // The same cache in the memory of a CUDA device, attention and events by our kernels
 // (cuda/kv_quant_cuda.cpp; builds with OTT_CUDA only).
-ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
+ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape,
+                                    std::unique_ptr<ott_kv_cache> & out);

@@ -28,9 +28,9 @@ public:
     }
 
     ott_status init() {
-        ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (2 * sh.n_layer), nullptr, true };
-        ctx = ggml_init(ip);
-        const int64_t n_rows = (int64_t) seq_rows * sh.n_seq_max;
+        ggml_init_params ip  = { ggml_tensor_overhead() * (size_t)(2 * sh.n_layer), nullptr, true };
+        ctx                  = ggml_init(ip);
+        const int64_t n_rows = (int64_t)seq_rows * sh.n_seq_max;
         for (int il = 0; il < sh.n_layer; ++il) {
             k_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
             v_l.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_gqa(), n_rows));
@@ -51,8 +51,10 @@ public:
         for (const ott_run & r : batch.runs) {
             for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) {
                 if (!holds_window(len[s] + r.n_tokens, len[s])) {
-                    return ott_fail(OTT_ERR_INVALID_ARG, "the sliding-window cache of %d rows per sequence takes chunks of at most "
-                                    "%d tokens (sequence %d got %d)", seq_rows, seq_rows - n_swa + 1, s, r.n_tokens);
+                    return ott_fail(OTT_ERR_INVALID_ARG,
+                                    "the sliding-window cache of %d rows per sequence takes chunks of at most "
+                                    "%d tokens (sequence %d got %d)",
+                                    seq_rows, seq_rows - n_swa + 1, s, r.n_tokens);
                 }
             }
         }
@@ -60,7 +62,8 @@ public:
         plan.clear();
         for (const ott_run & r : batch.runs) {
             int32_t n_kv = 0;
-            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s) n_kv = std::max(n_kv, std::min(len[s] + r.n_tokens, seq_rows));
+            for (int32_t s = r.seq0; s < r.seq0 + r.n_seqs; ++s)
+                n_kv = std::max(n_kv, std::min(len[s] + r.n_tokens, seq_rows));
             if (sh.cuda_device >= 0) n_kv = (n_kv + 255) / 256 * 256;
             plan.push_back({ r, n_kv, nullptr });
         }
@@ -79,32 +82,32 @@ public:
         }
     }
 
-    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il,
-                             ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
+    ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
+                             ggml_tensor * v, float kq_scale) override {
         const int64_t n_tokens = q->ne[2];
-        const int64_t hd = sh.n_embd_head;
-        ggml_tensor * app_k = ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows);
-        ggml_tensor * app_v = ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows);
+        const int64_t hd       = sh.n_embd_head;
+        ggml_tensor * app_k    = ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows);
+        ggml_tensor * app_v    = ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows);
         ggml_format_name(app_k, "kv_append_k-%d", il);
         ggml_format_name(app_v, "kv_append_v-%d", il);
         ggml_build_forward_expand(gf, app_k);
         ggml_build_forward_expand(gf, app_v);
 
         const size_t row_bytes = k_l[il]->nb[1];
-        const size_t seq_bytes = row_bytes * (size_t) seq_rows;
-        ggml_tensor * out = nullptr;
+        const size_t seq_bytes = row_bytes * (size_t)seq_rows;
+        ggml_tensor * out      = nullptr;
         for (const run_plan & p : plan) {
             const ott_run & r = p.run;
             // [n_embd_head, n_head, n_tokens*n_seqs] -> [n_embd_head, n_tokens, n_head, n_seqs]
-            ggml_tensor * qr = ggml_view_3d(gctx, q, hd, q->ne[1], (int64_t) r.n_tokens * r.n_seqs,
-                                            q->nb[1], q->nb[2], (size_t) r.t0 * q->nb[2]);
-            qr = ggml_reshape_4d(gctx, qr, hd, q->ne[1], r.n_tokens, r.n_seqs);
-            qr = ggml_permute(gctx, qr, 0, 2, 1, 3);
+            ggml_tensor * qr = ggml_view_3d(gctx, q, hd, q->ne[1], (int64_t)r.n_tokens * r.n_seqs, q->nb[1], q->nb[2],
+                                            (size_t)r.t0 * q->nb[2]);
+            qr               = ggml_reshape_4d(gctx, qr, hd, q->ne[1], r.n_tokens, r.n_seqs);
+            qr               = ggml_permute(gctx, qr, 0, 2, 1, 3);
             // F16 [n_embd_head, n_kv, n_head_kv, n_seqs] views of the cache rows
-            ggml_tensor * kr = ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs,
-                                            row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
-            ggml_tensor * vr = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs,
-                                            row_bytes, ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
+            ggml_tensor * kr = ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs, row_bytes,
+                                            ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
+            ggml_tensor * vr = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, r.n_seqs, row_bytes,
+                                            ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
             // [n_embd_head, n_head, n_tokens, n_seqs] -> [n_embd_head*n_head, n_tokens*n_seqs]
             ggml_tensor * fa;
             if (use_fa && sh.cuda_device >= 0 && r.n_tokens == 1 && r.n_seqs > 1) {
@@ -113,13 +116,15 @@ public:
                 fa = nullptr;
                 for (int32_t j = 0; j < r.n_seqs; ++j) {
                     ggml_tensor * qj = ggml_view_4d(gctx, q, hd, 1, q->ne[1], 1, q->nb[2], q->nb[1], q->nb[2],
-                                                    (size_t) (r.t0 + j) * q->nb[2]);
-                    ggml_tensor * kj = ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
-                                                    ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
-                    ggml_tensor * vj = ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
-                                                    ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
+                                                    (size_t)(r.t0 + j) * q->nb[2]);
+                    ggml_tensor * kj =
+                        ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
+                                     ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
+                    ggml_tensor * vj =
+                        ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
+                                     ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
                     ggml_tensor * mj = ggml_view_4d(gctx, p.mask, p.n_kv, 1, 1, 1, p.mask->nb[1], p.mask->nb[2],
-                                                    p.mask->nb[3], (size_t) j * p.mask->nb[3]);
+                                                    p.mask->nb[3], (size_t)j * p.mask->nb[3]);
                     ggml_tensor * aj = ggml_flash_attn_ext(gctx, qj, kj, vj, mj, kq_scale, 0.0f, 0.0f);
                     ggml_flash_attn_ext_set_prec(aj, GGML_PREC_F32);
                     ggml_format_name(aj, "kqv_fa-%d", il);
@@ -130,18 +135,19 @@ public:
                 fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
                 ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
                 ggml_format_name(fa, "kqv_fa-%d", il);
-                fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+                fa = ggml_reshape_2d(gctx, fa, hd * q->ne[1], (int64_t)r.n_tokens * r.n_seqs);
             } else {
-                ggml_tensor * kq = ggml_mul_mat(gctx, kr, qr);                  // [n_kv, n_tokens, n_head, n_seqs]
+                ggml_tensor * kq = ggml_mul_mat(gctx, kr, qr);  // [n_kv, n_tokens, n_head, n_seqs]
                 ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
                 ggml_format_name(kq, "kq-%d", il);
                 kq = ggml_soft_max_ext(gctx, kq, p.mask, kq_scale, 0.0f);
                 ggml_format_name(kq, "kq_soft_max-%d", il);
                 ggml_tensor * vt = ggml_cont(gctx, ggml_permute(gctx, vr, 1, 0, 2, 3));  // [n_kv, n_embd_head, ..]
                 ggml_format_name(vt, "kq_vt-%d", il);
-                ggml_tensor * kqv = ggml_mul_mat(gctx, vt, kq);                 // [n_embd_head, n_tokens, n_head, n_seqs]
+                ggml_tensor * kqv = ggml_mul_mat(gctx, vt, kq);  // [n_embd_head, n_tokens, n_head, n_seqs]
                 ggml_format_name(kqv, "kqv-%d", il);
-                fa = ggml_cont_2d(gctx, ggml_permute(gctx, kqv, 0, 2, 1, 3), hd * q->ne[1], (int64_t) r.n_tokens * r.n_seqs);
+                fa = ggml_cont_2d(gctx, ggml_permute(gctx, kqv, 0, 2, 1, 3), hd * q->ne[1],
+                                  (int64_t)r.n_tokens * r.n_seqs);
                 ggml_format_name(fa, "kqv_cont-%d", il);
             }
             out = out ? ggml_concat(gctx, out, fa, 1) : fa;
@@ -152,7 +158,7 @@ public:
     void set_inputs() override {
         std::vector<int64_t> idx(ub->n_tokens());
         for (int32_t i = 0; i < ub->n_tokens(); ++i) {
-            idx[i] = (int64_t) ub->seq_id[i] * seq_rows + ub->pos[i] % seq_rows;
+            idx[i] = (int64_t)ub->seq_id[i] * seq_rows + ub->pos[i] % seq_rows;
         }
         ggml_backend_tensor_set(rows, idx.data(), 0, idx.size() * sizeof(int64_t));
 
@@ -162,12 +168,12 @@ public:
         std::vector<ggml_fp16_t> m;
         for (const run_plan & p : plan) {
             const ott_run & r = p.run;
-            m.assign((size_t) p.n_kv * r.n_tokens * r.n_seqs, ninf);
+            m.assign((size_t)p.n_kv * r.n_tokens * r.n_seqs, ninf);
             for (int32_t j = 0; j < r.n_seqs; ++j) {
                 const int32_t n_held = len[r.seq0 + j] + r.n_tokens;
                 for (int32_t i = 0; i < r.n_tokens; ++i) {
                     const int32_t qpos = ub->pos[r.t0 + j * r.n_tokens + i];
-                    ggml_fp16_t * row = m.data() + ((size_t) j * r.n_tokens + i) * p.n_kv;
+                    ggml_fp16_t * row  = m.data() + ((size_t)j * r.n_tokens + i) * p.n_kv;
                     for (int32_t c = 0; c < std::min(p.n_kv, seq_rows); ++c) {
                         const int32_t kpos = held_pos(n_held, c);
                         if (kpos <= qpos && (n_swa == 0 || qpos - kpos < n_swa)) row[c] = zero;
@@ -188,9 +194,10 @@ public:
 
     ott_status seq_truncate(int32_t seq, int32_t n_keep) override {
         if (n_keep < len[seq] && !holds_window(len[seq], n_keep)) {
-            return ott_fail(OTT_ERR_UNSUPPORTED, "sequence %d: the sliding-window cache no longer holds positions %d.. that "
-                            "keeping %d tokens needs (it holds %d..)", seq, std::max(0, n_keep - n_swa + 1), n_keep,
-                            len[seq] - seq_rows);
+            return ott_fail(OTT_ERR_UNSUPPORTED,
+                            "sequence %d: the sliding-window cache no longer holds positions %d.. that "
+                            "keeping %d tokens needs (it holds %d..)",
+                            seq, std::max(0, n_keep - n_swa + 1), n_keep, len[seq] - seq_rows);
         }
         len[seq] = std::min(len[seq], n_keep);
         return OTT_OK;
@@ -198,10 +205,10 @@ public:
 
     // The rows of src's tokens, every layer, onto dst's rows (on the device that holds them).
     ott_status seq_copy(int32_t src, int32_t dst) override {
-        const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t) seq_rows;
-        const int64_t n_elem = (int64_t) std::min(len[src], seq_rows) * n_embd_gqa();
-        ggml_init_params ip = { ggml_tensor_overhead() * 2, nullptr, true };
-        ggml_context * vc = ggml_init(ip);
+        const size_t row_bytes = k_l[0]->nb[1], seq_bytes = row_bytes * (size_t)seq_rows;
+        const int64_t n_elem = (int64_t)std::min(len[src], seq_rows) * n_embd_gqa();
+        ggml_init_params ip  = { ggml_tensor_overhead() * 2, nullptr, true };
+        ggml_context * vc    = ggml_init(ip);
         for (int il = 0; il < sh.n_layer && n_elem > 0; ++il) {
             for (ggml_tensor * t : { k_l[il], v_l[il] }) {
                 ggml_reset(vc);
@@ -224,14 +231,15 @@ public:
         out.n_window = std::min(len[seq], seq_rows);
         out.n_sink = out.n_blocks = out.n_pool = out.n_extra = out.tracing = out.block_bytes = 0;
         std::memset(out.block_offsets, 0, sizeof(out.block_offsets));
-        const size_t row_bytes = k_l[il]->nb[1], head_bytes = (size_t) sh.n_embd_head * sizeof(ggml_fp16_t);
-        std::vector<uint8_t> rows((size_t) out.n_window * row_bytes);
-        for (auto [t, dst] : { std::pair{ k_l[il], out.window_k }, std::pair{ v_l[il], out.window_v } }) {
+        const size_t row_bytes = k_l[il]->nb[1], head_bytes = (size_t)sh.n_embd_head * sizeof(ggml_fp16_t);
+        std::vector<uint8_t> rows((size_t)out.n_window * row_bytes);
+        for (auto [t, dst] : { std::pair { k_l[il], out.window_k }, std::pair { v_l[il], out.window_v } }) {
             if (!dst || rows.empty()) continue;
-            ggml_backend_tensor_get(t, rows.data(), (size_t) seq * seq_rows * row_bytes, rows.size());
+            ggml_backend_tensor_get(t, rows.data(), (size_t)seq * seq_rows * row_bytes, rows.size());
             for (int32_t i = 0; i < out.n_window; ++i) {
                 const int32_t c = (len[seq] - out.n_window + i) % seq_rows;
-                std::memcpy((uint8_t *) dst + (size_t) i * head_bytes, rows.data() + c * row_bytes + h * head_bytes, head_bytes);
+                std::memcpy((uint8_t *)dst + (size_t)i * head_bytes, rows.data() + c * row_bytes + h * head_bytes,
+                            head_bytes);
             }
         }
         return OTT_OK;
@@ -239,28 +247,29 @@ public:
 
     // Used bytes: the rows holding tokens (a ring holds at most seq_rows per sequence).
     ott_kv_stats stats() const override {
-        ott_kv_stats st{};
+        ott_kv_stats st {};
         const double per_token_layer = 2.0 * n_embd_gqa() * sizeof(ggml_fp16_t);  // K and V
-        int64_t n_held = 0;
+        int64_t n_held               = 0;
         for (int32_t l : len) {
             st.n_tokens += l;
             n_held += std::min(l, seq_rows);
         }
-        st.bytes_allocated       = (int64_t) ggml_backend_buffer_get_size(buf);
-        st.bytes_used            = (int64_t) (per_token_layer * sh.n_layer * (double) n_held);
-        st.bytes_per_token_layer = st.n_tokens ? per_token_layer * (double) n_held / (double) st.n_tokens : per_token_layer;
-        st.bits_per_element      = st.n_tokens ? 16.0 * (double) n_held / (double) st.n_tokens : 16.0;
+        st.bytes_allocated = (int64_t)ggml_backend_buffer_get_size(buf);
+        st.bytes_used      = (int64_t)(per_token_layer * sh.n_layer * (double)n_held);
+        st.bytes_per_token_layer =
+            st.n_tokens ? per_token_layer * (double)n_held / (double)st.n_tokens : per_token_layer;
+        st.bits_per_element = st.n_tokens ? 16.0 * (double)n_held / (double)st.n_tokens : 16.0;
         return st;
     }
 
 private:
     struct run_plan {
-        ott_run       run;
-        int32_t       n_kv;   // cache rows the run attends over (longest sequence)
+        ott_run run;
+        int32_t n_kv;  // cache rows the run attends over (longest sequence)
         ggml_tensor * mask;
     };
 
-    int64_t n_embd_gqa() const { return (int64_t) sh.n_embd_head * sh.n_head_kv; }
+    int64_t n_embd_gqa() const { return (int64_t)sh.n_embd_head * sh.n_head_kv; }
 
     // The position row c holds while a sequence holds n_held tokens: of the positions
     // n_held - seq_rows .. n_held - 1, the one that maps to c (c itself before the ring wraps).
@@ -275,12 +284,12 @@ private:
     // Does the backend's flash attention take this cache's head size?
     bool flash_attn_supported() const {
         ggml_init_params ip = { ggml_tensor_overhead() * 8, nullptr, true };
-        ggml_context * c = ggml_init(ip);
-        ggml_tensor * q = ggml_new_tensor_4d(c, GGML_TYPE_F32, sh.n_embd_head, 1, sh.n_head_kv, 1);
-        ggml_tensor * k = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
-        ggml_tensor * v = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
-        ggml_tensor * m = ggml_new_tensor_4d(c, GGML_TYPE_F16, 256, 1, 1, 1);
-        ggml_tensor * fa = ggml_flash_attn_ext(c, q, k, v, m, 1.0f, 0.0f, 0.0f);
+        ggml_context * c    = ggml_init(ip);
+        ggml_tensor * q     = ggml_new_tensor_4d(c, GGML_TYPE_F32, sh.n_embd_head, 1, sh.n_head_kv, 1);
+        ggml_tensor * k     = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
+        ggml_tensor * v     = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
+        ggml_tensor * m     = ggml_new_tensor_4d(c, GGML_TYPE_F16, 256, 1, 1, 1);
+        ggml_tensor * fa    = ggml_flash_attn_ext(c, q, k, v, m, 1.0f, 0.0f, 0.0f);
         ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
         const bool ok = ggml_backend_dev_supports_op(ggml_backend_buft_get_device(sh.buft), fa);
         ggml_free(c);
@@ -288,21 +297,22 @@ private:
     }
 
     ott_kv_shape sh;
-    int32_t n_swa;                    // sliding window in positions; 0: none
-    ggml_context * ctx = nullptr;
+    int32_t n_swa;  // sliding window in positions; 0: none
+    ggml_context * ctx        = nullptr;
     ggml_backend_buffer_t buf = nullptr;
-    int32_t seq_rows;                 // cache rows per sequence (shape.n_ctx, padded on a GPU)
-    std::vector<ggml_tensor *> k_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer; row = seq*seq_rows + pos % seq_rows
-    std::vector<ggml_tensor *> v_l;   // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer
-    std::vector<int32_t> len;         // [n_seq_max] tokens held per sequence
-    bool use_fa = true;               // flash attention, else K·Q, softmax, V·P
+    int32_t seq_rows;  // cache rows per sequence (shape.n_ctx, padded on a GPU)
+    std::vector<ggml_tensor *>
+        k_l;  // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer; row = seq*seq_rows + pos % seq_rows
+    std::vector<ggml_tensor *> v_l;  // F16 [n_embd_gqa, seq_rows*n_seq_max] per layer
+    std::vector<int32_t> len;        // [n_seq_max] tokens held per sequence
+    bool use_fa = true;              // flash attention, else K·Q, softmax, V·P
 
     const ott_ubatch * ub = nullptr;  // the step being built
     std::vector<run_plan> plan;       // one per run of the step
     ggml_tensor * rows = nullptr;     // I64 [n_tokens] cache row of each new token
 };
 
-} // namespace
+}  // namespace
 
 // On a GPU a sequence's rows are padded to a multiple of 256: ggml-cuda's fastest
 // flash-attention kernels want n_kv a multiple of 256 (the extra rows are masked out).

@@ -21,26 +21,28 @@ public:
         int32_t n[2] = { 0, 0 };
         for (size_t il = 0; il < local.size(); ++il) index[il] = n[local[il] ? 1 : 0]++;
         n_global = n[0];
-        n_local = n[1];
+        n_local  = n[1];
     }
 
     ott_status init(const ott_kv_params & params, int32_t n_ubatch) {
         ott_kv_shape ring_shape = sh;
-        ring_shape.n_layer = n_local;
-        ring_shape.n_ctx = std::min<int64_t>(sh.n_ctx, (int64_t) n_swa - 1 + n_ubatch);
-        ring_rows = ott_kv_f16_seq_rows(ring_shape);
+        ring_shape.n_layer      = n_local;
+        ring_shape.n_ctx        = std::min<int64_t>(sh.n_ctx, (int64_t)n_swa - 1 + n_ubatch);
+        ring_rows               = ott_kv_f16_seq_rows(ring_shape);
         OTT_TRY(ott_kv_f16_window_create(ring_shape, n_swa, ring));
-        if (n_global == 0) return ott_kv_params_validate(params, sh);  // nothing to quantize; the knobs are still checked
+        if (n_global == 0)
+            return ott_kv_params_validate(params, sh);  // nothing to quantize; the knobs are still checked
         ott_kv_params global_params = params;
-        global_params.skip_layers = 0;  // skip_layers counts the model's layers: the global ones below it skip
-        for (int il = 0; il < params.skip_layers && il < (int) local.size(); ++il) global_params.skip_layers += !local[il];
+        global_params.skip_layers   = 0;  // skip_layers counts the model's layers: the global ones below it skip
+        for (int il = 0; il < params.skip_layers && il < (int)local.size(); ++il)
+            global_params.skip_layers += !local[il];
         ott_kv_shape global_shape = sh;
-        global_shape.n_layer = n_global;
+        global_shape.n_layer      = n_global;
         return ott_kv_cache_create(global_params, global_shape, global);
     }
 
     ott_status begin(const ott_ubatch & ub) override {
-        OTT_TRY(ring->begin(ub));   // checks the chunks fit the ring; changes no sequence
+        OTT_TRY(ring->begin(ub));  // checks the chunks fit the ring; changes no sequence
         return global ? global->begin(ub) : OTT_OK;
     }
 
@@ -49,8 +51,8 @@ public:
         if (global) global->build_inputs(ctx);
     }
 
-    ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il,
-                             ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, float kq_scale) override {
+    ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
+                             ggml_tensor * v, float kq_scale) override {
         return part(il).build_attn(ctx, gf, index[il], q, k, v, kq_scale);
     }
 
@@ -67,7 +69,7 @@ public:
     bool external_attention() const override { return global && global->external_attention(); }
 
     int segment_end(int il) const override {
-        for (int j = il; j >= 0; --j) {                 // a local layer ends where the last global one did
+        for (int j = il; j >= 0; --j) {  // a local layer ends where the last global one did
             if (!local[j]) return global->segment_end(index[j]);
         }
         return 0;
@@ -84,9 +86,9 @@ public:
     ott_status seq_truncate(int32_t seq, int32_t n_keep) override {
         const int32_t len = ring->seq_len(seq);
         if (n_keep < len && !ott_kv_ring_holds(n_swa, ring_rows, len, n_keep)) {
-            return ring->seq_truncate(seq, n_keep);     // fails, saying which positions are gone
+            return ring->seq_truncate(seq, n_keep);  // fails, saying which positions are gone
         }
-        if (global) OTT_TRY(global->seq_truncate(seq, n_keep));   // fails leaving the sequence as it was
+        if (global) OTT_TRY(global->seq_truncate(seq, n_keep));  // fails leaving the sequence as it was
         return ring->seq_truncate(seq, n_keep);
     }
 
@@ -97,7 +99,7 @@ public:
 
     // Bytes add up; per token and layer, each part's figure weighs by its layers.
     ott_kv_stats stats() const override {
-        ott_kv_stats st = ring->stats();
+        ott_kv_stats st      = ring->stats();
         const double n_layer = n_local + n_global;
         st.bytes_per_token_layer *= n_local / n_layer;
         st.bits_per_element *= n_local / n_layer;
@@ -120,9 +122,9 @@ public:
 private:
     ott_kv_cache & part(int il) const { return local[il] ? *ring : *global; }
 
-    ott_kv_shape sh;                       // the whole model
-    std::vector<uint8_t> local;            // [n_layer] 1: local layer
-    std::vector<int32_t> index;            // [n_layer] the layer's index among those of its kind
+    ott_kv_shape sh;             // the whole model
+    std::vector<uint8_t> local;  // [n_layer] 1: local layer
+    std::vector<int32_t> index;  // [n_layer] the layer's index among those of its kind
     int32_t n_swa;
     int32_t n_local = 0, n_global = 0;
     int32_t ring_rows = 0;                 // the ring's rows per sequence
@@ -130,13 +132,14 @@ private:
     std::unique_ptr<ott_kv_cache> global;  // global layers: the chosen mode; null when there are none
 };
 
-} // namespace
+}  // namespace
 
 ott_status ott_kv_layered_create(const ott_kv_params & params, const ott_kv_shape & shape,
                                  const std::vector<uint8_t> & local, int32_t n_swa, int32_t n_ubatch,
                                  std::unique_ptr<ott_kv_cache> & out) {
-    if (std::none_of(local.begin(), local.end(), [](uint8_t l) { return l != 0; })) return ott_kv_cache_create(params, shape, out);
-    if ((int32_t) local.size() != shape.n_layer || n_swa <= 0 || n_ubatch <= 0) {
+    if (std::none_of(local.begin(), local.end(), [](uint8_t l) { return l != 0; }))
+        return ott_kv_cache_create(params, shape, out);
+    if ((int32_t)local.size() != shape.n_layer || n_swa <= 0 || n_ubatch <= 0) {
         return ott_fail(OTT_ERR_INVALID_ARG, "layered KV cache: %zu layer kinds for %d layers, window %d, ubatch %d",
                         local.size(), shape.n_layer, n_swa, n_ubatch);
     }

@@ -47,21 +47,21 @@
 extern "C" {
 #endif
 
-typedef uint16_t ott_fp16;              /* IEEE binary16 bit pattern */
+typedef uint16_t ott_fp16; /* IEEE binary16 bit pattern */
 
-#define OTT_KV_ALIGN 64                 /* bytes: start of every array of a head-block */
+#define OTT_KV_ALIGN 64 /* bytes: start of every array of a head-block */
 
 /* The knobs that fix a head-block: its layout and how its groups are quantized (KVConfig
  * resolved for head_dim). */
 typedef struct {
-    int32_t head_dim;    /* n_embd_head                                    */
-    int32_t block;       /* tokens per block, multiple of 8                */
-    int32_t bits_k;      /* 2, 4 or 8                                      */
-    int32_t bits_v;      /* 2, 4 or 8                                      */
-    int32_t group_k;     /* tokens per key group, divides block            */
-    int32_t group_v;     /* channels per value group, divides head_dim     */
-    int32_t clip;        /* 1: each group takes the best clipped range (kv_clip.h), 0: min-max */
-    int32_t param_bits;  /* 16: fp16 scale and min per group; 8: ufp8 scale, int8 min (below) */
+    int32_t head_dim;   /* n_embd_head                                    */
+    int32_t block;      /* tokens per block, multiple of 8                */
+    int32_t bits_k;     /* 2, 4 or 8                                      */
+    int32_t bits_v;     /* 2, 4 or 8                                      */
+    int32_t group_k;    /* tokens per key group, divides block            */
+    int32_t group_v;    /* channels per value group, divides head_dim     */
+    int32_t clip;       /* 1: each group takes the best clipped range (kv_clip.h), 0: min-max */
+    int32_t param_bits; /* 16: fp16 scale and min per group; 8: ufp8 scale, int8 min (below) */
 } ott_kv_geom;
 OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 32, "ott_kv_geom is eight int32");
 
@@ -74,62 +74,73 @@ typedef struct {
     uint32_t k_codes;
     uint32_t v_codes;
     uint32_t mask;
-    uint32_t size;       /* total bytes, a multiple of OTT_KV_ALIGN */
+    uint32_t size; /* total bytes, a multiple of OTT_KV_ALIGN */
 } ott_kv_block_layout;
 OTT_STATIC_ASSERT(sizeof(ott_kv_block_layout) == 32, "ott_kv_block_layout is eight uint32");
 
-static inline OTT_HD uint32_t ott_kv_align(uint32_t n) {
-    return (n + OTT_KV_ALIGN - 1) / OTT_KV_ALIGN * OTT_KV_ALIGN;
-}
+static inline OTT_HD uint32_t ott_kv_align(uint32_t n) { return (n + OTT_KV_ALIGN - 1) / OTT_KV_ALIGN * OTT_KV_ALIGN; }
 
 /* Bytes of one scale or minimum. */
 static inline OTT_HD uint32_t ott_kv_param_bytes(const ott_kv_geom * g) { return g->param_bits == 8 ? 1u : 2u; }
 
 /* An 8-bit scale: the fp16 with bit pattern s8 << 7 (5 exponent, 3 mantissa bits), as float. */
 static inline OTT_HD float ott_kv_scale8(uint8_t s8) {
-    const uint32_t e = (uint32_t) s8 >> 3, m = ((uint32_t) s8 & 7u) << 7;      /* fp16 exponent, mantissa */
-    union { uint32_t u; float f; } v;
-    if (e == 0) return (float) m * 0x1p-24f;                                   /* subnormal, exact */
+    const uint32_t e = (uint32_t)s8 >> 3, m = ((uint32_t)s8 & 7u) << 7; /* fp16 exponent, mantissa */
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    if (e == 0) return (float)m * 0x1p-24f; /* subnormal, exact */
     v.u = ((e + 112u) << 23) | (m << 13);
     return v.f;
 }
 
 /* An 8-bit minimum: z quarters of its group's scale, two float multiplications. */
-static inline OTT_HD float ott_kv_min8(int8_t z, float scale) { return ((float) z * 0.25f) * scale; }
+static inline OTT_HD float ott_kv_min8(int8_t z, float scale) { return ((float)z * 0.25f) * scale; }
 
 /* Bytes of one packed code row. */
-static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) { return (uint32_t) (g->block * g->bits_k / 8); }
-static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) { return (uint32_t) (g->head_dim * g->bits_v / 8); }
+static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) { return (uint32_t)(g->block * g->bits_k / 8); }
+static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) {
+    return (uint32_t)(g->head_dim * g->bits_v / 8);
+}
 /* Groups per block (keys) and per token (values). */
-static inline OTT_HD uint32_t ott_kv_n_gk(const ott_kv_geom * g) { return (uint32_t) (g->block / g->group_k); }
-static inline OTT_HD uint32_t ott_kv_n_gv(const ott_kv_geom * g) { return (uint32_t) (g->head_dim / g->group_v); }
+static inline OTT_HD uint32_t ott_kv_n_gk(const ott_kv_geom * g) { return (uint32_t)(g->block / g->group_k); }
+static inline OTT_HD uint32_t ott_kv_n_gv(const ott_kv_geom * g) { return (uint32_t)(g->head_dim / g->group_v); }
 
 static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geom * g) {
-    const uint32_t k_sc = ott_kv_n_gk(g) * (uint32_t) g->head_dim * ott_kv_param_bytes(g);   /* bytes of k_scale, of k_min */
-    const uint32_t v_sc = (uint32_t) g->block * ott_kv_n_gv(g) * ott_kv_param_bytes(g);      /* bytes of v_scale, of v_min */
+    const uint32_t k_sc =
+        ott_kv_n_gk(g) * (uint32_t)g->head_dim * ott_kv_param_bytes(g);                /* bytes of k_scale, of k_min */
+    const uint32_t v_sc = (uint32_t)g->block * ott_kv_n_gv(g) * ott_kv_param_bytes(g); /* bytes of v_scale, of v_min */
     ott_kv_block_layout L;
     uint32_t off = 0;
-    L.k_scale = off; off += ott_kv_align(k_sc);
-    L.k_min   = off; off += ott_kv_align(k_sc);
-    L.v_scale = off; off += ott_kv_align(v_sc);
-    L.v_min   = off; off += ott_kv_align(v_sc);
-    L.k_codes = off; off += ott_kv_align((uint32_t) g->head_dim * ott_kv_k_row_bytes(g));
-    L.v_codes = off; off += ott_kv_align((uint32_t) g->block * ott_kv_v_row_bytes(g));
-    L.mask    = off; off += ott_kv_align((uint32_t) g->block / 8);
-    L.size    = off;
+    L.k_scale    = off;
+    off += ott_kv_align(k_sc);
+    L.k_min = off;
+    off += ott_kv_align(k_sc);
+    L.v_scale = off;
+    off += ott_kv_align(v_sc);
+    L.v_min = off;
+    off += ott_kv_align(v_sc);
+    L.k_codes = off;
+    off += ott_kv_align((uint32_t)g->head_dim * ott_kv_k_row_bytes(g));
+    L.v_codes = off;
+    off += ott_kv_align((uint32_t)g->block * ott_kv_v_row_bytes(g));
+    L.mask = off;
+    off += ott_kv_align((uint32_t)g->block / 8);
+    L.size = off;
     return L;
 }
 
 /* Head-block of KV head h among the n_head_kv head-blocks of one event, laid side by side. */
 static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_block_layout * L, int32_t h) {
-    return event + (size_t) h * L->size;
+    return event + (size_t)h * L->size;
 }
 
 /* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
 static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
-    const uint64_t codes  = (uint64_t) g->head_dim * g->block * (uint64_t) (g->bits_k + g->bits_v) / 8;
-    const uint64_t groups = (uint64_t) ott_kv_n_gk(g) * g->head_dim + (uint64_t) g->block * ott_kv_n_gv(g);
-    return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t) g->block / 8 : 0);
+    const uint64_t codes  = (uint64_t)g->head_dim * g->block * (uint64_t)(g->bits_k + g->bits_v) / 8;
+    const uint64_t groups = (uint64_t)ott_kv_n_gk(g) * g->head_dim + (uint64_t)g->block * ott_kv_n_gv(g);
+    return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
 }
 
 #ifdef __cplusplus

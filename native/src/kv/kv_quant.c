@@ -8,18 +8,18 @@
 #include <string.h>
 
 float ott_fp16_to_fp32_ref(ott_fp16 h) {
-    const uint32_t sign = (uint32_t) (h & 0x8000) << 16;
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     const uint32_t exp  = (h >> 10) & 0x1f;
     const uint32_t mant = h & 0x3ff;
     uint32_t bits;
-    if (exp == 0x1f) {                       /* inf / nan */
+    if (exp == 0x1f) { /* inf / nan */
         bits = sign | 0x7f800000 | (mant << 13);
-    } else if (exp != 0) {                   /* normal */
+    } else if (exp != 0) { /* normal */
         bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {                  /* zero */
+    } else if (mant == 0) { /* zero */
         bits = sign;
-    } else {                                 /* subnormal: mant * 2^-24, exact in float */
-        float f = (float) mant * 0x1p-24f;
+    } else { /* subnormal: mant * 2^-24, exact in float */
+        float f = (float)mant * 0x1p-24f;
         memcpy(&bits, &f, 4);
         bits |= sign;
     }
@@ -31,71 +31,71 @@ float ott_fp16_to_fp32_ref(ott_fp16 h) {
 ott_fp16 ott_fp32_to_fp16_ref(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
-    const uint16_t sign = (uint16_t) ((x >> 16) & 0x8000);
-    const uint32_t ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) return (ott_fp16) (sign | 0x7e00);           /* nan */
-    if (ax >= 0x477ff000) return (ott_fp16) (sign | 0x7c00);          /* >= 65520: inf */
-    if (ax >= 0x38800000) {                                           /* fp16 normal */
-        uint32_t h = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax   = x & 0x7fffffff;
+    if (ax > 0x7f800000) return (ott_fp16)(sign | 0x7e00);  /* nan */
+    if (ax >= 0x477ff000) return (ott_fp16)(sign | 0x7c00); /* >= 65520: inf */
+    if (ax >= 0x38800000) {                                 /* fp16 normal */
+        uint32_t h          = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff);
         const uint32_t rest = ax & 0x1fff;
-        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;        /* carry may raise the exponent */
-        return (ott_fp16) (sign | h);
+        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* carry may raise the exponent */
+        return (ott_fp16)(sign | h);
     }
-    if (ax <= 0x33000000) return sign;                                /* <= 2^-25: rounds to 0 */
+    if (ax <= 0x33000000) return sign; /* <= 2^-25: rounds to 0 */
     /* fp16 subnormal: round(value / 2^-24), value = m * 2^(e-150) */
-    const uint32_t m = (ax & 0x7fffff) | 0x800000;
-    const int shift = 126 - (int) (ax >> 23);                         /* 14 .. 24 */
-    uint32_t h = m >> shift;
+    const uint32_t m    = (ax & 0x7fffff) | 0x800000;
+    const int shift     = 126 - (int)(ax >> 23); /* 14 .. 24 */
+    uint32_t h          = m >> shift;
     const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rest > half || (rest == half && (h & 1))) h++;
-    return (ott_fp16) (sign | h);
+    return (ott_fp16)(sign | h);
 }
 
 /* The fp16 scale and min of the range [lo, hi] at `levels` steps, and the float inverse of
  * the scale (0 for a zero scale). */
 static void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
-    *s16 = ott_fp32_to_fp16_ref((hi - lo) / levels);
-    *m16 = ott_fp32_to_fp16_ref(lo);
+    *s16            = ott_fp32_to_fp16_ref((hi - lo) / levels);
+    *m16            = ott_fp32_to_fp16_ref(lo);
     const float s32 = ott_fp16_to_fp32_ref(*s16);
-    *inv = s32 != 0.0f ? 1.0f / s32 : 0.0f;
+    *inv            = s32 != 0.0f ? 1.0f / s32 : 0.0f;
 }
 
 static uint8_t code_of(float x, float m32, float inv, float levels) {
-    const float t = rintf((x - m32) * inv);                            /* default mode: half to even */
-    return (uint8_t) (t < 0.0f ? 0.0f : (t > levels ? levels : t));
+    const float t = rintf((x - m32) * inv); /* default mode: half to even */
+    return (uint8_t)(t < 0.0f ? 0.0f : (t > levels ? levels : t));
 }
 
 /* The 8-bit scale and minimum of [mn, mx] (reference/quant.py: _params8), decoded into *s and *m. */
 static void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s, float * m) {
     const float t = (mx - mn) / levels;
-    uint32_t h = ott_fp32_to_fp16_ref(t);
-    if (ott_fp16_to_fp32_ref((ott_fp16) h) < t) h++;                   /* the least fp16 >= t */
-    uint32_t s8 = (h + 127) >> 7;                                      /* the least ufp8 >= h */
+    uint32_t h    = ott_fp32_to_fp16_ref(t);
+    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+    uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
     if (s8 == 0) s8 = 1;
-    for (;; ++s8) {                                                    /* widen until z reaches mn */
-        *s = ott_kv_scale8((uint8_t) s8);
+    for (;; ++s8) { /* widen until z reaches mn */
+        *s            = ott_kv_scale8((uint8_t)s8);
         const float z = floorf((mn / *s) * 4.0f);
         if (z >= -128.0f && z <= 127.0f) {
-            *s8_out = (uint8_t) s8;
-            *z_out = (int8_t) z;
-            *m = ott_kv_min8((int8_t) z, *s);
+            *s8_out = (uint8_t)s8;
+            *z_out  = (int8_t)z;
+            *m      = ott_kv_min8((int8_t)z, *s);
             return;
         }
     }
 }
 
-void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip, int32_t param_bits,
-                            uint8_t * codes, uint8_t * scale, uint8_t * min) {
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
+                            int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min) {
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
         const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-        mn = xi < mn ? xi : mn;
-        mx = xi > mx ? xi : mx;
+        mn             = xi < mn ? xi : mn;
+        mx             = xi > mx ? xi : mx;
     }
-    const float levels = (float) ((1 << bits) - 1);
+    const float levels = (float)((1 << bits) - 1);
     if (param_bits == 8) {
         float s, m;
-        params8(mn, mx, levels, scale, (int8_t *) min, &s, &m);
+        params8(mn, mx, levels, scale, (int8_t *)min, &s, &m);
         const float inv = s != 0.0f ? 1.0f / s : 0.0f;
         for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m, inv, levels);
         return;
@@ -103,7 +103,7 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
     const float width = mx - mn;
     ott_fp16 s16, m16;
     float inv;
-    int32_t best = 0;
+    int32_t best    = 0;
     double best_err = 0.0;
     for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
         const float d = ott_clip_shrink(c) * width;
@@ -112,20 +112,20 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         double err = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p = (float) code_of(xi, m32, inv, levels) * s32;
-            const float e = (p + m32) - xi;
-            err += (double) e * (double) e;
+            const float p  = (float)code_of(xi, m32, inv, levels) * s32;
+            const float e  = (p + m32) - xi;
+            err += (double)e * (double)e;
         }
         if (c == 0 || err < best_err) {
-            best = c;
+            best     = c;
             best_err = err;
         }
     }
-    float lo = mn, hi = mx;                                            /* min-max: exactly mn (also -0) */
+    float lo = mn, hi = mx; /* min-max: exactly mn (also -0) */
     if (clip) {
         const float d = ott_clip_shrink(best) * width;
-        lo = mn + d;
-        hi = mx - d;
+        lo            = mn + d;
+        hi            = mx - d;
     }
     range_params(lo, hi, levels, &s16, &m16, &inv);
     const float m32 = ott_fp16_to_fp32_ref(m16);
@@ -138,8 +138,8 @@ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t 
     const int32_t per_byte = 8 / bits;
     for (int32_t j = 0; j < n / per_byte; ++j) {
         uint32_t b = 0;
-        for (int32_t i = 0; i < per_byte; ++i) b |= (uint32_t) codes[j * per_byte + i] << (i * bits);
-        out[j] = (uint8_t) b;
+        for (int32_t i = 0; i < per_byte; ++i) b |= (uint32_t)codes[j * per_byte + i] << (i * bits);
+        out[j] = (uint8_t)b;
     }
 }
 
@@ -147,19 +147,18 @@ int64_t ott_l1_score_ref(const ott_fp16 * k, int32_t head_dim) {
     int64_t s = 0;
     for (int32_t c = 0; c < head_dim; ++c) {
         const uint32_t e = (k[c] >> 10) & 0x1f, m = k[c] & 0x3ff;
-        s += e == 0 ? (int64_t) m : (int64_t) (1024 + m) << (e - 1);  /* |k_c| / 2^-24 */
+        s += e == 0 ? (int64_t)m : (int64_t)(1024 + m) << (e - 1); /* |k_c| / 2^-24 */
     }
     return s;
 }
 
-void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity,
-                         uint8_t * keep, int32_t * best) {
+void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity, uint8_t * keep, int32_t * best) {
     /* best[0 .. n_best-1]: indices of the smallest scores so far, ascending (score, index) */
     int32_t n_best = 0;
-    memset(keep, 0, (size_t) n_cand);
+    memset(keep, 0, (size_t)n_cand);
     if (capacity <= 0) return;
     for (int32_t i = 0; i < n_cand; ++i) {
-        if (n_best == capacity && score[i] >= score[best[n_best - 1]]) continue;  /* ties: older wins */
+        if (n_best == capacity && score[i] >= score[best[n_best - 1]]) continue; /* ties: older wins */
         int32_t j = n_best < capacity ? n_best++ : n_best - 1;
         while (j > 0 && score[best[j - 1]] > score[i]) {
             best[j] = best[j - 1];
@@ -175,91 +174,93 @@ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const ui
     for (int32_t t = 0; t < n; ++t) n_other += masked[t] == 0;
     if (n_other == n) return;
     for (int32_t c = 0; c < head_dim; ++c) {
-        int64_t units = 0;                                             /* exact sum, in 2^-24 */
+        int64_t units = 0; /* exact sum, in 2^-24 */
         for (int32_t t = 0; t < n; ++t) {
             if (masked[t]) continue;
-            const ott_fp16 h = x[(int64_t) t * head_dim + c];
-            const int64_t a = ott_l1_score_ref(&h, 1);
+            const ott_fp16 h = x[(int64_t)t * head_dim + c];
+            const int64_t a  = ott_l1_score_ref(&h, 1);
             units += (h & 0x8000) ? -a : a;
         }
-        const double mean = (double) units * 0x1p-24 / (double) n_other;
-        const ott_fp16 m16 = ott_fp32_to_fp16_ref((float) mean);
+        const double mean  = (double)units * 0x1p-24 / (double)n_other;
+        const ott_fp16 m16 = ott_fp32_to_fp16_ref((float)mean);
         for (int32_t t = 0; t < n; ++t) {
-            if (masked[t]) x[(int64_t) t * head_dim + c] = m16;
+            if (masked[t]) x[(int64_t)t * head_dim + c] = m16;
         }
     }
 }
 
-void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
-                            const uint8_t * masked, uint8_t * out) {
+void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
+                            uint8_t * out) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
     const uint32_t pb = ott_kv_param_bytes(g);
-    uint8_t codes[8192];                                               /* one row: block or head_dim codes */
+    uint8_t codes[8192]; /* one row: block or head_dim codes */
 
     memset(out, 0, L.size);
     /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
     for (int32_t c = 0; c < hd; ++c) {
         for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            const size_t at = ((size_t) gk * hd + c) * pb;
-            ott_quantize_group_ref(k + (int64_t) gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip, g->param_bits,
-                                   codes + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+            const size_t at = ((size_t)gk * hd + c) * pb;
+            ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
+                                   g->param_bits, codes + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
         }
-        ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t) c * ott_kv_k_row_bytes(g));
+        ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
     }
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
     const int32_t n_gv = hd / g->group_v;
     for (int32_t t = 0; t < block; ++t) {
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            const size_t at = ((size_t) t * n_gv + gv) * pb;
-            ott_quantize_group_ref(v + (int64_t) t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip, g->param_bits,
-                                   codes + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
+            const size_t at = ((size_t)t * n_gv + gv) * pb;
+            ott_quantize_group_ref(v + (int64_t)t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
+                                   g->param_bits, codes + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
         }
-        ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t) t * ott_kv_v_row_bytes(g));
+        ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
     }
     for (int32_t t = 0; t < block; ++t) {
-        if (masked[t]) out[L.mask + t / 8] |= (uint8_t) (1u << (t % 8));
+        if (masked[t]) out[L.mask + t / 8] |= (uint8_t)(1u << (t % 8));
     }
 }
 
 size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap) {
-    const size_t n_cand = (size_t) pool_cap + (size_t) g->block;
-    return n_cand * sizeof(int64_t)            /* scores      */
-         + (size_t) pool_cap * sizeof(int32_t) /* selection   */
-         + n_cand;                             /* keep flags  */
+    const size_t n_cand = (size_t)pool_cap + (size_t)g->block;
+    return n_cand * sizeof(int64_t)             /* scores      */
+           + (size_t)pool_cap * sizeof(int32_t) /* selection   */
+           + n_cand;                            /* keep flags  */
 }
 
 static void rows_copy(ott_kv_rows * dst, int32_t i, const ott_fp16 * k, const ott_fp16 * v, int32_t pos, int32_t hd) {
-    memmove(dst->k + (size_t) i * hd, k, (size_t) hd * sizeof(ott_fp16));  /* may be in place */
-    memmove(dst->v + (size_t) i * hd, v, (size_t) hd * sizeof(ott_fp16));
+    memmove(dst->k + (size_t)i * hd, k, (size_t)hd * sizeof(ott_fp16)); /* may be in place */
+    memmove(dst->v + (size_t)i * hd, v, (size_t)hd * sizeof(ott_fp16));
     dst->pos[i] = pos;
 }
 
-void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0,
-                      ott_kv_rows * pool, ott_kv_rows * extra, int32_t * tracing,
-                      uint8_t * out, void * scratch) {
+void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0, ott_kv_rows * pool,
+                      ott_kv_rows * extra, int32_t * tracing, uint8_t * out, void * scratch) {
     const int32_t hd = g->head_dim, block = g->block;
     const int32_t n_old = pool->n, n_cand = n_old + block;
-    int64_t * score = (int64_t *) scratch;                                 /* [n_cand] */
-    int32_t * best  = (int32_t *) (score + n_cand);                        /* [pool->cap] */
-    uint8_t * keep  = (uint8_t *) (best + pool->cap);                      /* [n_cand]; keep + n_old = masked */
+    int64_t * score = (int64_t *)scratch;            /* [n_cand] */
+    int32_t * best  = (int32_t *)(score + n_cand);   /* [pool->cap] */
+    uint8_t * keep  = (uint8_t *)(best + pool->cap); /* [n_cand]; keep + n_old = masked */
 
-    if (*tracing && extra->cap - extra->n < n_old) *tracing = 0;           /* the stop rule */
-    memset(keep, 0, (size_t) n_cand);
+    if (*tracing && extra->cap - extra->n < n_old) *tracing = 0; /* the stop rule */
+    memset(keep, 0, (size_t)n_cand);
     if (*tracing && pool->cap > 0) {
-        for (int32_t i = 0; i < n_old; ++i) score[i] = ott_l1_score_ref(pool->k + (size_t) i * hd, hd);
-        for (int32_t t = 0; t < block; ++t) score[n_old + t] = ott_l1_score_ref(blk_k + (size_t) t * hd, hd);
+        for (int32_t i = 0; i < n_old; ++i) score[i] = ott_l1_score_ref(pool->k + (size_t)i * hd, hd);
+        for (int32_t t = 0; t < block; ++t) score[n_old + t] = ott_l1_score_ref(blk_k + (size_t)t * hd, hd);
         ott_select_pool_ref(score, n_cand, pool->cap, keep, best);
 
         /* evicted pool tokens go to the extra pool, kept ones move to the front, in order */
         int32_t n_pool = 0;
         for (int32_t i = 0; i < n_old; ++i) {
-            const ott_fp16 * k = pool->k + (size_t) i * hd, * v = pool->v + (size_t) i * hd;
-            if (keep[i]) rows_copy(pool, n_pool++, k, v, pool->pos[i], hd);
-            else rows_copy(extra, extra->n++, k, v, pool->pos[i], hd);
+            const ott_fp16 *k = pool->k + (size_t)i * hd, *v = pool->v + (size_t)i * hd;
+            if (keep[i])
+                rows_copy(pool, n_pool++, k, v, pool->pos[i], hd);
+            else
+                rows_copy(extra, extra->n++, k, v, pool->pos[i], hd);
         }
         for (int32_t t = 0; t < block; ++t) {
-            if (keep[n_old + t]) rows_copy(pool, n_pool++, blk_k + (size_t) t * hd, blk_v + (size_t) t * hd, pos0 + t, hd);
+            if (keep[n_old + t])
+                rows_copy(pool, n_pool++, blk_k + (size_t)t * hd, blk_v + (size_t)t * hd, pos0 + t, hd);
         }
         pool->n = n_pool;
         ott_substitute_mean_ref(blk_k, block, hd, keep + n_old);

@@ -42,15 +42,15 @@
 extern "C" {
 #endif
 
-float    ott_fp16_to_fp32_ref(ott_fp16 h);
+float ott_fp16_to_fp32_ref(ott_fp16 h);
 ott_fp16 ott_fp32_to_fp16_ref(float f);
 
 /* Quantize one group of n fp16 values read at x[i*stride] over its whole range (clip = 0)
  * or the best clipped one (clip = 1, fp16 parameters only): codes uint8 [n] (unpacked); the
  * scale and min written at scale and min: fp16 (param_bits 16) or one byte each, a ufp8
  * scale and an int8 z (param_bits 8, kv_layout.h). */
-void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip, int32_t param_bits,
-                            uint8_t * codes, uint8_t * scale, uint8_t * min);
+void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
+                            int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min);
 
 /* Pack n codes LSB-first: code i goes to byte i*bits/8 at bit (i % (8/bits))*bits.
  * out: uint8 [n*bits/8]; n*bits must be a multiple of 8. */
@@ -61,8 +61,7 @@ int64_t ott_l1_score_ref(const ott_fp16 * k, int32_t head_dim);
 
 /* Mark the `capacity` smallest scores: keep uint8 [n_cand] = 1 for them, 0 elsewhere.
  * Ties: the lower index wins. scratch: int32 [capacity]. */
-void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity,
-                         uint8_t * keep, int32_t * scratch);
+void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity, uint8_t * keep, int32_t * scratch);
 
 /* Replace the rows of x (fp16 [n][head_dim]) with masked[t] != 0 by the channel means of
  * the other rows. At least one row must be unmasked. */
@@ -70,16 +69,16 @@ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const ui
 
 /* Quantize one block of one KV head into a head-block (kv_layout.h).
  * k, v: fp16 [block][head_dim], masked rows already substituted; masked: uint8 [block]. */
-void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
-                            const uint8_t * masked, uint8_t * out);
+void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
+                            uint8_t * out);
 
 /* fp16 tokens with positions: an outlier pool or an extra pool of one KV head. */
 typedef struct {
-    ott_fp16 * k;        /* [cap][head_dim] */
-    ott_fp16 * v;        /* [cap][head_dim] */
-    int32_t  * pos;      /* [cap]           */
-    int32_t    n;        /* tokens held     */
-    int32_t    cap;
+    ott_fp16 * k;  /* [cap][head_dim] */
+    ott_fp16 * v;  /* [cap][head_dim] */
+    int32_t * pos; /* [cap]           */
+    int32_t n;     /* tokens held     */
+    int32_t cap;
 } ott_kv_rows;
 
 /* Scratch bytes ott_kv_event_ref needs for a pool of capacity pool_cap. */
@@ -96,9 +95,8 @@ size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap);
  * the candidates pool ∪ block are scored, the `pool->cap` smallest form the new pool in
  * ascending position, pool tokens that lost their place are appended to the extra pool in
  * ascending position, and the selected block slots are masked and mean-substituted. */
-void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0,
-                      ott_kv_rows * pool, ott_kv_rows * extra, int32_t * tracing,
-                      uint8_t * out, void * scratch);
+void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0, ott_kv_rows * pool,
+                      ott_kv_rows * extra, int32_t * tracing, uint8_t * out, void * scratch);
 
 #ifdef __cplusplus
 }

@@ -2,32 +2,32 @@
 #include "kv/kv_report.h"
 
 double ott_kv_used_bytes(const ott_kv_config & cfg, int il, const ott_kv_sched & sc, int64_t n_pooled) {
-    const int64_t token = 2 * (int64_t) cfg.geom.head_dim * sizeof(ott_fp16);
-    const int64_t blocks = (int64_t) sc.n_blocks * ott_kv_block_data_bytes(&cfg.geom, cfg.traces(il));
-    return (double) cfg.n_head_kv * (double) (blocks + (int64_t) (sc.n_sink + sc.n_win) * token)
-         + (double) n_pooled * (double) (token + (int64_t) sizeof(int32_t));
+    const int64_t token  = 2 * (int64_t)cfg.geom.head_dim * sizeof(ott_fp16);
+    const int64_t blocks = (int64_t)sc.n_blocks * ott_kv_block_data_bytes(&cfg.geom, cfg.traces(il));
+    return (double)cfg.n_head_kv * (double)(blocks + (int64_t)(sc.n_sink + sc.n_win) * token) +
+           (double)n_pooled * (double)(token + (int64_t)sizeof(int32_t));
 }
 
 ott_kv_stats ott_kv_stats_of(const ott_kv_config & cfg, double used, int64_t n_tokens, int64_t allocated) {
-    ott_kv_stats st{};
-    st.n_tokens = n_tokens;
+    ott_kv_stats st {};
+    st.n_tokens        = n_tokens;
     st.bytes_allocated = allocated;
-    st.bytes_used = (int64_t) used;
+    st.bytes_used      = (int64_t)used;
     if (n_tokens > 0) {
-        const double token_layers = (double) n_tokens * cfg.n_layer;
-        st.bytes_per_token_layer = used / token_layers;
-        st.bits_per_element = 8.0 * used / (token_layers * cfg.n_head_kv * 2 * cfg.geom.head_dim);
+        const double token_layers = (double)n_tokens * cfg.n_layer;
+        st.bytes_per_token_layer  = used / token_layers;
+        st.bits_per_element       = 8.0 * used / (token_layers * cfg.n_head_kv * 2 * cfg.geom.head_dim);
     }
     return st;
 }
 
 void ott_kv_export_header(const ott_kv_config & cfg, const ott_kv_sched & sc, ott_kv_head_state & out) {
-    out.n_tokens = sc.n_tokens;
-    out.n_sink   = sc.n_sink;
-    out.n_blocks = sc.n_blocks;
-    out.n_window = sc.n_win;
-    out.block_bytes = (int32_t) cfg.layout.size;
+    out.n_tokens                  = sc.n_tokens;
+    out.n_sink                    = sc.n_sink;
+    out.n_blocks                  = sc.n_blocks;
+    out.n_window                  = sc.n_win;
+    out.block_bytes               = (int32_t)cfg.layout.size;
     const ott_kv_block_layout & L = cfg.layout;
-    const uint32_t offs[7] = { L.k_scale, L.k_min, L.v_scale, L.v_min, L.k_codes, L.v_codes, L.mask };
-    for (int i = 0; i < 7; ++i) out.block_offsets[i] = (int32_t) offs[i];
+    const uint32_t offs[7]        = { L.k_scale, L.k_min, L.v_scale, L.v_min, L.k_codes, L.v_codes, L.mask };
+    for (int i = 0; i < 7; ++i) out.block_offsets[i] = (int32_t)offs[i];
 }

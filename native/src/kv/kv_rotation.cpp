@@ -12,8 +12,8 @@ constexpr uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
 // One step of splitmix64: advances state, returns the output.
 uint64_t splitmix64(uint64_t & state) {
     uint64_t z = (state += GOLDEN);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z          = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z          = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
@@ -21,7 +21,7 @@ uint64_t splitmix64(uint64_t & state) {
 // h / (heads / heads_m)): one mat-vec per (head, token) in a single batched product.
 ggml_tensor * per_head(ggml_context * g, ggml_tensor * m, ggml_tensor * x) {
     ggml_tensor * x4 = ggml_reshape_4d(g, x, x->ne[0], 1, x->ne[1], x->ne[2]);
-    ggml_tensor * y = ggml_mul_mat(g, m, x4);                   // [d, 1, heads, n]
+    ggml_tensor * y  = ggml_mul_mat(g, m, x4);  // [d, 1, heads, n]
     ggml_format_name(y, "kv_rot_%s", ggml_get_name(m));
     return ggml_reshape_3d(g, y, x->ne[0], x->ne[1], x->ne[2]);
 }
@@ -29,22 +29,22 @@ ggml_tensor * per_head(ggml_context * g, ggml_tensor * m, ggml_tensor * x) {
 // x [d, heads, n] minus (add = false) or plus c [d, 1, heads, 1]
 ggml_tensor * shift(ggml_context * g, ggml_tensor * x, ggml_tensor * c, bool add) {
     ggml_tensor * x4 = ggml_reshape_4d(g, x, x->ne[0], 1, x->ne[1], x->ne[2]);
-    x4 = add ? ggml_add(g, x4, c) : ggml_sub(g, x4, c);
+    x4               = add ? ggml_add(g, x4, c) : ggml_sub(g, x4, c);
     ggml_format_name(x4, "kv_rot_%s", ggml_get_name(c));
     return ggml_reshape_3d(g, x4, x->ne[0], x->ne[1], x->ne[2]);
 }
 
-} // namespace
+}  // namespace
 
 void ott_kv_hadamard(int32_t head_dim, int il, int h, bool values, float * r) {
-    uint64_t state = GOLDEN * (uint64_t) (2 * ((int64_t) il * 65536 + h) + (values ? 1 : 0) + 1);
+    uint64_t state = GOLDEN * (uint64_t)(2 * ((int64_t)il * 65536 + h) + (values ? 1 : 0) + 1);
     std::vector<float> s(head_dim);
     for (int32_t c = 0; c < head_dim; ++c) s[c] = (splitmix64(state) >> 63) ? -1.0f : 1.0f;
-    const float norm = 1.0f / std::sqrt((float) head_dim);
+    const float norm = 1.0f / std::sqrt((float)head_dim);
     for (int32_t i = 0; i < head_dim; ++i) {
         for (int32_t j = 0; j < head_dim; ++j) {
-            const float hij = (__builtin_popcount((unsigned) (i & j)) & 1) ? -1.0f : 1.0f;
-            r[(size_t) i * head_dim + j] = hij * s[j] * norm;
+            const float hij             = (__builtin_popcount((unsigned)(i & j)) & 1) ? -1.0f : 1.0f;
+            r[(size_t)i * head_dim + j] = hij * s[j] * norm;
         }
     }
 }
@@ -70,24 +70,24 @@ ggml_tensor * ott_kv_rotation::values_of(ggml_context * g, ggml_tensor * v, int 
 
 ggml_tensor * ott_kv_rotation::output(ggml_context * g, ggml_tensor * out, int il) const {
     if (!values) return out;
-    ggml_tensor * o = ggml_reshape_3d(g, out, head_dim, n_head, out->ne[1]);   // [d, n_head, n_tokens]
-    o = per_head(g, rvt[il], o);
+    ggml_tensor * o = ggml_reshape_3d(g, out, head_dim, n_head, out->ne[1]);  // [d, n_head, n_tokens]
+    o               = per_head(g, rvt[il], o);
     if (cvq[il]) o = shift(g, o, cvq[il], true);
-    return ggml_reshape_2d(g, o, (int64_t) head_dim * n_head, out->ne[1]);
+    return ggml_reshape_2d(g, o, (int64_t)head_dim * n_head, out->ne[1]);
 }
 
-ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, int n_head_kv, int n_head,
-                                  int head_dim, ggml_backend_buffer_type_t buft, std::unique_ptr<ott_kv_rotation> & out) {
-    auto rot = std::make_unique<ott_kv_rotation>();
-    const int n_layer = (int) layers.size(), d = head_dim;
-    rot->n_layer = n_layer;
-    rot->n_head_kv = n_head_kv;
-    rot->n_head = n_head;
-    rot->head_dim = d;
-    rot->keys = !layers.empty() && !layers[0].r_k.empty();
-    rot->values = !layers.empty() && !layers[0].r_v.empty();
-    ggml_init_params ip = { ggml_tensor_overhead() * (size_t) (6 * n_layer + 1), nullptr, true };
-    rot->ctx = ggml_init(ip);
+ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, int n_head_kv, int n_head, int head_dim,
+                                  ggml_backend_buffer_type_t buft, std::unique_ptr<ott_kv_rotation> & out) {
+    auto rot          = std::make_unique<ott_kv_rotation>();
+    const int n_layer = (int)layers.size(), d = head_dim;
+    rot->n_layer        = n_layer;
+    rot->n_head_kv      = n_head_kv;
+    rot->n_head         = n_head;
+    rot->head_dim       = d;
+    rot->keys           = !layers.empty() && !layers[0].r_k.empty();
+    rot->values         = !layers.empty() && !layers[0].r_v.empty();
+    ggml_init_params ip = { ggml_tensor_overhead() * (size_t)(6 * n_layer + 1), nullptr, true };
+    rot->ctx            = ggml_init(ip);
     if (!rot->ctx) return ott_fail(OTT_ERR_ALLOC, "cannot allocate the KV rotation tensors");
 
     // tensors, then one buffer, then the data
@@ -106,13 +106,13 @@ ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, 
         if (rot->values) {
             rvt.resize(L.r_v.size());
             for (int h = 0; h < n_head_kv; ++h) {
-                const float * r = L.r_v.data() + (size_t) h * d * d;
+                const float * r = L.r_v.data() + (size_t)h * d * d;
                 for (int i = 0; i < d; ++i) {
-                    for (int j = 0; j < d; ++j) rvt[((size_t) h * d + i) * d + j] = r[(size_t) j * d + i];
+                    for (int j = 0; j < d; ++j) rvt[((size_t)h * d + i) * d + j] = r[(size_t)j * d + i];
                 }
             }
             for (int hq = 0; hq < n_head && !L.c_v.empty(); ++hq) {
-                const float * c = L.c_v.data() + (size_t) (hq / (n_head / n_head_kv)) * d;
+                const float * c = L.c_v.data() + (size_t)(hq / (n_head / n_head_kv)) * d;
                 cvq.insert(cvq.end(), c, c + d);
             }
         }
@@ -124,9 +124,9 @@ ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, 
     rot->buf = ggml_backend_alloc_ctx_tensors_from_buft(rot->ctx, buft);
     if (!rot->buf) return ott_fail(OTT_ERR_ALLOC, "cannot allocate the KV rotation tensors on the backend");
     for (auto & [t, data] : fill) {
-        if ((int64_t) data.size() != ggml_nelements(t)) {
-            return ott_fail(OTT_ERR_INVALID_ARG, "KV rotation kv_rot_%s: %zu values, expected %lld", ggml_get_name(t), data.size(),
-                            (long long) ggml_nelements(t));
+        if ((int64_t)data.size() != ggml_nelements(t)) {
+            return ott_fail(OTT_ERR_INVALID_ARG, "KV rotation kv_rot_%s: %zu values, expected %lld", ggml_get_name(t),
+                            data.size(), (long long)ggml_nelements(t));
         }
         ggml_backend_tensor_set(t, data.data(), 0, ggml_nbytes(t));
     }

@@ -20,8 +20,8 @@
 // A kind of rotation (ott_kv_params::rot_k / rot_v).
 enum ott_kv_rot_kind {
     OTT_KV_ROT_NONE       = 0,
-    OTT_KV_ROT_HADAMARD   = 1,   // H_d · diag(s) / √d, fixed signs per (layer, head, K or V)
-    OTT_KV_ROT_CALIBRATED = 2,   // R and c from the model's own keys and values (sidecar)
+    OTT_KV_ROT_HADAMARD   = 1,  // H_d · diag(s) / √d, fixed signs per (layer, head, K or V)
+    OTT_KV_ROT_CALIBRATED = 2,  // R and c from the model's own keys and values (sidecar)
 };
 
 // Matrices and centres of one layer, host side: R row-major [n_head_kv][d][d], c [n_head_kv][d]
@@ -33,14 +33,14 @@ struct ott_kv_rot_layer {
 struct ott_kv_rotation {
     int n_layer = 0, n_head_kv = 0, n_head = 0, head_dim = 0;
     bool keys = false, values = false;
-    ggml_context * ctx = nullptr;
+    ggml_context * ctx        = nullptr;
     ggml_backend_buffer_t buf = nullptr;
-    std::vector<ggml_tensor *> rk;    // [n_layer] F32 [d, d, n_head_kv]: R_k, row m of head h at (·, m, h)
-    std::vector<ggml_tensor *> ck;    // [n_layer] F32 [d, 1, n_head_kv] or null
-    std::vector<ggml_tensor *> rv;    // [n_layer] F32 [d, d, n_head_kv]: R_v
-    std::vector<ggml_tensor *> rvt;   // [n_layer] F32 [d, d, n_head_kv]: R_vᵀ
-    std::vector<ggml_tensor *> cv;    // [n_layer] F32 [d, 1, n_head_kv] or null
-    std::vector<ggml_tensor *> cvq;   // [n_layer] F32 [d, 1, n_head]: c_v of each query head's KV head, or null
+    std::vector<ggml_tensor *> rk;   // [n_layer] F32 [d, d, n_head_kv]: R_k, row m of head h at (·, m, h)
+    std::vector<ggml_tensor *> ck;   // [n_layer] F32 [d, 1, n_head_kv] or null
+    std::vector<ggml_tensor *> rv;   // [n_layer] F32 [d, d, n_head_kv]: R_v
+    std::vector<ggml_tensor *> rvt;  // [n_layer] F32 [d, d, n_head_kv]: R_vᵀ
+    std::vector<ggml_tensor *> cv;   // [n_layer] F32 [d, 1, n_head_kv] or null
+    std::vector<ggml_tensor *> cvq;  // [n_layer] F32 [d, 1, n_head]: c_v of each query head's KV head, or null
 
     ~ott_kv_rotation();
 
@@ -57,5 +57,5 @@ void ott_kv_hadamard(int32_t head_dim, int il, int h, bool values, float * r);
 
 // Build the rotation tensors on buft from per-layer host data (layers[il].r_k empty: keys not
 // rotated, likewise values).
-ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, int n_head_kv, int n_head,
-                                  int head_dim, ggml_backend_buffer_type_t buft, std::unique_ptr<ott_kv_rotation> & out);
+ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, int n_head_kv, int n_head, int head_dim,
+                                  ggml_backend_buffer_type_t buft, std::unique_ptr<ott_kv_rotation> & out);

@@ -23,10 +23,10 @@ struct ott_ubatch;
 
 // The schedule of one sequence.
 struct ott_kv_sched {
-    int32_t n_tokens = 0;   // tokens appended = position of the next one
-    int32_t n_sink   = 0;   // tokens in the sink
-    int32_t n_blocks = 0;   // quantized blocks
-    int32_t n_win    = 0;   // tokens in the fp16 window
+    int32_t n_tokens = 0;  // tokens appended = position of the next one
+    int32_t n_sink   = 0;  // tokens in the sink
+    int32_t n_blocks = 0;  // quantized blocks
+    int32_t n_win    = 0;  // tokens in the fp16 window
 
     // Position of the oldest window token.
     int32_t win_pos0(const ott_kv_config & cfg) const { return n_sink + n_blocks * cfg.geom.block; }
@@ -48,7 +48,9 @@ int32_t ott_kv_max_blocks(const ott_kv_config & cfg, int32_t n_ctx);
 // Window ring rows per (sequence, KV head) that hold n_win tokens: at least R + block.
 int32_t ott_kv_win_cap(const ott_kv_config & cfg, int32_t n_win);
 // The ring row of window position pos (pos >= sink) in a ring of win_cap rows.
-inline int32_t ott_kv_win_row(const ott_kv_config & cfg, int32_t win_cap, int32_t pos) { return (pos - cfg.sink) % win_cap; }
+inline int32_t ott_kv_win_row(const ott_kv_config & cfg, int32_t win_cap, int32_t pos) {
+    return (pos - cfg.sink) % win_cap;
+}
 
 // A new token of a step: ubatch token `tok` of sequence `seq` at position `pos`, stored in
 // sink row `sink_row`, or in the window (sink_row < 0).
@@ -71,24 +73,24 @@ struct ott_kv_event {
 
 // One sequence of a step.
 struct ott_kv_step_seq {
-    int32_t seq;            // sequence id
-    int32_t t0;             // its first token in the ubatch
-    int32_t n_new;          // its tokens in the ubatch (the chunk)
-    int32_t defer;          // 1: prefill_fp16 chunk, no events during its appends
-    int32_t n_win_max;      // most window tokens from `before` on (ring rows the step needs)
-    ott_kv_sched before;    // what attention sees: the schedule after the deferred events
-    ott_kv_sched after;     // the schedule once the step is committed
-    int32_t app0, n_app;    // its appends: plan.appends[app0 .. app0+n_app), in token order
-    int32_t ev0, n_ev;      // its events: plan.events[ev0 .. ev0+n_ev), in order (deferred first)
+    int32_t seq;          // sequence id
+    int32_t t0;           // its first token in the ubatch
+    int32_t n_new;        // its tokens in the ubatch (the chunk)
+    int32_t defer;        // 1: prefill_fp16 chunk, no events during its appends
+    int32_t n_win_max;    // most window tokens from `before` on (ring rows the step needs)
+    ott_kv_sched before;  // what attention sees: the schedule after the deferred events
+    ott_kv_sched after;   // the schedule once the step is committed
+    int32_t app0, n_app;  // its appends: plan.appends[app0 .. app0+n_app), in token order
+    int32_t ev0, n_ev;    // its events: plan.events[ev0 .. ev0+n_ev), in order (deferred first)
 };
 
 struct ott_kv_plan {
     std::vector<ott_kv_step_seq> seqs;
-    std::vector<ott_kv_append>   appends;
-    std::vector<ott_kv_event>    events;
-    int32_t max_blocks = 0;     // most head-blocks one sequence attends over
-    int32_t max_new    = 0;     // most chunk tokens of one sequence
-    int32_t max_events = 0;     // most events of one sequence (deferred ones included)
+    std::vector<ott_kv_append> appends;
+    std::vector<ott_kv_event> events;
+    int32_t max_blocks = 0;  // most head-blocks one sequence attends over
+    int32_t max_new    = 0;  // most chunk tokens of one sequence
+    int32_t max_events = 0;  // most events of one sequence (deferred ones included)
 };
 
 // The plan of a ubatch over the sequences' schedules sched[n_seq_max].
