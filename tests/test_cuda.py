@@ -43,6 +43,7 @@ needs_gpu = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # minutes per file for four architectures
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=[p.name for p in CUDA_SOURCES])
 def test_cuda_source_compiles(tmp_path, source):
