@@ -1,7 +1,7 @@
 """Accuracy of the KV cache modes, side by side in one run (issue "OTT 2-bit KV cache").
 
 Perplexity on WikiText-2 in decode-faithful chunks (each chunk ends at the cache's next
-quantization event, DESIGN §3), mean KL divergence to the f16 cache's next-token
+quantization event, docs/design.md §3), mean KL divergence to the f16 cache's next-token
 distribution and top-1 agreement (the f16 cache runs in the same process), and the
 footprint (average bits per K/V element at the window size, everything counted). Then,
 optionally, passkey retrieval: filler text with a random 5-digit key at a random depth,

@@ -641,7 +641,7 @@ def cmd_perplexity(args) -> int:
     if n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")
     # Without -b, a quantized cache is fed in decode-faithful chunks (each ends where the next
-    # quantization event fires, DESIGN §3); an fp16 cache takes the window in ubatches of 512.
+    # quantization event fires, docs/design.md §3); an fp16 cache takes the window in ubatches of 512.
     kv_cfg = _kv_config(args)
     ubatch = args.ubatch or (None if kv_cfg.quantized else min(512, n_ctx))
     model = _load(args, n_ctx, n_ubatch=min(ubatch or 512, n_ctx))

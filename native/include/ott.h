@@ -112,7 +112,7 @@ typedef enum {
     OTT_KV_OTT  = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
 } ott_kv_type;
 
-/* Knobs of the quantized cache (DESIGN §2, ott_gguf/reference/config.py); all 0 for
+/* Knobs of the quantized cache (docs/design.md §2, ott_gguf/reference/config.py); all 0 for
  * OTT_KV_F16. group_v larger than head_dim is capped at head_dim. Invalid combinations
  * make ott_context_init fail with OTT_ERR_INVALID_ARG and one line naming the knob. */
 typedef struct {

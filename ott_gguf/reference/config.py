@@ -1,4 +1,4 @@
-"""Every knob of the KV cache (DESIGN §2) in one validated dataclass, plus the named modes.
+"""Every knob of the KV cache (docs/design.md §2) in one validated dataclass, plus the named modes.
 
 A `KVConfig` is model-independent; `for_head_dim` resolves the one knob that depends on the
 model (`group_v` is capped at `head_dim`) and checks the layout constraints for that width.

@@ -9,7 +9,7 @@
 // Quantized blocks take one of two paths:
 //   fused         (few rows, groups a multiple of VL) scores and values straight from the
 //                 codes: Σ_c (q_c·scale_c)·code + Σ_c q_c·min_c per key group, and
-//                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (DESIGN §3)
+//                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (docs/design.md §3)
 //   materialised  the tile is dequantised once into float keys (channel-major) and values,
 //                 then the same kernels as the fp16 stores run on it
 // Vectors are GCC/Clang vector extensions of VL floats (SSE2 … AVX-512 from one source);

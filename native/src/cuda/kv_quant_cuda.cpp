@@ -2,7 +2,7 @@
 // device: the core's rules (kv/kv_config.h, kv/kv_schedule.h, kv/kv_report.h) executed by our
 // kernels (cuda/ott_cuda.h).
 //
-// Execution (DESIGN §1): ggml-cuda has no custom ops, so the attention is external
+// Execution (docs/design.md §1): ggml-cuda has no custom ops, so the attention is external
 // (kv_cache.h): build_attn ends a graph segment (q, k, v are that segment's outputs) and
 // returns an input tensor that our kernels fill; the context's executor (cuda/executor.h)
 // runs the segments and calls run_layer(il) between them: the deferred prefill_fp16 events,

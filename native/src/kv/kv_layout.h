@@ -1,7 +1,7 @@
 /* kv_layout.h — byte layouts of the quantized KV cache, shared by C, C++ and CUDA.
  *
  * The unit of quantized storage is a head-block: one block of `block` consecutive tokens
- * of one KV head of one layer of one sequence, quantized at one event (DESIGN §2). Its
+ * of one KV head of one layer of one sequence, quantized at one event (docs/design.md §2). Its
  * arrays are those of ott_gguf/reference/block.py, byte for byte; they lie in one
  * contiguous piece of memory at the offsets of ott_kv_block_layout:
  *
