@@ -1,14 +1,21 @@
 """Accuracy of the KV cache modes, side by side in one run (issue "OTT 2-bit KV cache").
 
 Perplexity on WikiText-2 in decode-faithful chunks (each chunk ends at the cache's next
-quantization event, DESIGN §3), mean KL divergence to the f16 cache's next-token
+quantization event, docs/design.md §3), mean KL divergence to the f16 cache's next-token
 distribution and top-1 agreement (the f16 cache runs in the same process), and the
 footprint (average bits per K/V element at the window size, everything counted). Then,
 optionally, passkey retrieval: filler text with a random 5-digit key at a random depth,
 greedy answer, fraction of trials that return the key.
 
     python bench/accuracy.py MODEL -f ../shared/data/wikitext-2-raw/wiki.test.raw \
-        --modes f16,kivi2,ott2,kivi4,ott4 --chunks 20 [--ablate] [--passkey 1024,2048 --trials 20]
+        --modes f16,kivi2,ott2,kivi4,ott4 --chunks 20 [--ablate] [--passkey 1024,2048 --trials 20] \
+        [--llamacpp BIN_DIR --llamacpp-types q4_0]
+
+A mode is a preset name, optionally with knobs: `ott2:rot_k=1:rot_v=1` is ott2 with
+Hadamard-rotated keys and values (rotation kinds: 1 hadamard, 2 calibrated, which reads the
+sidecar <model>.kvcalib.gguf written by `python -m ott_gguf calibrate`). --llamacpp adds
+llama.cpp's quantized caches as peers: its llama-perplexity over the same windows (it too
+scores each window's second half), KL against its own f16 run, flash attention on.
 
 Prints markdown tables; the numbers in the README come from this script.
 """
@@ -17,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,16 +35,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ott_gguf.model import Context, Weights  # noqa: E402
 from ott_gguf.perplexity import event_chunks, perplexity  # noqa: E402
-from ott_gguf.reference.config import preset  # noqa: E402
+from ott_gguf.reference.config import KVConfig, preset  # noqa: E402
+
+# llama.cpp's cache types -> bits per element (ggml block sizes: 32 values + fp16 scale [+ min])
+LLAMACPP_BITS = {"f16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5}
+
+
+def parse_mode(spec: str) -> tuple[str, str | KVConfig]:
+    """'ott2' -> ('ott2', 'ott2'); 'ott2:rot_k=1:pool=0' -> (spec, ott2 with those knobs)."""
+    name, *knobs = spec.split(":")
+    if not knobs:
+        return spec, name
+    overrides = {}
+    for kv in knobs:
+        k, _, v = kv.partition("=")
+        overrides[k] = int(v)
+    return spec, preset(name).with_overrides(**overrides)
+
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
 def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
-    """One row per mode (or per named KVConfig in `configs`), each a context on the same weights."""
+    """One row per mode spec (parse_mode) or named KVConfig in `configs`, each a context on the
+    same weights."""
     reference = Context(weights, n_ctx=n_ctx, n_threads=threads)
     rows = []
-    entries = [(m, m) for m in modes] + list((configs or {}).items())
+    entries = [parse_mode(m) for m in modes] + list((configs or {}).items())
     for name, kv in entries:
         model = Context(weights, n_ctx=n_ctx, n_threads=threads, kv=kv)
         t0 = time.perf_counter()
@@ -43,9 +70,54 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
         )
         bits = model.kv_footprint(n_ctx).bits_per_element
         rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
-        print(f"  {name}: PPL {r.ppl:.4f} ({r.chunking}, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(
+            f"  {name}: PPL {r.ppl:.4f} ± {r.stderr:.4f}, KL {r.kl}, top-1 {r.top1}, {bits:.2f} bits "
+            f"({r.chunking}, {time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+        )
         model.close()
     reference.close()
+    return rows
+
+
+def llamacpp_rows(bin_dir: Path, model: Path, text_file: Path, types, n_ctx, chunks):
+    """llama.cpp's llama-perplexity on the same windows: f16 (the KL base), then each cache type."""
+    exe = str(bin_dir / "llama-perplexity")
+    common = [
+        exe,
+        "-m",
+        str(model),
+        "-f",
+        str(text_file),
+        "-c",
+        str(n_ctx),
+        "-b",
+        str(n_ctx),
+        "--chunks",
+        str(chunks),
+        "-fa",
+        "on",
+    ]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = str(Path(tmp) / "kl-base.bin")
+        for t in ["f16", *types]:
+            kl = ["--kl-divergence-base", base] if t == "f16" else ["--kl-divergence-base", base, "--kl-divergence"]
+            t0 = time.perf_counter()
+            out = subprocess.run(common + kl + ["-ctk", t, "-ctv", t], capture_output=True, text=True)
+            log = out.stdout + out.stderr
+            if out.returncode != 0:
+                raise SystemExit(f"error: llama-perplexity -ctk {t} failed: {log.strip().splitlines()[-1:]}")
+            if t == "f16":
+                m = re.search(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)", log)
+                row = (f"llama.cpp {t}", float(m[1]), float(m[2]), None, None)
+            else:
+                m = re.search(r"Mean PPL\(Q\)\s*:\s*([\d.]+) ± +([\d.]+)", log)
+                kld = re.search(r"Mean +KLD: +([\d.]+)", log)
+                top = re.search(r"Same top p: +([\d.]+)", log)
+                row = (f"llama.cpp {t}", float(m[1]), float(m[2]), float(kld[1]), float(top[1]) / 100)
+            rows.append((*row, LLAMACPP_BITS[t], time.perf_counter() - t0))
+            print(f"  llama.cpp {t}: PPL {row[1]:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return rows
 
 
@@ -55,6 +127,8 @@ def print_ppl_table(title, rows, n_ctx):
     print(f"| KV mode | PPL | ± | vs f16 | KL to f16 (nats) | top-1 agreement | bits/element at {n_ctx} |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, ppl, err, kl, top1, bits, _ in rows:
+        if name == "llama.cpp f16":  # llama.cpp's rows compare with its own f16 run
+            f16 = ppl
         rel = f"{100 * (ppl / f16 - 1):+.2f} %" if f16 else "–"
         kl_s = "–" if kl is None else f"{kl:.4f}"
         top_s = "–" if top1 is None else f"{100 * top1:.2f} %"
@@ -83,7 +157,7 @@ def passkey(weights, modes, lengths, trials, threads, seed=0):
     rows = []
     for n in lengths:
         for mode in modes:
-            model = Context(weights, n_ctx=n + 64, n_threads=threads, kv=mode)
+            model = Context(weights, n_ctx=n + 64, n_threads=threads, kv=parse_mode(mode)[1])
             rng = random.Random(seed)  # the same keys and depths for every mode
             ok = 0
             for _ in range(trials):
@@ -125,18 +199,21 @@ def main():
     ap.add_argument("--passkey", default="", help="comma-separated prompt lengths, e.g. 1024,2048,4096,8192")
     ap.add_argument("--passkey-modes", default="f16,kivi2,ott2")
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--llamacpp", type=Path, default=None, help="llama.cpp's bin folder: its caches as peers")
+    ap.add_argument("--llamacpp-types", default="q4_0", help="llama.cpp cache types (comma-separated)")
     args = ap.parse_args()
 
     text = args.file.read_text(encoding="utf-8")
     weights = Weights(args.model)
     modes = [m for m in args.modes.split(",") if m]
-    if modes:
-        print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
-        print_ppl_table(
-            "Perplexity, KL and top-1 by KV mode",
-            ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads),
-            args.ctx,
+    rows = ppl_rows(weights, text, modes, args.ctx, args.chunks, args.threads) if modes else []
+    if args.llamacpp:
+        rows += llamacpp_rows(
+            args.llamacpp, args.model, args.file, args.llamacpp_types.split(","), args.ctx, args.chunks
         )
+    if rows:
+        print(f"model {args.model.name}, WikiText-2 windows of {args.ctx}, first {args.chunks}, decode-faithful chunks")
+        print_ppl_table("Perplexity, KL and top-1 by KV mode", rows, args.ctx)
     if args.ablate:
         ott2 = preset("ott2")
         configs = {

@@ -1,14 +1,16 @@
 """CUDA benchmarks of the quantized KV cache on a Llama-2-7B-shaped model (random F16 weights).
 
-    python bench/cuda_bench.py --model 7b.gguf [--contexts 4096,16384] [--steps 5] [--json out.json]
+    python bench/cuda_bench.py --model 7b.gguf [--kv f16,ott2,ottr2] [--contexts 4096,16384]
+                               [--steps 5] [--json out.json]
 
 1. Kernels (`ott-cuda-ops perf`): the card's device-to-device copy bandwidth, then the fused
-   ott2 attention of one layer (32 KV heads of 128) at each context and batch: bytes the
-   kernel must read over its median time, as a fraction of the copy bandwidth.
-2. Decode throughput: for f16 and ott2 and each context, one context with the largest batch
-   that fits in the GPU's free memory (from the per-sequence KV bytes; shrunk by 10% until
-   creation succeeds); sequence 0 is prefilled to the context in chunks of 512 and copied
-   into the others; then for batch b = 1, 2, 4, ... up to that largest, tokens per second
+   attention of one layer (32 KV heads of 128) of each quantized mode it times at each
+   context and batch: bytes the kernel must read over its median time, as a fraction of
+   the copy bandwidth.
+2. Decode throughput: for each --kv mode and context, one context on the same weights with
+   the largest batch that fits in the GPU's free memory (from the mode's footprint; shrunk
+   by 10% until creation succeeds); sequence 0 prefilled to the context in chunks of 512
+   ("fill_s", its seconds), then copied into the others; then for batch b = 1, 2, 4, ... up to that largest, tokens per second
    summed over b sequences decoding one token each (median of --steps steps after 2
    warm-up steps; each step is one ott_decode of b tokens with their logits copied back).
 3. KV bytes per token from the allocations (ott_kv_stats): bytes of the live tokens per
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ott_gguf.errors import BackendError
-from ott_gguf.model import Model
+from ott_gguf.model import Context, Weights
 
 RESERVE = 4 << 30  # compute buffers, prefill activations, CUDA context
 
@@ -44,18 +46,6 @@ def free_gpu_bytes() -> int:
     return int(out.split()[0]) << 20
 
 
-def kv_bytes_per_seq(kv: str, n_ctx: int, n_layer: int = 32, n_kv: int = 32, hd: int = 128) -> float:
-    """Bytes one sequence of n_ctx tokens allocates (as the caches lay them out)."""
-    if kv == "f16":
-        return 2.0 * n_layer * n_kv * hd * 2 * n_ctx
-    block, window, pool, extra = 128, 32, 3, 32
-    head_block = 9792  # kv_layout.h for head_dim 128, ott2
-    n_blocks = (n_ctx - window) // block
-    win_cap = (window + block + block - 1) // block * block
-    per_head = n_blocks * head_block + win_cap * hd * 4 + (pool + extra) * (hd * 4 + 4) + 12
-    return float(n_layer * n_kv * per_head)
-
-
 def kernel_bench(contexts: list[int]) -> list[dict]:
     import ott_gguf._native as native
 
@@ -64,30 +54,33 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def open_largest(path: Path, kv: str, n_ctx: int, weights: int, cap: int) -> Model:
-    free = free_gpu_bytes() - weights - RESERVE
-    n_seq = max(1, min(cap, int(free // kv_bytes_per_seq(kv, n_ctx))))
+def open_largest(weights: Weights, kv: str, n_ctx: int, cap: int) -> Context:
+    free = free_gpu_bytes() - RESERVE
+    per_seq = weights.kv_footprint(kv, n_ctx).total_bytes * 1.05  # the GPU pads rings and rows
+    n_seq = max(1, min(cap, int(free // per_seq)))
     while True:
         try:
-            return Model(path, n_ctx=n_ctx, n_seq_max=n_seq, n_ubatch=512, kv=kv, device="cuda")
+            return Context(weights, n_ctx=n_ctx, n_seq_max=n_seq, n_ubatch=512, kv=kv)
         except BackendError:
             if n_seq == 1:
                 raise
             n_seq = max(1, int(n_seq * 0.9))
 
 
-def fill(model: Model, depth: int, rng: np.random.Generator) -> float:
-    """Sequence 0 prefilled to `depth` tokens, copied into every other sequence; seconds."""
-    t = time.perf_counter()
+def fill(model: Context, depth: int, rng: np.random.Generator) -> float:
+    """Sequence 0 prefilled to `depth` tokens, then copied into every other sequence; seconds
+    of the prefill alone (the time to first token of a `depth`-token prompt)."""
     tokens = rng.integers(0, model.n_vocab, depth).tolist()
+    t = time.perf_counter()
     for i in range(0, depth, 512):
         model.eval(tokens[i : i + 512], seq=0)
+    secs = time.perf_counter() - t
     for s in range(1, model.n_seq_max):
         model.copy_sequence(0, s)
-    return time.perf_counter() - t
+    return secs
 
 
-def decode_rate(model: Model, batch: int, steps: int, rng: np.random.Generator) -> tuple[float, float]:
+def decode_rate(model: Context, batch: int, steps: int, rng: np.random.Generator) -> tuple[float, float]:
     """(tokens/s summed over the batch, median seconds per step)."""
     seqs = list(range(batch))
     times = []
@@ -113,6 +106,7 @@ def batches_upto(n: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--kv", default="f16,ott2,ottr2", help="KV modes, comma-separated")
     ap.add_argument("--contexts", default="4096,16384")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--max-batch", type=int, default=512)
@@ -120,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
+    modes = args.kv.split(",")
     if not args.model.exists():
         sys.path.insert(0, str(Path(__file__).parent))
         from llama7b_gguf import write
@@ -134,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in results["kernels"]:
             print(json.dumps(r), flush=True)
 
-    weights = args.model.stat().st_size
+    weights = Weights(args.model, device="cuda")
     rng = np.random.default_rng(0)
-    for kv in ("f16", "ott2"):
+    for kv in modes:
         for ctx in contexts:
-            model = open_largest(args.model, kv, ctx + 128, weights, args.max_batch)  # room for the steps
+            model = open_largest(weights, kv, ctx + 128, args.max_batch)  # room for the steps
             secs = fill(model, ctx, rng)
             st = model.kv_stats()
             kv_row = {
@@ -170,19 +165,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{k['bytes_per_token']:.0f} | {k['alloc_per_token_slot']:.0f} |"
         )
     for ctx in contexts:
-        best = {
-            kv: max(r["tok_s"] for r in results["decode"] if r["kv"] == kv and r["ctx"] == ctx)
-            for kv in ("f16", "ott2")
-        }
+        best = {kv: max(r["tok_s"] for r in results["decode"] if r["kv"] == kv and r["ctx"] == ctx) for kv in modes}
         largest = {k["kv"]: k["n_seq_max"] for k in results["kv"] if k["ctx"] == ctx}
-        print(
-            f"ctx {ctx}: ott2/f16 best throughput {best['ott2'] / best['f16']:.2f}x, "
-            f"largest batch {largest['ott2'] / largest['f16']:.1f}x"
-        )
+        fill_s = {k["kv"]: k["fill_s"] for k in results["kv"] if k["ctx"] == ctx}
+        for kv in modes[1:]:
+            print(
+                f"ctx {ctx}: {kv}/{modes[0]} best throughput {best[kv] / best[modes[0]]:.2f}x, "
+                f"largest batch {largest[kv] / largest[modes[0]]:.1f}x, prefill speed "
+                f"{fill_s[modes[0]] / fill_s[kv]:.2f}x"
+            )
     for r in results["kernels"]:
         if r["op"] == "attn" and r["chosen"]:
             print(
-                f"attn ott2 ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = {100 * r['of_copy']:.0f}% of copy"
+                f"attn {r.get('mode', 'ott2')} ctx {r['ctx']} batch {r['batch']}: {r['GBps']:.0f} GB/s = "
+                f"{100 * r['of_copy']:.0f}% of copy"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -7,14 +7,15 @@ For each depth d, decode tokens/s after d tokens of context, for
 - ours: each mode's cache holds d random tokens in a sequence of its own (filled once); a
   round copies it to a scratch sequence and decodes n tokens there one at a time (whole
   steps, timed), then copies it again and decodes n more with profiling on (ott.h:
-  ott_set_profile), which gives the attention op's time per token (our fused attention for
-  ott2, ggml's flash attention for f16);
+  ott_set_profile), which splits a token's time into attention (our fused attention for the
+  quantized modes, ggml's flash attention for f16), appends and quantization events,
+  rotations, and the rest (projections, FFN, output head);
 - llama.cpp's llama-bench (`-p 0 -n N -d ...`) with an f16 cache without and with flash
   attention, and with a q4_0 cache (flash attention on, which a quantized V cache needs).
 Each round runs every side once; the table gives medians over rounds, so a change in machine
-load hits every side alike. Targets (issue "OTT 2-bit KV cache on CPU"): ott2's attention
-faster than our f16 attention from 4K on, and ott2's whole step at 8K faster than llama.cpp's
-best setting.
+load hits every side alike. Targets: each quantized mode's whole step at 8K
+against llama.cpp's best setting (ott2: faster; the recommended preset: 3x), its attention
+against our f16 attention.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def fill(model: Context, seq: int, n: int, rng: np.random.Generator) -> None:
         model.eval(ids[i : i + 512], seq)
 
 
-def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool) -> float:
+def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool):
     """Copy sequence src to the scratch sequence (the last one) and decode n_gen tokens
-    there, one per step; seconds (profile: the attention op's ms per token)."""
+    there, one per step; seconds, or with profile the ms per token of each kind of node
+    (attention, append, rotate, other)."""
     scratch = model.n_seq_max - 1
     model.copy_sequence(src, scratch)
     model.set_profile(profile)
@@ -63,7 +65,10 @@ def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, 
     seconds = time.perf_counter() - t0
     model.set_profile(False)
     model.truncate(scratch, 0)
-    return model.profile().attn_ms / n_gen if profile else seconds
+    if not profile:
+        return seconds
+    prof = model.profile()
+    return tuple(x / n_gen for x in (prof.attn_ms, prof.append_ms, prof.rotate_ms, prof.other_ms))
 
 
 def main() -> int:
@@ -112,7 +117,9 @@ def main() -> int:
         model.close()
 
     med = {k: statistics.median(v) for k, v in tps.items()}
-    amed = {k: statistics.median(v) for k, v in attn.items()}
+    split = {k: [statistics.median(part) for part in zip(*v)] for k, v in attn.items()}
+    amed = {k: v[0] for k, v in split.items()}
+    quantized = [m for m in modes if m != "f16"]
     print(
         f"ours: {', '.join(modes)} caches, Context(n_threads={args.threads}), "
         f"{args.n_gen} decode steps per depth and round"
@@ -122,20 +129,24 @@ def main() -> int:
     print()
     head = ["depth"] + [f"ours {m} t/s" for m in modes] + [f"{n} t/s" for n in LLAMA_SETTINGS]
     head += [f"{m} attention ms/token" for m in modes]
-    if "ott2" in modes:
-        head += ["ott2 / llama.cpp best (whole step)"]
-    if {"f16", "ott2"} <= set(modes):
-        head += ["ott2 / f16 attention time"]
+    head += [f"{m} / llama.cpp best (whole step)" for m in quantized]
+    if "f16" in modes:
+        head += [f"{m} / f16 attention time" for m in quantized]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))
     for d in depths:
         row = [str(d)] + [f"{med[(m, d)]:.2f}" for m in modes] + [f"{med[(n, d)]:.2f}" for n in LLAMA_SETTINGS]
         row += [f"{amed[(m, d)]:.2f}" for m in modes]
-        if "ott2" in modes:
-            row.append(f"{med[('ott2', d)] / max(med[(n, d)] for n in LLAMA_SETTINGS):.2f}")
-        if {"f16", "ott2"} <= set(modes):
-            row.append(f"{amed[('ott2', d)] / amed[('f16', d)]:.2f}")
+        row += [f"{med[(m, d)] / max(med[(n, d)] for n in LLAMA_SETTINGS):.2f}" for m in quantized]
+        if "f16" in modes:
+            row += [f"{amed[(m, d)] / amed[('f16', d)]:.2f}" for m in quantized]
         print("| " + " | ".join(row) + " |")
+    print("\nms per token by kind of node (profile), medians over rounds\n")
+    print("| mode | depth | attention | append + events | rotations | other |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for m in modes:
+        for d in depths:
+            print(f"| {m} | {d} | " + " | ".join(f"{x:.3f}" for x in split[(m, d)]) + " |")
     return 0
 
 

@@ -76,9 +76,11 @@ class SimulatedCache:
         if cfg.pre_rope:
             kq = tm.rope.apply(kq, np.arange(n))
         rep = tm.n_head // tm.n_head_kv
-        as_t = lambda x: (
-            torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).repeat_interleave(rep, dim=1).transpose(0, 1)
-        )
+
+        def as_t(x):
+            t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            return t.repeat_interleave(rep, dim=1).transpose(0, 1)
+
         ke, ve = (
             k_post[0].repeat_interleave(rep, dim=1).transpose(0, 1),
             v[0].repeat_interleave(rep, dim=1).transpose(0, 1),

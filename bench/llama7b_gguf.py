@@ -100,7 +100,7 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shape, n_in in tensors:
+    for _name, shape, n_in in tensors:
         n = int(np.prod(shape))
         if n_in == 0:
             data = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ott_gguf.errors import InvalidArgumentError
+from ott_gguf.errors import InvalidArgumentError, ModelFileError, OttError
 
 from .hparams import read_config
 from .hub import resolve_source
@@ -33,10 +33,19 @@ def convert(src: str, out: str | Path, outtype: str = "f16", revision: str | Non
         raise InvalidArgumentError(f"{out}: directory {out.parent} does not exist")
 
     directory = resolve_source(src, revision)
-    arch = architecture_for(read_config(directory), directory / "config.json")
-    hparams = arch.hparams
-    tensors = plan_tensors(arch, open_checkpoint(directory), outtype, directory)
-    vocab = load_vocab(directory, hparams.n_vocab, hparams.config)
+    try:
+        arch = architecture_for(read_config(directory), directory / "config.json")
+        hparams = arch.hparams
+        tensors = plan_tensors(arch, open_checkpoint(directory), outtype, directory)
+        vocab = load_vocab(directory, hparams.n_vocab, hparams.config)
+    except OttError:
+        raise
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+        # the checks above cover the keys the converter relies on; an architecture's optional
+        # field of a wrong JSON type lands here, still as one line naming the checkpoint
+        raise ModelFileError(
+            f"{directory}: a checkpoint file has a field of an unexpected type or value ({type(e).__name__}: {e})"
+        ) from e
     log.info("%s: %s -> %s, %d tensors, %s", src, hparams.architecture, arch.name, len(tensors), outtype)
 
     # a Hub snapshot directory is named by its commit hash: name the model by its repo id then

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ott_gguf.errors import ModelFileError
+
 from .hparams import read_json
 
 log = logging.getLogger(__name__)
@@ -62,12 +64,31 @@ def _add_flags_from_post_processor(post: dict[str, Any] | None, bos: str | None,
 
 def _chat_template(directory: Path, tokenizer_config: dict[str, Any]) -> str | list[dict[str, str]] | None:
     if "chat_template" in tokenizer_config:
-        return tokenizer_config["chat_template"]
+        return _checked_template(tokenizer_config["chat_template"], directory / "tokenizer_config.json")
     if (directory / "chat_template.jinja").is_file():
-        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ModelFileError(
+                f"{directory / 'chat_template.jinja'}: not UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
     if (directory / "chat_template.json").is_file():
-        return read_json(directory / "chat_template.json").get("chat_template")
+        doc = read_json(directory / "chat_template.json")
+        return _checked_template(
+            doc.get("chat_template") if isinstance(doc, dict) else doc, directory / "chat_template.json"
+        )
     return None
+
+
+def _checked_template(template: Any, where: Path) -> str | list[dict[str, str]] | None:
+    """A template is a string, or a list of {"name": ..., "template": ...} (named templates)."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in template
+    ):
+        return template
+    raise ModelFileError(f"{where}: chat_template must be a string or a list of named templates")
 
 
 def load_special_tokens(

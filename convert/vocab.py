@@ -33,13 +33,50 @@ class Vocab:
     add_space_prefix: bool | None  # tokenizer_config's add_prefix_space, when stated
 
 
+def check_tokenizer_json(tokenizer: Any, path: Path) -> None:
+    """The parts of tokenizer.json the converter reads have the shapes it expects."""
+
+    def bad(what: str) -> ModelFileError:
+        return ModelFileError(f"{path}: {what}")
+
+    if not isinstance(tokenizer, dict):
+        raise bad("expected a JSON object")
+    for key in ("model", "decoder", "pre_tokenizer", "normalizer", "post_processor"):
+        if tokenizer.get(key) is not None and not isinstance(tokenizer[key], dict):
+            raise bad(f"'{key}' must be an object")
+    model = tokenizer.get("model") or {}
+    vocab = model.get("vocab", {})
+    if isinstance(vocab, dict):
+        if not all(isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in vocab.items()):
+            raise bad("'model.vocab' must map token texts to integer ids")
+    elif model.get("type") == "BPE":
+        raise bad("'model.vocab' of a BPE model must be an object")
+    if not isinstance(model.get("merges", []), list):
+        raise bad("'model.merges' must be a list")
+    added = tokenizer.get("added_tokens", [])
+    if not isinstance(added, list):
+        raise bad("'added_tokens' must be a list")
+    for i, a in enumerate(added):
+        if not (
+            isinstance(a, dict)
+            and isinstance(a.get("content"), str)
+            and isinstance(a.get("id"), int)
+            and not isinstance(a.get("id"), bool)
+        ):
+            raise bad(f"added_tokens[{i}] must have a string 'content' and an integer 'id'")
+
+
 def load_vocab(directory: Path, n_vocab: int, config: dict[str, Any]) -> Vocab:
     tok_config_path = directory / "tokenizer_config.json"
     tok_config = read_json(tok_config_path) if tok_config_path.is_file() else {}
+    if not isinstance(tok_config, dict):
+        raise ModelFileError(f"{tok_config_path}: expected a JSON object")
     add_prefix_space = tok_config.get("add_prefix_space")
     add_space_prefix = add_prefix_space if isinstance(add_prefix_space, bool) else None
     json_path = directory / "tokenizer.json"
     tokenizer = read_json(json_path) if json_path.is_file() else None
+    if tokenizer is not None:
+        check_tokenizer_json(tokenizer, json_path)
 
     if (directory / "tokenizer.model").is_file():
         tokens, scores, types = spm_tokens(directory, n_vocab)

@@ -1,4 +1,4 @@
-"""Calibration of the KV cache from a model's own keys and values (DESIGN §8): the sidecar
+"""Calibration of the KV cache from a model's own keys and values (docs/design.md §8): the sidecar
 GGUF `<model>.kvcalib.gguf` that calibrated rotations read (native/src/kv/kv_calib.h
 describes its keys and tensors).
 

@@ -68,9 +68,10 @@ class ChatSession:
 def chat_prompt_ids(model, messages: list[dict]) -> list[int]:
     """Token ids of a conversation rendered with the model's chat template, ready for the
     assistant's reply. The template writes its own special tokens (as transformers assumes);
-    BOS is added only when the vocabulary wants one and the template did not write it."""
-    text = model.chat_template.render(messages, add_generation_prompt=True)
-    ids = model.tokenize(text, add_special=False, parse_special=True)
+    the messages' text is tokenized with special tokens off, so it cannot forge them. BOS is
+    added only when the vocabulary wants one and the template did not write it."""
+    parts = model.chat_template.render_parts(messages, add_generation_prompt=True)
+    ids = model.tokenizer.encode_parts(parts, add_special=False)
     if model.tokenizer.add_bos and ids[:1] != [model.tokenizer.bos_id]:
         ids.insert(0, model.tokenizer.bos_id)
     return ids

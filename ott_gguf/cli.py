@@ -8,6 +8,7 @@ and exit with 1 (2 for a bad command line); `--verbose` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -35,6 +36,7 @@ _KV_KNOBS = {
     "sink": "first tokens kept in fp16",
     "clip": "clipped group ranges (1) or min-max (0)",
     "param_bits": "bits of a group's scale and min: 16 or 8",
+    "key_axis": "key groups per channel (0) or per token along the head (1)",
 }
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}
@@ -44,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit code 2), like every other error here."""
 
     def error(self, message: str):
-        sys.stderr.write(f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"error: {_one_line(self.prog)}: {_one_line(message)} (see {self.prog} --help)\n")
         sys.exit(2)
 
 
@@ -57,6 +59,13 @@ def _percent(text: str) -> float:
     if not 0 <= value <= 10 or abs(value * 100 - round(value * 100)) > 1e-9:
         raise argparse.ArgumentTypeError(f"must be 0 .. 10 in steps of 0.01, got {text}")
     return value
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line, newlines as spaces, other unprintable characters escaped (a file's
+    or a flag's bytes never reach the terminal as control characters)."""
+    text = " ".join(text.split("\n"))
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _int_at_least(low: int):
@@ -327,15 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_calibrate)
 
-    from convert.cli import add_arguments as add_convert_arguments
-
     p = sub.add_parser(
         "convert",
         parents=[verbose],
         help="convert a Hugging Face checkpoint to GGUF",
         description="Convert a Hugging Face checkpoint to GGUF.",
     )
-    add_convert_arguments(p)
+    _converter_cli().add_arguments(p)
     p.set_defaults(func=cmd_convert)
     return parser
 
@@ -365,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fail(message: str, verbose: bool) -> int:
     if verbose:
         traceback.print_exc()
-    print("error: " + " ".join(message.split("\n")), file=sys.stderr)
+    print("error: " + _one_line(message), file=sys.stderr)
     return 1
 
 
@@ -375,7 +382,7 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
     from .model import Model
     from .resolve import resolve_model
 
-    return Model(
+    model = Model(
         resolve_model(args.model),
         n_ctx=n_ctx,
         n_ubatch=n_ubatch,
@@ -385,6 +392,9 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
         device=getattr(args, "device", None),
         kv_calib=None if kv else getattr(args, "kv_calib", None),
     )
+    if model.n_ctx_note:
+        print(f"note: {model.n_ctx_note} (-c sets the context size)", file=sys.stderr)
+    return model
 
 
 def _kv_config(args):
@@ -672,16 +682,28 @@ def cmd_calibrate(args) -> int:
 
 
 def _read_text(path: Path) -> str:
+    # a FIFO or a device would block or never end: only a regular file is read
+    if path.exists() and not path.is_file():
+        raise InvalidArgumentError(f"{path}: not a regular file")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise InvalidArgumentError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def cmd_convert(args) -> int:
-    from convert.cli import run
+def _converter_cli():
+    """The converter's CLI module: `ott_gguf.convert` in an installed package, the checkout's
+    top-level `convert/` when running from the source tree (pip installs it under ott_gguf)."""
+    try:
+        return importlib.import_module("ott_gguf.convert.cli")
+    except ModuleNotFoundError as e:
+        if e.name not in ("ott_gguf.convert", "ott_gguf.convert.cli"):
+            raise
+        return importlib.import_module("convert.cli")
 
-    return run(args)
+
+def cmd_convert(args) -> int:
+    return _converter_cli().run(args)
 
 
 def cmd_tokenize(args) -> int:
@@ -710,7 +732,7 @@ def cmd_perplexity(args) -> int:
     if n_ctx % 2:
         raise InvalidArgumentError(f"perplexity: -c must be even, got {n_ctx}")
     # Without -b, a quantized cache is fed in decode-faithful chunks (each ends where the next
-    # quantization event fires, DESIGN §3); an fp16 cache takes the window in ubatches of 512.
+    # quantization event fires, docs/design.md §3); an fp16 cache takes the window in ubatches of 512.
     kv_cfg = _kv_config(args)
     ubatch = args.ubatch or (None if kv_cfg.quantized else min(512, n_ctx))
     model = _load(args, n_ctx, n_ubatch=min(ubatch or 512, n_ctx))

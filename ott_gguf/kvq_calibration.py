@@ -166,7 +166,7 @@ def collect_kvq(
             window = [bos] + window[1:]
         seen = []
 
-        def observe(il, k_pre, k_post, v):
+        def observe(il, k_pre, k_post, v, seen=seen):
             for x in (k_pre, k_post, v):
                 x.retain_grad()
             seen.append((il, k_pre, k_post, v))
@@ -181,7 +181,7 @@ def collect_kvq(
             for name, x in (("pre", k_pre), ("post", k_post), ("v", v)):
                 a[name].append(x.detach()[0, sl].cpu().numpy().astype(np.float16))
                 a["f_" + name].append(x.grad[0, sl].cpu().numpy().astype(np.float32) ** 2)
-        del logits, loss, seen
+        del logits, loss
     cal = KVQCalibration(tm.n_layer, block, tuple(outliers), n_tokens=n_win * n_ctx)
     for il in tqdm(range(tm.n_layer), desc="fit codebooks", unit="layer", disable=not progress):
         a = {name: np.stack(x) for name, x in acts[il].items()}  # [W, n_used, H, d]

@@ -12,14 +12,17 @@ Weights stay in native memory in their GGUF types; Python reads the metadata (wi
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from ._native import check, ffi, lib
+from .ctx_size import available_memory, context_bytes_per_token, default_n_ctx
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedError
 from .reference.config import PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
@@ -76,6 +79,15 @@ class Profile:
     n_ubatches: int
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _check_count(name: str, value) -> None:
+    """A count the C API takes as int32_t: an int in [1, INT32_MAX]."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 1 <= value <= INT32_MAX:
+        raise InvalidArgumentError(f"{name} = {value!r} must be an integer in [1, {INT32_MAX}]")
+
+
 def _struct_to(cls, c_struct):
     values = {}
     for f in fields(cls):
@@ -94,6 +106,8 @@ class Weights:
         has one. device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this
         build has CUDA and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
+        self._lock = threading.Lock()
+        self._model = None
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
@@ -139,7 +153,10 @@ class Weights:
     def fingerprint(self) -> int:
         """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
         out = ffi.new("uint64_t *")
-        check(lib.ott_model_fingerprint(self._model, out))
+        with self._lock:
+            if self._model is None:
+                raise InvalidArgumentError(f"{self.path}: the weights are closed")
+            check(lib.ott_model_fingerprint(self._model, out))
         return out[0]
 
     def local_layers(self, n_ctx: int) -> frozenset[int]:
@@ -168,8 +185,10 @@ class Weights:
         )
 
     def close(self) -> None:
-        """Drop this handle on the weights: they are freed now, or when their last context is."""
-        self._model = None
+        """Drop this handle on the weights: they are freed now, or when their last context is
+        (each context holds them until it is freed)."""
+        with self._lock:
+            self._model = None
 
 
 class Context:
@@ -188,11 +207,21 @@ class Context:
         prefill_fp16: bool = False,
         kv_calib: str | os.PathLike | None = None,
     ):
-        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4) or a KVConfig, e.g.
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr3, auto) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.
         kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
         model's `<model>.kvcalib.gguf`, see calibrate.py)."""
+        self._lock = threading.RLock()  # one native call at a time (see _handle)
+        self._ctx = None
+        for name, value, optional in (
+            ("n_ctx", n_ctx, True),
+            ("n_seq_max", n_seq_max, False),
+            ("n_ubatch", n_ubatch, False),
+            ("n_threads", n_threads, True),
+        ):
+            if not (optional and value is None):
+                _check_count(name, value)
         kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
         if kv_cfg.kvq:
             raise UnsupportedError(
@@ -210,8 +239,12 @@ class Context:
         self.tokenizer, self.chat_template = weights.tokenizer, weights.chat_template
         self.metadata, self.tensors, self.tensor_types = weights.metadata, weights.tensors, weights.tensor_types
 
+        # no n_ctx: the trained context, capped by the memory available (ctx_size.py)
+        self.n_ctx_note: str | None = None
+        if n_ctx is None:
+            n_ctx = self._default_n_ctx(kv_cfg, n_seq_max, n_ubatch)
         cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
-        cparams.n_ctx = n_ctx or 0
+        cparams.n_ctx = n_ctx
         cparams.n_seq_max = n_seq_max
         cparams.n_ubatch = n_ubatch
         cparams.n_threads = n_threads or 0
@@ -220,14 +253,32 @@ class Context:
         c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
         cparams.kv.calib_path = c_calib  # read during ott_context_init only
         pctx = ffi.new("ott_context **")
-        check(lib.ott_context_init(weights._model, cparams, pctx))
+        with weights._lock:
+            model = weights._model
+            if model is None:
+                raise InvalidArgumentError(f"{weights.path}: the weights are closed")
+            check(lib.ott_context_init(model, cparams, pctx))
         # The destructor holds the weights' handle: the weights are freed after their last context.
-        self._ctx = ffi.gc(pctx[0], lambda ctx, _weights=weights._model: lib.ott_context_free(ctx))
-        self.n_ctx = n_ctx or self.info.n_ctx_train
+        self._ctx = ffi.gc(pctx[0], lambda ctx, _weights=model: lib.ott_context_free(ctx))
+        self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
         self.n_ubatch = n_ubatch
         self.kv = kv_mode_name(kv_cfg)
         self.prefill_fp16 = prefill_fp16
+
+    def _default_n_ctx(self, kv_cfg: KVConfig, n_seq_max: int, n_ubatch: int) -> int:
+        n_train = self.info.n_ctx_train
+        kv_per_token = self.weights.kv_footprint(kv_cfg, n_train, n_train, n_ubatch).total_bytes / n_train
+        per_token = context_bytes_per_token(kv_per_token * n_seq_max, self.info.n_head, n_ubatch)
+        available = available_memory()
+        n_ctx = default_n_ctx(n_train, per_token, available)
+        if n_ctx < n_train:
+            self.n_ctx_note = (
+                f"context capped at {n_ctx} tokens of the trained {n_train}: "
+                f"{n_train} would take ~{per_token * n_train / 2**30:.1f} GiB, "
+                f"{available / 2**30:.1f} GiB are available"
+            )
+        return n_ctx
 
     # ---- text ---------------------------------------------------------------------------
 
@@ -251,31 +302,35 @@ class Context:
         c_seq = ffi.new("int32_t[]", list(seq_ids))
         c_out = ffi.new("int8_t[]", [1 if w else 0 for w in want_logits])
         batch = ffi.new("ott_batch *", {"n_tokens": n, "token": c_tok, "pos": c_pos, "seq_id": c_seq, "logits": c_out})
-        check(lib.ott_decode(self._ctx, batch))
         ptr = ffi.new("float **")
         n_out = ffi.new("int32_t *")
-        check(lib.ott_get_logits(self._ctx, ptr, n_out))
-        buf = ffi.buffer(ptr[0], n_out[0] * self.n_vocab * 4)
-        return np.frombuffer(buf, dtype=np.float32).reshape(n_out[0], self.n_vocab).copy()
+        with self._handle() as ctx:  # the logits buffer is the context's until its next step
+            check(lib.ott_decode(ctx, batch))
+            check(lib.ott_get_logits(ctx, ptr, n_out))
+            buf = ffi.buffer(ptr[0], n_out[0] * self.n_vocab * 4)
+            return np.frombuffer(buf, dtype=np.float32).reshape(n_out[0], self.n_vocab).copy()
 
     def eval(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
         """Append tokens to sequence `seq`; logits of the last token [n_vocab], or of all [n, n_vocab]."""
         if len(tokens) == 0:
             raise InvalidArgumentError("eval: no tokens")
-        start = self.seq_len(seq)
         n = len(tokens)
         want = [True] * n if all_logits else [False] * (n - 1) + [True]
-        out = self.decode_batch(tokens, range(start, start + n), [seq] * n, want)
+        with self._lock:  # the sequence's length and the step that appends to it, together
+            start = self.seq_len(seq)
+            out = self.decode_batch(tokens, range(start, start + n), [seq] * n, want)
         return out if all_logits else out[0]
 
     def seq_len(self, seq: int = 0) -> int:
         n = ffi.new("int32_t *")
-        check(lib.ott_seq_len(self._ctx, seq, n))
+        with self._handle() as ctx:
+            check(lib.ott_seq_len(ctx, seq, n))
         return n[0]
 
     def truncate(self, seq: int = 0, n_keep: int = 0) -> None:
         """Keep the first n_keep tokens of sequence `seq` (0 clears it)."""
-        check(lib.ott_seq_truncate(self._ctx, seq, n_keep))
+        with self._handle() as ctx:
+            check(lib.ott_seq_truncate(ctx, seq, n_keep))
 
     def tokens_until_event(self, seq: int = 0) -> int | None:
         """Tokens sequence `seq` can take until the next quantization event fires (after the
@@ -283,13 +338,19 @@ class Context:
         `eval` each (n_ubatch at least as large), are decode-faithful: every token sees the
         cache token-by-token decoding would show it."""
         n = ffi.new("int32_t *")
-        check(lib.ott_seq_tokens_until_event(self._ctx, seq, n))
+        with self._handle() as ctx:
+            check(lib.ott_seq_tokens_until_event(ctx, seq, n))
         return n[0] or None
 
     def kv_head_state(self, layer: int, seq: int, head: int) -> KVHeadState:
         """A copy of the raw stores of one KV head of a quantized cache (see KVHeadState)."""
+        with self._lock:  # both exports see the same state
+            return self._kv_head_state(layer, seq, head)
+
+    def _kv_head_state(self, layer: int, seq: int, head: int) -> KVHeadState:
         st = ffi.new("ott_kv_head_state *")
-        check(lib.ott_kv_export(self._ctx, layer, seq, head, st))
+        with self._handle() as ctx:
+            check(lib.ott_kv_export(ctx, layer, seq, head, st))
         hd = self.info.n_embd_head
         arrays = {
             "blocks": np.zeros((st.n_blocks, st.block_bytes), np.uint8),
@@ -307,7 +368,8 @@ class Context:
         ctypes = {np.uint8: "uint8_t *", np.float16: "uint16_t *", np.int32: "int32_t *"}
         for name, a in arrays.items():
             setattr(st, name, ffi.cast(ctypes[a.dtype.type], ffi.from_buffer(a)))
-        check(lib.ott_kv_export(self._ctx, layer, seq, head, st))
+        with self._handle() as ctx:
+            check(lib.ott_kv_export(ctx, layer, seq, head, st))
         return KVHeadState(
             n_tokens=st.n_tokens,
             tracing=bool(st.tracing),
@@ -317,30 +379,36 @@ class Context:
 
     def copy_sequence(self, src: int, dst: int) -> None:
         """Make sequence `dst` a copy of sequence `src` (a shared prompt decoded once)."""
-        check(lib.ott_seq_copy(self._ctx, src, dst))
+        with self._handle() as ctx:
+            check(lib.ott_seq_copy(ctx, src, dst))
 
     def fingerprint(self) -> int:
         """The fingerprint of the model file's tensor data (Weights.fingerprint)."""
         return self.weights.fingerprint()
 
     def set_threads(self, n_threads: int) -> None:
-        check(lib.ott_context_set_threads(self._ctx, n_threads))
+        _check_count("n_threads", n_threads)
+        with self._handle() as ctx:
+            check(lib.ott_context_set_threads(ctx, n_threads))
 
     # ---- memory -------------------------------------------------------------------------
 
     def kv_stats(self) -> KVStats:
         st = ffi.new("ott_kv_stats *")
-        check(lib.ott_get_kv_stats(self._ctx, st))
+        with self._handle() as ctx:
+            check(lib.ott_get_kv_stats(ctx, st))
         return _struct_to(KVStats, st)
 
     def set_profile(self, on: bool) -> None:
         """Start (resetting the counters) or stop timing graph nodes by kind; CPU only. While
         on, steps run as several smaller graphs and get slower."""
-        check(lib.ott_set_profile(self._ctx, 1 if on else 0))
+        with self._handle() as ctx:
+            check(lib.ott_set_profile(ctx, 1 if on else 0))
 
     def profile(self) -> Profile:
         p = ffi.new("ott_profile *")
-        check(lib.ott_get_profile(self._ctx, p))
+        with self._handle() as ctx:
+            check(lib.ott_get_profile(ctx, p))
         return _struct_to(Profile, p)
 
     def kv_footprint(self, n_ctx: int | None = None) -> Footprint:
@@ -351,11 +419,22 @@ class Context:
         """KV bytes one token occupies across all layers, at a context of n_ctx tokens."""
         return int(round(self.kv_footprint(n_ctx).bytes_per_token_per_layer * self.info.n_layer))
 
+    @contextmanager
+    def _handle(self):
+        """The native context, held for the block: calls from other threads wait (the lock is
+        reentrant, so a method may call another); a closed context is an error."""
+        with self._lock:
+            if self._ctx is None:
+                raise InvalidArgumentError("the context is closed")
+            yield self._ctx
+
     def close(self) -> None:
-        """Free the context now (otherwise when garbage-collected)."""
-        if getattr(self, "_ctx", None) is not None:
-            ffi.release(self._ctx)
-            self._ctx = None
+        """Free the context now (otherwise when garbage-collected). A call running in another
+        thread finishes first; calls after close raise InvalidArgumentError."""
+        with self._lock:
+            if self._ctx is not None:
+                ffi.release(self._ctx)
+                self._ctx = None
 
     def __enter__(self) -> Context:
         return self

@@ -8,7 +8,7 @@ every scored token has at least n_ctx/2 tokens of context. PPL = exp(mean NLL); 
 standard error is llama.cpp's: sqrt(var(NLL) / (count - 1)) * PPL.
 
 With a quantized KV cache each chunk attends to the cache as earlier chunks left it
-(DESIGN §3), so the chunking is part of the result. By default a quantized cache is fed in
+(docs/design.md §3), so the chunking is part of the result. By default a quantized cache is fed in
 decode-faithful chunks: each chunk ends exactly where the cache's next quantization event
 fires (`Model.tokens_until_event`), so every token sees the cache it would see in
 token-by-token decoding. With a `reference` model (the same weights with an fp16 cache) the

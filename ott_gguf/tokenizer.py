@@ -22,7 +22,8 @@ from __future__ import annotations
 import codecs
 import heapq
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from enum import IntFlag
 from typing import Any
 
@@ -99,12 +100,59 @@ _RSTRIP_EXCEPT = ("<unk>", "<s>", "<|endoftext|>")
 _WORD_CACHE_LIMIT = 200_000  # BPE results kept per pre-token word before the cache is emptied
 
 _KEY = "tokenizer.ggml."
+_BYTE_TEXT = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_array(v: Any, kinds: str) -> bool:
+    """A list/tuple or 1-D numpy array of numbers whose dtype kind is in `kinds` ('iuf', 'iu')."""
+    if isinstance(v, np.ndarray):
+        return v.ndim == 1 and v.dtype.kind in kinds
+    return isinstance(v, (list, tuple)) and all(_is_int(x) or ("f" in kinds and isinstance(x, float)) for x in v)
+
+
+# what each tokenizer key must hold, as GGUF types arrive in Python (ott_gguf.gguf_meta)
+_CHECKS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "bool": (lambda v: isinstance(v, (bool, np.bool_)), "a boolean"),
+    "strings": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "an array of strings"),
+    "numbers": (lambda v: _is_array(v, "iuf"), "an array of numbers"),
+    "ints": (lambda v: _is_array(v, "iu"), "an array of integers"),
+}
+
+
+def metadata_value(fields: Mapping[str, Any], key: str, kind: str) -> Any:
+    """fields[key] if it holds `kind` (see _CHECKS), None when absent; a GGUF value of another
+    type is a ModelFileError naming the key, never a traceback further on."""
+    value = fields.get(key)
+    if value is None:
+        return None
+    ok, what = _CHECKS[kind]
+    if not ok(value):
+        raise ModelFileError(f"GGUF metadata {key} must be {what}, not {_describe(value)}")
+    return value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype}"
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(x).__name__ for x in value[:1000]})
+        return f"an array of {'/'.join(kinds) or 'nothing'}"
+    return f"a {type(value).__name__}"
 
 
 def _read_tokens(fields: Mapping[str, Any]) -> list[str]:
-    if _KEY + "tokens" not in fields:
+    tokens = metadata_value(fields, _KEY + "tokens", "strings")
+    if tokens is None:
         raise ModelFileError("tokenizer.ggml.tokens is missing from the GGUF metadata")
-    tokens = list(fields[_KEY + "tokens"])
+    if not tokens:
+        raise ModelFileError("tokenizer.ggml.tokens is empty")
+    tokens = list(tokens)
     for i, text in enumerate(tokens):
         if not text:
             tokens[i] = f"[EMPTY_{i}]"  # llama.cpp's name for an empty token
@@ -113,7 +161,7 @@ def _read_tokens(fields: Mapping[str, Any]) -> list[str]:
 
 def _read_attrs(fields: Mapping[str, Any], n: int) -> np.ndarray:
     """uint8 [n] of Attr from `tokenizer.ggml.token_type` (all normal when absent)."""
-    types = fields.get(_KEY + "token_type")
+    types = metadata_value(fields, _KEY + "token_type", "ints")
     if types is None:
         return np.full(n, Attr.NORMAL, dtype=np.uint8)
     types = np.asarray(types, dtype=np.int64)
@@ -123,19 +171,23 @@ def _read_attrs(fields: Mapping[str, Any], n: int) -> np.ndarray:
     return np.where(in_table, _TYPE_TO_ATTR[np.where(in_table, types, 0)], 0).astype(np.uint8)
 
 
+class _Plain(str):
+    """Text in which control tokens are not parsed (encode_parts)."""
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Build with from_gguf / from_reader /
     from_fields; all special ids are `int | None` (None: the vocabulary has none)."""
 
     def __init__(self, fields: Mapping[str, Any]):
         """`fields`: GGUF key -> Python value, see from_fields."""
-        model = fields.get(_KEY + "model")
+        model = metadata_value(fields, _KEY + "model", "str")
         if model not in ("llama", "gpt2"):
             raise UnsupportedError(f"tokenizer.ggml.model = {model!r} is not supported (supported: 'llama', 'gpt2')")
         self.model: str = model
         self._spm = model == "llama"
         # SPM has no pre-tokenizer; a byte-level vocabulary without one gets "default", as in llama.cpp.
-        self.pre: str | None = None if self._spm else (fields.get(_KEY + "pre") or "default")
+        self.pre: str | None = None if self._spm else (metadata_value(fields, _KEY + "pre", "str") or "default")
         self._pre: PreTokenizer | None = None if self._spm else pre_tokenizer(self.pre)
 
         self._tokens: list[str] = _read_tokens(fields)
@@ -144,12 +196,12 @@ class Tokenizer:
         attrs = _read_attrs(fields, n)  # uint8 [n_vocab] of Attr
 
         if self._spm:
-            scores = fields.get(_KEY + "scores")
+            scores = metadata_value(fields, _KEY + "scores", "numbers")
             self._scores: list[float] = [0.0] * n if scores is None else np.asarray(scores, dtype=np.float32).tolist()
             if len(self._scores) != n:
                 raise ModelFileError(f"tokenizer.ggml.scores has {len(self._scores)} entries for {n} tokens")
         else:
-            merges = fields.get(_KEY + "merges")
+            merges = metadata_value(fields, _KEY + "merges", "strings")
             if merges is None:
                 raise ModelFileError("tokenizer.ggml.merges is missing from the GGUF metadata of a gpt2 vocabulary")
             # "left right" -> rank, the first of repeated merges winning. Byte-level symbols
@@ -161,9 +213,13 @@ class Tokenizer:
         self._read_special_ids(fields, attrs)
         self._attrs: list[int] = attrs.tolist()
 
-        self.add_bos: bool = bool(fields.get(_KEY + "add_bos_token", True if self._spm else self._pre.add_bos))
-        self.add_eos: bool = bool(fields.get(_KEY + "add_eos_token", False))
-        self._add_space_prefix = self._spm and bool(fields.get(_KEY + "add_space_prefix", True))
+        def flag(key: str, default: bool) -> bool:
+            value = metadata_value(fields, _KEY + key, "bool")
+            return default if value is None else bool(value)
+
+        self.add_bos: bool = flag("add_bos_token", True if self._spm else self._pre.add_bos)
+        self.add_eos: bool = flag("add_eos_token", False)
+        self._add_space_prefix = self._spm and flag("add_space_prefix", True)
         if self.add_bos and self.bos_id is None:
             raise ModelFileError("tokenizer.ggml.add_bos_token is true but the vocabulary has no BOS token")
         if self.add_eos and self.eos_id is None:
@@ -171,7 +227,7 @@ class Tokenizer:
 
         # Texts cut out before tokenizing, longest first: (text, id, only with parse_special).
         ids = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)).tolist()
-        name = str(fields.get("general.name", "")).lower()
+        name = (metadata_value(fields, "general.name", "str") or "").lower()
         self._rstrip: frozenset[int] = (
             frozenset(
                 [i for i in ids if self._tokens[i] not in _RSTRIP_EXCEPT]
@@ -185,6 +241,9 @@ class Tokenizer:
             (self._tokens[i], i, bool(self._attrs[i] & (Attr.CONTROL | Attr.UNKNOWN))) for i in ids
         ]
         self._pieces: list[bytes | None] = [None] * n  # token_to_piece(id, special=True), filled on use
+        for i in np.flatnonzero(attrs & Attr.BYTE).tolist():
+            if self._spm and not _BYTE_TEXT.fullmatch(self._tokens[i]):
+                raise ModelFileError(f"tokenizer.ggml.tokens[{i}] = {self._tokens[i]!r} is a BYTE token but not <0xNN>")
 
     def _read_special_ids(self, fields: Mapping[str, Any], attrs: np.ndarray) -> None:
         """Special ids from the metadata, else llama.cpp's defaults or its detection by token
@@ -193,7 +252,7 @@ class Tokenizer:
         to_id = self._token_to_id
 
         def from_key(key: str, default: int | None = None) -> int | None:
-            value = fields.get(_KEY + key)
+            value = metadata_value(fields, _KEY + key, "int")
             if value is not None and 0 <= int(value) < n:
                 return int(value)
             return default if default is not None and 0 <= default < n else None
@@ -296,18 +355,26 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`. add_special: BOS/EOS where the vocabulary adds them;
         parse_special: texts of control tokens (e.g. <|im_start|>) become those tokens."""
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"encode takes a str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidArgumentError(f"text is not encodable as UTF-8 at character {e.start}") from e
+        return self.encode_parts([(text, parse_special)], add_special)
+
+    def encode_parts(self, parts: Sequence[tuple[str, bool]], add_special: bool = True) -> list[int]:
+        """Token ids of the concatenated texts of `parts`, each (text, parse_special): control
+        tokens are parsed only in the parts that allow it (a chat template's own markers, not
+        the messages' text); the text between special tokens is tokenized as one piece, as
+        if the parts had been one string."""
+        for text, _ in parts:
+            if not isinstance(text, str):
+                raise InvalidArgumentError(f"encode takes a str, got {type(text).__name__}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidArgumentError(f"text is not encodable as UTF-8 at character {e.start}") from e
 
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
         prev_special = True  # SPM: a text fragment at the start or after a special token gets a space
-        for fragment in self._cut_special(text, parse_special):
+        for fragment in self._cut_special(parts):
             if isinstance(fragment, int):
                 out.append(fragment)
                 prev_special = True
@@ -322,23 +389,34 @@ class Tokenizer:
             out.append(self.eos_id)
         return out
 
-    def _cut_special(self, text: str, parse_special: bool) -> list[str | int]:
-        """`text` as a list of text fragments and special token ids, in order."""
-        fragments: list[str | int] = [text] if text else []
+    def _cut_special(self, parts: Sequence[tuple[str, bool]]) -> list[str | int]:
+        """The texts of `parts` as a list of text fragments and special token ids, in order;
+        adjacent text fragments joined."""
+        fragments: list[str | int] = [t if parse else _Plain(t) for t, parse in parts if t]
         for tok_text, tok_id, needs_parse in self._specials:
-            if (needs_parse and not parse_special) or tok_text not in text:
-                continue
             cut: list[str | int] = []
             for fragment in fragments:
-                if isinstance(fragment, int) or tok_text not in fragment:
+                if (
+                    isinstance(fragment, int)
+                    or tok_text not in fragment
+                    or (needs_parse and isinstance(fragment, _Plain))
+                ):
                     cut.append(fragment)
                     continue
+                kind = type(fragment)
                 for j, part in enumerate(fragment.split(tok_text)):
                     if j:
                         cut.append(tok_id)
                     if part:
-                        cut.append(part)
+                        cut.append(kind(part))
             fragments = cut
+        joined: list[str | int] = []
+        for fragment in fragments:
+            if isinstance(fragment, str) and joined and isinstance(joined[-1], str):
+                joined[-1] = str(joined[-1]) + fragment
+            else:
+                joined.append(fragment if isinstance(fragment, int) else str(fragment))
+        fragments = joined
         if self._rstrip:
             stripped: list[str | int] = []
             for fragment in fragments:
@@ -465,7 +543,7 @@ class Tokenizer:
         if attr & Attr.NORMAL:
             return text.replace(_SPM_SPACE, " ").encode("utf-8") if self._spm else byte_decode(text)
         if attr & Attr.BYTE:
-            if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            if _BYTE_TEXT.fullmatch(text):
                 return bytes([int(text[3:5], 16)])
             return byte_decode(text)
         return b""

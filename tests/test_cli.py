@@ -76,8 +76,8 @@ def test_info_describes_the_model(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_cases(fixtures_dir):
-    cases = json.loads((fixtures_dir / "tokenizer" / "smollm2.json").read_text(encoding="utf-8"))["cases"]
+def tokenizer_cases(reference_dir):
+    cases = json.loads((reference_dir / "tokenizer" / "smollm2.json").read_text(encoding="utf-8"))["cases"]
     special = next(c for c in cases if c["ids"] != c["ids_parse_special"])
     longest = max(cases, key=lambda c: len(c["text"]))
     return [special, longest]
@@ -341,6 +341,17 @@ def test_serve_refuses_bad_slot_settings(smollm2_path):
     assert_one_line_error(
         cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"), "16.0 MiB holds no slot"
     )
+
+
+def test_counts_beyond_int32(smollm2_path):
+    for flag in ("-c", "-t"):
+        assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", 1, flag, 2**40), "[1, 2147483647]")
+
+
+def test_perplexity_text_from_a_fifo_does_not_block(smollm2_path, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_line_error(cli("perplexity", smollm2_path, "-f", fifo, timeout=60), "fifo", "not a regular file")
 
 
 def test_missing_perplexity_text(smollm2_path, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -427,9 +428,60 @@ def _missing_tensor(d: Path) -> None:
     assert "model.layers.2.mlp.up_proj.weight" not in index["weight_map"]
 
 
+def _config_with(**fields):
+    def break_it(d: Path) -> None:
+        config = json.loads((d / "config.json").read_text())
+        write_json(d / "config.json", config | fields)
+
+    break_it.__name__ = "_config_" + "_".join(f"{k}_{v}" for k, v in fields.items()).replace(" ", "")
+    return break_it
+
+
+def _config_not_utf8(d: Path) -> None:
+    (d / "config.json").write_bytes((d / "config.json").read_bytes().replace(b'"hidden_size"', b'"hidden_\xff"'))
+
+
+def _config_nan_rope_theta(d: Path) -> None:  # Python's json reads NaN; a GGUF must not get it
+    text = (d / "config.json").read_text()
+    (d / "config.json").write_text(re.sub(r'"rope_theta": [0-9.e+]+', '"rope_theta": NaN', text))
+
+
+def _tokenizer_json_list(d: Path) -> None:
+    write_json(d / "tokenizer.json", [1, 2, 3])
+
+
+def _tokenizer_vocab_list(d: Path) -> None:
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"] = list(tokenizer["model"]["vocab"])
+    write_json(d / "tokenizer.json", tokenizer)
+
+
+def _added_token_without_id(d: Path) -> None:
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    del tokenizer["added_tokens"][0]["id"]
+    write_json(d / "tokenizer.json", tokenizer)
+
+
 @pytest.mark.parametrize(
     "break_it, error, words",
     [
+        (_config_with(num_hidden_layers=10**9), ModelFileError, ["num_hidden_layers", "[1, 1024]"]),
+        (_config_with(num_hidden_layers="2"), ModelFileError, ["num_hidden_layers", "'2'"]),
+        (_config_with(hidden_size=64.0), ModelFileError, ["hidden_size", "64.0"]),
+        (_config_with(num_attention_heads=0), ModelFileError, ["num_attention_heads", "0"]),
+        (_config_with(num_key_value_heads=0), ModelFileError, ["num_key_value_heads", "0"]),
+        (_config_with(num_key_value_heads=3), ModelFileError, ["not a multiple of num_key_value_heads 3"]),
+        (_config_with(vocab_size=None), ModelFileError, ["missing 'vocab_size'"]),
+        (_config_with(rms_norm_eps=-1e-6), ModelFileError, ["rms_norm_eps"]),
+        (_config_with(rope_theta="big"), ModelFileError, ["rope_theta"]),
+        (_config_with(rope_scaling=[1, 2]), ModelFileError, ["rope_scaling"]),
+        (_config_with(tie_word_embeddings="yes"), ModelFileError, ["tie_word_embeddings"]),
+        (_config_with(architectures=[7]), ModelFileError, ["architectures"]),
+        (_config_not_utf8, ModelFileError, ["config.json", "not UTF-8"]),
+        (_config_nan_rope_theta, ModelFileError, ["rope_theta", "nan"]),
+        (_tokenizer_json_list, ModelFileError, ["tokenizer.json", "JSON object"]),
+        (_tokenizer_vocab_list, ModelFileError, ["tokenizer.json", "model.vocab"]),
+        (_added_token_without_id, ModelFileError, ["tokenizer.json", "added_tokens[0]", "'id'"]),
         (_no_config, ModelFileError, ["no config.json"]),
         (
             _unknown_architecture,
@@ -442,7 +494,7 @@ def _missing_tensor(d: Path) -> None:
         (_unknown_pre_tokenizer, UnsupportedError, ["tokenizer.json", "unknown pre-tokenizer"]),
         (_missing_tensor, ModelFileError, ["blk.2.", "lacks"]),
     ],
-    ids=lambda v: v.__name__.strip("_") if callable(v) else None,
+    ids=lambda v: v.__name__.strip("_")[:40] if callable(v) else None,
 )
 def test_bad_input_raises_one_clear_error(qwen2_hf, tmp_path, break_it, error, words):
     directory = tmp_path / "broken"

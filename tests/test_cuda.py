@@ -14,7 +14,7 @@
   (a near-tie the rounding explains; the test prints the numbers). The same check runs on
   SmolLM2 with its weights dequantized to F32, so that both backends multiply the same values
   in float: SmolLM2 as shipped (Q4_1) goes through ggml-cuda's quantized matmul kernels,
-  whose rounding differs from the CPU's by far more (README, "CUDA").
+  whose rounding differs from the CPU's by far more (docs/cuda.md).
 """
 
 import shutil
@@ -43,6 +43,7 @@ needs_gpu = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # minutes per file for four architectures
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=[p.name for p in CUDA_SOURCES])
 def test_cuda_source_compiles(tmp_path, source):

@@ -214,6 +214,15 @@ CASES = [
         120,
         [4],
     ),
+    ("hd64-gqa3-keys-per-token", 64, 3, SMALL.with_overrides(key_axis=1, group_k=32), 150, [1, 4]),
+    (
+        "hd128-gqa1-keys-per-token-p8-rot",
+        128,
+        1,
+        SMALL.with_overrides(key_axis=1, group_k=256, param_bits=8, rot_k=HADAMARD),
+        100,
+        [3],
+    ),
 ]
 
 

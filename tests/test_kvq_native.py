@@ -119,9 +119,11 @@ def tied_tables(cfg, rng, head_dim):
     lo = -rng.integers(1, 5, head_dim).astype(np.float32) / 2
     hi = rng.integers(1, 5, head_dim).astype(np.float32) / 2
     zero, scale = nuq.channel_params(lo, hi)
-    levels = lambda b: (
-        np.linspace(-1, 1, 2**b) if b != 3 else np.array([-1, -0.75, -0.5, -0.25, 0.25, 0.5, 0.75, 1])
-    ).astype(np.float32)
+
+    def levels(b):
+        lv = np.linspace(-1, 1, 2**b) if b != 3 else np.array([-1, -0.75, -0.5, -0.25, 0.25, 0.5, 0.75, 1])
+        return lv.astype(np.float32)
+
     from ott_gguf.reference.kvquant import KVQHead
 
     return KVQHead(zero, scale, levels(cfg.bits_k), levels(cfg.bits_v))
@@ -181,7 +183,10 @@ def test_attention_within_budget_of_float64(native, smol_kv, il, bits):
     n, hd = len(k) - 1, tm.head_dim
     cfg = preset(f"kvquant{bits}")
     lo, hi = np.quantile(k[:n].astype(np.float32), [0.005, 0.995], axis=0)  # [H_kv, d]
-    levels = lambda b: np.sort(np.tanh(np.linspace(-2, 2, 2**b)) / np.tanh(2)).astype(np.float32)
+
+    def levels(b):
+        return np.sort(np.tanh(np.linspace(-2, 2, 2**b)) / np.tanh(2)).astype(np.float32)
+
     layer_tab = KVQLayer(lo.astype(np.float32), hi.astype(np.float32), levels(bits), levels(bits))
     layer = LayerCache.new(cfg, il, tm.n_head_kv, hd, layer_tab)
     layer.append(k[:n], v[:n])

@@ -35,7 +35,10 @@ def test_one_pass_equals_chunked_decode(overrides):
     k_post = rope.apply(k, np.arange(n)).astype(np.float16).astype(np.float32)
     qr = rope.apply(q, np.arange(n)).astype(np.float32)
     sim = SimulatedCache(tm, cfg, [tab])
-    as_t = lambda x: torch.from_numpy(x)[None]
+
+    def as_t(x):
+        return torch.from_numpy(x)[None]
+
     got = sim.attend(0, as_t(qr), as_t(k), as_t(k_post), as_t(v))[0].numpy()
     layer = LayerCache.new(cfg, 0, H_kv, d, tab)
     want = prefill(layer, qr, k if cfg.pre_rope else k_post, v, rope=rope)

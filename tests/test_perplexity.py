@@ -1,11 +1,10 @@
 """Perplexity: the scoring arithmetic on a fake model, then the real WikiText-2 check.
 
-The real check reproduces llama.cpp's own number (shared fixtures/perplexity.md) for
+The real check reproduces llama.cpp's own number (tests/data/perplexity.json) for
 SmolLM2-135M-Instruct Q4_1, first 20 windows of 512 tokens, fp16 KV cache.
 """
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,16 +162,9 @@ def test_prefix_tokenization_equals_whole_text_on_wikitext(smollm2, wikitext_pat
     assert tokenize_for_windows(smollm2.tokenize, text, n)[:n] == whole[:n]
 
 
-def _llamacpp_reference(fixtures_dir, model_name: str) -> tuple[float, float]:
-    table = (fixtures_dir / "perplexity.md").read_text(encoding="utf-8")
-    row = re.search(rf"^\| {re.escape(model_name)} \| ([\d.]+) ± ([\d.]+) \|", table, re.MULTILINE)
-    assert row, f"no f16 row for {model_name} in perplexity.md"
-    return float(row[1]), float(row[2])
-
-
 @pytest.mark.slow
-def test_wikitext2_perplexity_matches_llamacpp(smollm2, wikitext_path, fixtures_dir):
-    ref_ppl, ref_err = _llamacpp_reference(fixtures_dir, "SmolLM2-135M-Instruct Q4_1")
+def test_wikitext2_perplexity_matches_llamacpp(smollm2, wikitext_path, llamacpp_perplexity):
+    ref_ppl, ref_err = llamacpp_perplexity["SmolLM2-135M-Instruct Q4_1", 512, 20]
     text = wikitext_path.read_text(encoding="utf-8")
     result = perplexity(smollm2, text, 512, n_chunks=20, progress=False)
     assert result.chunks == 20 and result.n_tokens_scored == 20 * 255

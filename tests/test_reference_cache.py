@@ -170,6 +170,32 @@ def test_params8_match_scalar_recipe_and_never_clip(bits):
     assert (dequantize_groups(codes[5:6], s8[5:6], z[5:6]) == 0).all()
 
 
+def test_keys_per_token_are_grouped_like_values():
+    """key_axis 1: a key group is group_k channels of one token, quantized exactly as a value
+    group of that width would be, in the same byte counts as per-channel groups."""
+    rng = np.random.default_rng(5)
+    k = (rng.standard_normal((32, 64)) * 3).astype(np.float16)
+    v = rng.standard_normal((32, 64)).astype(np.float16)
+    masked = np.zeros(32, bool)
+    base = KVConfig(
+        bits_k=2, bits_v=2, group_k=8, group_v=16, block=32, window=4, pool=0, extra_pool=0, skip_layers=0, sink=0
+    )
+    per_token = base.with_overrides(key_axis=1, group_k=16).for_head_dim(64)
+    b = quantize_block(k, v, masked, 0, per_token)
+    as_values = quantize_block(v, k, masked, 0, base.with_overrides(group_v=16))  # keys in the value slot
+    assert np.array_equal(b.k_codes, as_values.v_codes)
+    assert np.array_equal(b.k_scale, as_values.v_scale) and np.array_equal(b.k_min, as_values.v_min)
+    per_channel = quantize_block(k, v, masked, 0, base.with_overrides(group_k=16))
+    assert b.k_codes.nbytes == per_channel.k_codes.nbytes and b.k_scale.size == per_channel.k_scale.size
+    kh, _ = b.dequantize(per_token)
+    step = (np.ptp(k.reshape(32, 4, 16).astype(np.float64), axis=2) / 3)[..., None]  # 2 bits: 3 steps
+    assert np.all(np.abs(kh - k).reshape(32, 4, 16) <= step / 2 + 0.02)  # + fp16 parameters
+    with pytest.raises(InvalidArgumentError, match="group_k=24 of per-token keys does not divide head_dim=64"):
+        base.with_overrides(key_axis=1, group_k=24).for_head_dim(64)
+    with pytest.raises(InvalidArgumentError, match="key_axis=2"):
+        base.with_overrides(key_axis=2)
+
+
 def test_params8_and_clip_do_not_combine():
     with pytest.raises(InvalidArgumentError, match="param_bits=16"):
         preset("ott2").with_overrides(clip=1, param_bits=8)

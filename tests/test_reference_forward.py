@@ -9,7 +9,7 @@ from make_gguf import write_random_model
 from reference_forward import ReferenceModel
 
 # Whole-word tokens of both vocabularies (Ġ = leading space); "The", " of" and " is" match llama.cpp's
-# ids for SmolLM2 in shared/fixtures/tokenizer/smollm2.json (504, 282, 314).
+# ids for SmolLM2 in tests/data/tokenizer/smollm2.json (504, 282, 314).
 PROMPT = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
 
 

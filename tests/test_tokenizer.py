@@ -1,4 +1,4 @@
-"""Tokenizer: llama.cpp's ids on the shared fixtures, round trips, pre-tokenizer edge cases,
+"""Tokenizer: llama.cpp's ids on our strings (tests/data/tokenizer), round trips, pre-tokenizer edge cases,
 special tokens, streaming decode, and a SentencePiece vocabulary small enough to work out
 by hand."""
 
@@ -28,17 +28,17 @@ def qwen_tok(qwen05_path):
     return Tokenizer.from_gguf(qwen05_path)
 
 
-def _cases(fixtures_dir, name):
-    return json.loads((fixtures_dir / "tokenizer" / f"{name}.json").read_text(encoding="utf-8"))["cases"]
+def _cases(reference_dir, name):
+    return json.loads((reference_dir / "tokenizer" / f"{name}.json").read_text(encoding="utf-8"))["cases"]
 
 
 # ---- llama.cpp's ids -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, tok_fixture", [("smollm2", "smollm2_tok"), ("qwen2", "qwen_tok")])
-def test_ids_match_llama_cpp(name, tok_fixture, request, fixtures_dir):
+def test_ids_match_llama_cpp(name, tok_fixture, request, reference_dir):
     tok = request.getfixturevalue(tok_fixture)
-    cases = _cases(fixtures_dir, name)
+    cases = _cases(reference_dir, name)
     assert len(cases) > 50
     for case in cases:
         text = case["text"]
@@ -47,9 +47,9 @@ def test_ids_match_llama_cpp(name, tok_fixture, request, fixtures_dir):
 
 
 @pytest.mark.parametrize("name, tok_fixture", [("smollm2", "smollm2_tok"), ("qwen2", "qwen_tok")])
-def test_decode_round_trips(name, tok_fixture, request, fixtures_dir):
+def test_decode_round_trips(name, tok_fixture, request, reference_dir):
     tok = request.getfixturevalue(tok_fixture)
-    for case in _cases(fixtures_dir, name):
+    for case in _cases(reference_dir, name):
         text = case["text"]
         assert tok.decode(tok.encode(text)) == text
         # Control tokens are written back as their text unless skipped.

@@ -1,5 +1,5 @@
 """The tiny random Qwen3, Gemma 3 and Phi-3 checkpoints of the architecture tests, and the
-llama.cpp results on their GGUF files kept in fixtures/llamacpp_tiny_archs.json.
+llama.cpp results on their GGUF files kept in data/llamacpp_tiny_archs.json.
 
     python tests/tiny_archs.py LLAMA_CPP_BIN_DIR [WIKI_TEST_RAW]
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from convert_checkpoints import tiny_gemma3_checkpoint, tiny_phi3_checkpoint, tiny_qwen3_checkpoint  # noqa: E402
 
-FIXTURE = HERE / "fixtures" / "llamacpp_tiny_archs.json"
+FIXTURE = HERE / "data" / "llamacpp_tiny_archs.json"
 PPL_CTX, PPL_CHUNKS, PPL_BYTES = 64, 8, 6000
 
 # name -> checkpoint builder. llama.cpp runs Phi-3 without its sliding window (it disables it),

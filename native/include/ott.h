@@ -112,14 +112,16 @@ typedef enum {
     OTT_KV_OTT  = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
 } ott_kv_type;
 
-/* Knobs of the quantized cache (DESIGN §2, ott_gguf/reference/config.py); all 0 for
+/* Knobs of the quantized cache (docs/design.md §2, ott_gguf/reference/config.py); all 0 for
  * OTT_KV_F16. group_v larger than head_dim is capped at head_dim. Invalid combinations
  * make ott_context_init fail with OTT_ERR_INVALID_ARG and one line naming the knob. */
 typedef struct {
     int32_t type;            /* ott_kv_type                                             */
     int32_t bits_k;          /* bits per key code: 2, 4 or 8                            */
     int32_t bits_v;          /* bits per value code: 2, 4 or 8                          */
-    int32_t group_k;         /* tokens per key group (one channel), divides block      */
+    int32_t group_k;         /* tokens per key group (one channel), divides block; with
+                                 key_axis 1 channels per key group (one token), divides
+                                 head_dim (capped at head_dim as group_v)                */
     int32_t group_v;         /* channels per value group (one token), divides head_dim */
     int32_t block;           /* tokens quantized at one event, multiple of 8            */
     int32_t window;          /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
@@ -138,6 +140,8 @@ typedef struct {
                                  1 Hadamard with fixed signs (head_dim a power of two),
                                  2 calibrated (from calib_path)                           */
     int32_t rot_v;           /* rotation of values, rotated back after attention: same kinds */
+    int32_t key_axis;        /* 0: key groups per channel (KIVI); 1: per token, as values
+                                 (CPU only: the CUDA cache refuses it)                    */
     const char * calib_path; /* calibration sidecar GGUF (calibrated rotations); NULL: none.
                                  Read during ott_context_init only                       */
 } ott_kv_params;

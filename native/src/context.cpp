@@ -3,6 +3,7 @@
 // ubatch, computes it (segment by segment around the cache's kernels when its attention is
 // external, cuda/executor.h) and collects the logits.
 #include "arch/graph.h"
+#include "finite_check.h"
 #include "kv/kv_calib.h"
 #include "kv/kv_layered.h"
 #include "kv/kv_rotation.h"
@@ -209,6 +210,22 @@ ott_status compute_profiled(ott_context * c, ggml_cgraph * gf) {
     return OTT_OK;
 }
 
+ott_status fail_nonfinite(ott_context * c, ggml_cgraph * gf, ott_graph_builder & b) {
+    if (c->kv->external_attention()) {  // the graph runs in segments around our CUDA kernels
+        return ott_fail(OTT_ERR_BACKEND, "the logits are not finite (NaN or infinite)");
+    }
+    b.set_inputs();  // the allocator reused the inputs' memory once they were consumed
+    int32_t il = -1;
+    OTT_TRY(ott_first_nonfinite_layer(c->backend, gf, &il));
+    if (il < 0)
+        return ott_fail(OTT_ERR_BACKEND, "the logits are not finite (NaN or infinite) though every layer's output is: "
+                                         "check the output norm and matrix");
+    return ott_fail(
+        OTT_ERR_BACKEND,
+        "the logits are not finite: layer %d is the first whose output holds a NaN or an infinity (check its weights)",
+        il);
+}
+
 ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vector<int32_t> & ub_src,
                           const std::vector<int32_t> & out_row) {
     OTT_TRY(c->kv->begin(ub));
@@ -241,18 +258,24 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     }
     b.set_inputs();
     OTT_TRY(c->profile ? compute_profiled(c, gf) : compute_graph(c, gf));
-    c->kv->commit();
 
     // logits rows go to their batch rows; consecutive rows are fetched in one copy
     const int32_t n_vocab  = c->model->hparams.n_vocab;
     const size_t row_bytes = (size_t)n_vocab * sizeof(float);
+    bool finite            = true;
     for (size_t j = 0; j < ub.out_idx.size();) {
         const int32_t row = out_row[ub_src[ub.out_idx[j]]];
         size_t n          = 1;
         while (j + n < ub.out_idx.size() && out_row[ub_src[ub.out_idx[j + n]]] == row + (int32_t)n) ++n;
-        ggml_backend_tensor_get(logits, c->logits.data() + (size_t)row * n_vocab, j * row_bytes, n * row_bytes);
+        float * dst = c->logits.data() + (size_t)row * n_vocab;
+        ggml_backend_tensor_get(logits, dst, j * row_bytes, n * row_bytes);
+        finite = finite && ott_all_finite(dst, n * (size_t)n_vocab);
         j += n;
     }
+    // NaN or infinite logits (NaN weights, an overflow): the step is not committed, so the
+    // sequences keep their length, and the error names the first layer that produced them
+    if (!finite) return fail_nonfinite(c, gf, b);
+    c->kv->commit();
     return OTT_OK;
 }
 

@@ -1,6 +1,7 @@
 // model.cpp — read a GGUF file: validate metadata and tensors, place weights on the chosen
 // device in their stored types (on the CPU repacked where ggml has a faster layout).
 #include "model.h"
+#include "gguf_scan.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -9,6 +10,7 @@
 #endif
 
 #include <cerrno>
+#include <cfloat>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -88,6 +90,20 @@ ott_status require_int(const ott_model * m, const std::string & key, int64_t lo,
     return OTT_OK;
 }
 
+// Float metadata that must be finite and in (lo, hi]; `out` keeps its default when the key is
+// absent. A value of another type is an error, not a silent default.
+ott_status require_float(const ott_model * m, const std::string & key, float lo, float hi, float & out) {
+    if (gguf_find_key(m->gguf, key.c_str()) < 0) return OTT_OK;
+    if (!get_float(m->gguf, key, out)) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: metadata '%s' is not a number", m->path.c_str(), key.c_str());
+    }
+    if (!std::isfinite(out) || !(out > lo && out <= hi)) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: metadata '%s' = %g is not in (%g, %g]", m->path.c_str(), key.c_str(), out,
+                        lo, hi);
+    }
+    return OTT_OK;
+}
+
 ott_status read_swa(ott_model * m);
 
 ott_status read_hparams(ott_model * m) {
@@ -128,6 +144,9 @@ ott_status read_hparams(ott_model * m) {
     hp.n_embd_head = hp.n_embd / hp.n_head;
     if (gguf_find_key(g, (a + "attention.key_length").c_str()) >= 0) {
         OTT_TRY(require_int(m, a + "attention.key_length", 1, 1024, hp.n_embd_head));
+    } else if (hp.n_embd % hp.n_head != 0) {
+        return ott_fail(OTT_ERR_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d", m->path.c_str(),
+                        hp.n_embd, hp.n_head);
     }
     if (hp.n_embd_head % 2 != 0) {
         return ott_fail(OTT_ERR_FORMAT, "%s: head dimension %d is odd", m->path.c_str(), hp.n_embd_head);
@@ -136,32 +155,28 @@ ott_status read_hparams(ott_model * m) {
     if (gguf_find_key(g, (a + "rope.dimension_count").c_str()) >= 0) {
         OTT_TRY(require_int(m, a + "rope.dimension_count", 2, hp.n_embd_head, hp.n_rot));
     }
+    if (hp.n_rot % 2 != 0) {  // rope turns pairs of dimensions
+        return ott_fail(OTT_ERR_FORMAT, "%s: rope.dimension_count %d is odd", m->path.c_str(), hp.n_rot);
+    }
 
     hp.norm_rms_eps = 1e-5f;
-    get_float(g, a + "attention.layer_norm_rms_epsilon", hp.norm_rms_eps);
+    OTT_TRY(require_float(m, a + "attention.layer_norm_rms_epsilon", 0.0f, 1.0f, hp.norm_rms_eps));
     hp.rope_freq_base = 10000.0f;
-    get_float(g, a + "rope.freq_base", hp.rope_freq_base);
+    OTT_TRY(require_float(m, a + "rope.freq_base", 0.0f, FLT_MAX, hp.rope_freq_base));
 
     // rope scaling: none, linear, yarn (llama3-style and LongRoPE factors come as tensors)
     hp.rope_freq_scale  = 1.0f;
     hp.rope_ext_factor  = 0.0f;
     hp.rope_attn_factor = 1.0f;
-    get_float(g, a + "rope.scaling.attn_factor", hp.rope_attn_factor);
-    if (!(hp.rope_attn_factor > 0.0f && hp.rope_attn_factor < 100.0f)) {
-        return ott_fail(OTT_ERR_FORMAT, "%s: rope.scaling.attn_factor = %g is not in (0, 100)", m->path.c_str(),
-                        hp.rope_attn_factor);
-    }
+    OTT_TRY(require_float(m, a + "rope.scaling.attn_factor", 0.0f, 100.0f, hp.rope_attn_factor));
     hp.rope_n_ctx_orig = hp.n_ctx_train;
     if (gguf_find_key(g, (a + "rope.scaling.original_context_length").c_str()) >= 0) {
         OTT_TRY(require_int(m, a + "rope.scaling.original_context_length", 1, 1 << 24, hp.rope_n_ctx_orig));
     }
     const std::string scaling = get_str(g, a + "rope.scaling.type");
     float factor              = 1.0f;
-    get_float(g, a + "rope.scaling.factor", factor);
+    OTT_TRY(require_float(m, a + "rope.scaling.factor", 0.0f, 1e6f, factor));
     if (scaling == "linear" || scaling == "yarn") {
-        if (!(factor > 0.0f)) {
-            return ott_fail(OTT_ERR_FORMAT, "%s: rope.scaling.factor must be positive", m->path.c_str());
-        }
         hp.rope_freq_scale = 1.0f / factor;
         if (scaling == "yarn") hp.rope_ext_factor = 1.0f;
     } else if (!scaling.empty() && scaling != "none") {
@@ -175,8 +190,8 @@ ott_status read_hparams(ott_model * m) {
         // Gemma 3 27B scales queries by n_embd/n_head, not head_dim; its files do not say so,
         // and llama.cpp recognises it by its 62 layers — so do we
         if (hp.n_layer == 62) hp.kq_scale = 1.0f / sqrtf((float)(hp.n_embd / hp.n_head));
-        get_float(g, a + "final_logit_softcapping", hp.logit_softcap);
-        if (!(hp.logit_softcap >= 0.0f)) {
+        OTT_TRY(require_float(m, a + "final_logit_softcapping", -FLT_MAX, FLT_MAX, hp.logit_softcap));
+        if (hp.logit_softcap < 0.0f) {
             return ott_fail(OTT_ERR_FORMAT, "%s: final_logit_softcapping = %g is negative", m->path.c_str(),
                             hp.logit_softcap);
         }
@@ -220,10 +235,7 @@ ott_status read_swa(ott_model * m) {
         if (id >= 0) OTT_TRY(require_int(m, key, 0, hp.n_layer, n_pattern));
         for (int il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = n_pattern == 0 || il % n_pattern < n_pattern - 1;
     }
-    get_float(g, a + "rope.freq_base_swa", hp.rope_freq_base_swa);
-    if (!(hp.rope_freq_base_swa > 0.0f)) {
-        return ott_fail(OTT_ERR_FORMAT, "%s: rope.freq_base_swa must be positive", m->path.c_str());
-    }
+    OTT_TRY(require_float(m, a + "rope.freq_base_swa", 0.0f, FLT_MAX, hp.rope_freq_base_swa));
     return OTT_OK;
 }
 
@@ -384,6 +396,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     }
     fseeko(f.get(), 0, SEEK_END);
     const int64_t file_size = ftello(f.get());
+    OTT_TRY(ott_gguf_scan(path, f.get(), file_size));
 
     ggml_context * meta = nullptr;
     gguf_init_params gp = { /*no_alloc =*/true, /*ctx =*/&meta };

@@ -1,4 +1,4 @@
-"""Attention over every store of the cache (DESIGN §3), in float64: the accuracy reference.
+"""Attention over every store of the cache (docs/design.md §3), in float64: the accuracy reference.
 
 A chunk of n_q new tokens (n_q = 1 is a decode step) attends to the cache as it stands —
 sink, quantized blocks minus masked slots, pool, extra pool, window — and to itself causally,

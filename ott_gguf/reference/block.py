@@ -2,7 +2,8 @@
 
 A block holds `block` consecutive token slots; slot t is position `pos0 + t`.
 
-Keys are quantized per channel: a key group is `group_k` consecutive slots of one channel.
+Keys are quantized per channel: a key group is `group_k` consecutive slots of one channel;
+with key_axis 1 per token instead, as values are: `group_k` consecutive channels of one slot.
 Values are quantized per token: a value group is `group_v` consecutive channels of one slot.
 
 Byte layout (all arrays C-contiguous, row-major):
@@ -12,6 +13,8 @@ Byte layout (all arrays C-contiguous, row-major):
                                                 holds slots 4j..4j+3 of channel c)
     k_scale  fp16  [block/group_k, head_dim]    [g, c] = group g (slots g·group_k ..) of channel c
     k_min    fp16  [block/group_k, head_dim]    (scales uint8 and mins int8 with param_bits 8)
+                   key_axis 1: k_codes [block, head_dim·bits_k/8] and k_scale, k_min
+                   [block, head_dim/group_k], laid out as the values' (same byte counts)
     v_codes  uint8 [block, head_dim·bits_v/8]   row t = slot t; its head_dim codes packed
                                                 LSB-first along channels
     v_scale  fp16  [block, head_dim/group_v]    [t, g] = channels g·group_v .. of slot t
@@ -56,13 +59,30 @@ class QuantBlock:
 
     def dequantize(self, cfg: KVConfig) -> tuple[np.ndarray, np.ndarray]:
         """(k̂, v̂), both float64 [block, head_dim], masked slots included."""
-        block, head_dim = self.v_codes.shape[0], self.k_codes.shape[0]
+        block = self.v_codes.shape[0]
+        head_dim = self.v_codes.shape[1] * 8 // cfg.bits_v
+        v = _dequantize_rows(self.v_codes, self.v_scale, self.v_min, cfg.bits_v, cfg.group_v)
+        if cfg.key_axis == 1:
+            return _dequantize_rows(self.k_codes, self.k_scale, self.k_min, cfg.bits_k, cfg.group_k), v
         n_gk = block // cfg.group_k
         k_codes = unpack_codes(self.k_codes, cfg.bits_k).reshape(head_dim, n_gk, cfg.group_k)
         k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)  # [head_dim, n_gk, group_k]
-        v_codes = unpack_codes(self.v_codes, cfg.bits_v).reshape(block, head_dim // cfg.group_v, cfg.group_v)
-        v = dequantize_groups(v_codes, self.v_scale, self.v_min)  # [block, n_gv, group_v]
-        return k.reshape(head_dim, block).T, v.reshape(block, head_dim)
+        return k.reshape(head_dim, block).T, v
+
+
+def _dequantize_rows(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray, bits: int, group: int) -> np.ndarray:
+    """Per-token groups: packed codes [block, head_dim·bits/8], parameters [block, head_dim/group]
+    -> float64 [block, head_dim]."""
+    block = codes.shape[0]
+    c = unpack_codes(codes, bits).reshape(block, -1, group)  # [block, n_g, group]
+    return dequantize_groups(c, scale, mn).reshape(block, -1)
+
+
+def _quantize_rows(x: np.ndarray, bits: int, group: int, cfg: KVConfig):
+    """Per-token groups of x fp16 [block, head_dim] -> (packed codes, scale, min)."""
+    block, head_dim = x.shape
+    codes, scale, mn = quantize_groups(x.reshape(block, head_dim // group, group), bits, bool(cfg.clip), cfg.param_bits)
+    return pack_codes(codes.reshape(block, head_dim), bits), scale, mn
 
 
 def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, cfg: KVConfig) -> QuantBlock:
@@ -72,16 +92,20 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, 
     masked: bool [block]
     """
     block, head_dim = k.shape
-    kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
-    k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
-    vg = v.reshape(block, head_dim // cfg.group_v, cfg.group_v)  # [block, n_gv, group_v]
-    v_codes, v_scale, v_min = quantize_groups(vg, cfg.bits_v, bool(cfg.clip), cfg.param_bits)
+    if cfg.key_axis == 1:
+        k_packed, k_scale, k_min = _quantize_rows(k, cfg.bits_k, cfg.group_k, cfg)
+    else:
+        kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
+        k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
+        k_packed = pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k)
+        k_scale, k_min = np.ascontiguousarray(k_scale.T), np.ascontiguousarray(k_min.T)
+    v_packed, v_scale, v_min = _quantize_rows(v, cfg.bits_v, cfg.group_v, cfg)
     return QuantBlock(
         pos0=pos0,
-        k_codes=pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k),
-        k_scale=np.ascontiguousarray(k_scale.T),
-        k_min=np.ascontiguousarray(k_min.T),
-        v_codes=pack_codes(v_codes.reshape(block, head_dim), cfg.bits_v),
+        k_codes=k_packed,
+        k_scale=k_scale,
+        k_min=k_min,
+        v_codes=v_packed,
         v_scale=v_scale,
         v_min=v_min,
         mask=np.packbits(masked.astype(np.uint8), bitorder="little"),

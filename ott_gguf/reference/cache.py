@@ -1,4 +1,4 @@
-"""The KV cache of one layer of one sequence (DESIGN §2): stores, schedule, appends.
+"""The KV cache of one layer of one sequence (docs/design.md §2): stores, schedule, appends.
 
 Every KV head has its own state (`HeadCache`); the heads of a layer receive the same tokens,
 so their schedules agree and only their outlier choices differ.

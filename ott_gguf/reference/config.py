@@ -1,4 +1,4 @@
-"""Every knob of the KV cache (DESIGN §2) in one validated dataclass, plus the named modes.
+"""Every knob of the KV cache (docs/design.md §2) in one validated dataclass, plus the named modes.
 
 A `KVConfig` is model-independent; `for_head_dim` resolves the one knob that depends on the
 model (`group_v` is capped at `head_dim`) and checks the layout constraints for that width.
@@ -26,7 +26,8 @@ MAX_SUM_TERMS = 8192  # block and head_dim bound that keeps the float64 sums of
 class KVConfig:
     bits_k: int  # bits per key code; 16 = fp16 cache (mode f16)
     bits_v: int  # bits per value code; 16 = fp16 cache (mode f16)
-    group_k: int  # tokens per key group (one channel, consecutive tokens)
+    group_k: int  # key group: consecutive tokens of one channel (key_axis 0) or consecutive
+    # channels of one token (key_axis 1)
     group_v: int  # channels per value group (one token, consecutive channels)
     block: int  # tokens quantized together at one quantization event
     window: int  # R: the fp16 window keeps R .. R+block-1 recent tokens
@@ -42,6 +43,7 @@ class KVConfig:
     pre_rope: int = 0  # 1: keys cached before RoPE, rotated at their position in attention (kvq)
     uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
     outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
+    key_axis: int = 0  # key groups: 0 per channel (KIVI), 1 per token along the head dimension
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -76,6 +78,7 @@ class KVConfig:
             "pre_rope",
             "uniform",
             "outliers",
+            "key_axis",
         ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
@@ -100,7 +103,9 @@ class KVConfig:
                 )
         if self.block == 0 or self.block % 8 or self.block > MAX_SUM_TERMS:
             raise InvalidArgumentError(f"kv config: block={self.block} must be a multiple of 8 in 8..{MAX_SUM_TERMS}")
-        if self.group_k == 0 or self.block % self.group_k:
+        if self.key_axis not in (0, 1):
+            raise InvalidArgumentError(f"kv config: key_axis={self.key_axis} is not 0 (per channel) or 1 (per token)")
+        if self.group_k == 0 or (self.key_axis == 0 and self.block % self.group_k):
             raise InvalidArgumentError(f"kv config: block={self.block} is not a multiple of group_k={self.group_k}")
         if self.group_k * self.bits_k % 8:
             raise InvalidArgumentError(
@@ -139,7 +144,7 @@ class KVConfig:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)"
                 )
-        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v"):
+        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v", "key_axis"):
             if getattr(self, name):
                 raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
         if self.param_bits != 16:
@@ -169,7 +174,8 @@ class KVConfig:
         return CALIBRATED in (self.rot_k, self.rot_v) or self.kvq == 1
 
     def for_head_dim(self, head_dim: int) -> KVConfig:
-        """This config for a model of width `head_dim`: group_v capped at head_dim, checked."""
+        """This config for a model of width `head_dim`: group_v (and group_k of per-token keys)
+        capped at head_dim, checked."""
         if head_dim <= 0 or head_dim > MAX_SUM_TERMS:
             raise InvalidArgumentError(f"kv config: head_dim={head_dim} must be in 1..{MAX_SUM_TERMS}")
         if not self.quantized:
@@ -187,6 +193,12 @@ class KVConfig:
             )
         if head_dim % cfg.group_v:
             raise InvalidArgumentError(f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+        if cfg.key_axis == 1:
+            cfg = replace(cfg, group_k=min(cfg.group_k, head_dim))
+            if head_dim % cfg.group_k:
+                raise InvalidArgumentError(
+                    f"kv config: group_k={cfg.group_k} of per-token keys does not divide head_dim={head_dim}"
+                )
         return cfg
 
     def with_overrides(self, **overrides: int | None) -> KVConfig:

@@ -5,7 +5,7 @@ Accounting per KV head (one sequence), by store:
     sink        n_sink · 2·head_dim fp16 (K and V); positions implicit
     codes       per block: head_dim·block·(bits_k + bits_v)/8 bytes
     scales      per block: scale and min for every group, 2 bytes each (fp16) or 1 (param_bits 8),
-                (block/group_k·head_dim + block·head_dim/group_v) · 2 · that
+                (block·head_dim/group_k + block·head_dim/group_v) · 2 · that (either key axis)
     masks       per block: block/8 bytes, only in layers that trace (no mask needed elsewhere)
     sparse      KVQuant per block: n_out keys and n_out values (kvquant.n_outliers), each an
                 fp16 value and a uint16 index: 2·n_out·4 bytes
@@ -103,7 +103,7 @@ def footprint(
             head["scales"] = n_blocks * cfg.block * 2 * FP16_BYTES
             head["sparse"] = n_blocks * 2 * n_outliers(cfg, head_dim) * SPARSE_BYTES
         elif n_blocks:
-            groups = cfg.block // cfg.group_k * head_dim + cfg.block * head_dim // cfg.group_v
+            groups = cfg.block * head_dim // cfg.group_k + cfg.block * head_dim // cfg.group_v  # either key axis
             head["scales"] = n_blocks * groups * 2 * (FP16_BYTES if cfg.param_bits == 16 else 1)
         if n_blocks and cfg.traces(il):
             head["masks"] = n_blocks * cfg.block // 8

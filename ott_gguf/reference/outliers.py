@@ -1,4 +1,4 @@
-"""Outlier Token Tracing at one quantization event of one KV head (DESIGN §2).
+"""Outlier Token Tracing at one quantization event of one KV head (docs/design.md §2).
 
 This is a reconstruction of arXiv 2505.10938 (the paper body and code could not be read);
 the choices below that the paper may make differently are marked DEVIATION.

@@ -1,4 +1,4 @@
-"""Rotations of the KV cache (DESIGN §8): an orthogonal R per (layer, KV head), applied to
+"""Rotations of the KV cache (docs/design.md §8): an orthogonal R per (layer, KV head), applied to
 keys and/or values when they enter the cache.
 
 For keys, with a centre c_k:   k' = R_k (k - c_k)   and queries   q' = R_k q,

@@ -3,7 +3,7 @@
 Each step is one `decode_batch` over all active slots: one token for each slot that is
 generating, and the next prompt chunk of slots still reading their prompt, as many as the
 step's token budget takes (at least one). A prompt chunk ends at the cache's next
-quantization event (decode-faithful, DESIGN §3) or after `chunk` tokens, whichever comes
+quantization event (decode-faithful, docs/design.md §3) or after `chunk` tokens, whichever comes
 first, so a request's chunks and hence its greedy output do not depend on what else is in
 the batch. Requests wait in a bounded queue and take a free slot between steps; a finished,
 failed or cancelled request frees its slot at once.

@@ -1,4 +1,4 @@
-// kv_quant_cpu.cpp — the quantized KV cache in host memory (KIVI and OTT modes, DESIGN §2–3):
+// kv_quant_cpu.cpp — the quantized KV cache in host memory (KIVI and OTT modes, docs/design.md §2–3):
 // per layer, sequence and KV head an fp16 sink, quantized head-blocks (kv/kv_layout.h), an
 // outlier pool, an extra pool and an fp16 window ring. It executes the core's plan of a step
 // (kv/kv_schedule.h): the deferred events in begin(), then in each layer three custom ops

@@ -9,7 +9,7 @@
 // Quantized blocks take one of two paths:
 //   fused         (few rows, groups a multiple of VL) scores and values straight from the
 //                 codes: Σ_c (q_c·scale_c)·code + Σ_c q_c·min_c per key group, and
-//                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (DESIGN §3)
+//                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (docs/design.md §3)
 //   materialised  the tile is dequantised once into float keys (channel-major) and values,
 //                 then the same kernels as the fp16 stores run on it
 // Vectors are GCC/Clang vector extensions of VL floats (SSE2 … AVX-512 from one source);
@@ -389,13 +389,33 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
 
 // ---- tiles: fill w.kc / w.vc with n_t keys and values ------------------------------------
 
+void dequant_channels(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w);
+void dequant_rows(const ott_kv_geom & g, const uint8_t * scale, const uint8_t * mn, const uint8_t * codes, int32_t bits,
+                  int32_t group, int32_t t0, int32_t n_t, float * out, float * psc, float * pmn, int64_t ld);
+void keys_from_tmp(int32_t n_t, const attn_ws & w);
+
 // Slots t0 .. t0+n_t-1 of a head-block, dequantised (materialised path).
 void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
     const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
-    const int32_t hd = g.head_dim, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
+    if (g.key_axis) {
+        // per-token keys: rows [t][c] into w.tmp, then transposed into w.kc
+        dequant_rows(g, hb + L.k_scale, hb + L.k_min, hb + L.k_codes, g.bits_k, g.group_k, t0, n_t, w.tmp, w.ksc, w.kmn,
+                     w.hdp);
+        keys_from_tmp(n_t, w);
+    } else {
+        dequant_channels(cfg, hb, t0, n_t, w);
+    }
+    // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
+    dequant_rows(g, hb + L.v_scale, hb + L.v_min, hb + L.v_codes, g.bits_v, g.group_v, t0, n_t, w.vc, w.vsc, w.vmn,
+                 w.hdp);
+}
 
-    // keys: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c]
+// Keys grouped per channel: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c] for slots t0 ..
+void dequant_channels(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
+    const ott_kv_geom & g         = cfg.geom;
+    const ott_kv_block_layout & L = cfg.layout;
+    const int32_t hd = g.head_dim, gk = g.group_k;
     const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
     params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)g0 * hd, (int64_t)(g1 - g0) * hd, w.ksc, w.kmn);
     const size_t krow      = ott_kv_k_row_bytes(&g);
@@ -409,17 +429,22 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
             for (int32_t t = ts; t < te; ++t) kt[t] = kt[t] * sc + mn;
         }
     }
+}
 
-    // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
-    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
-    const size_t vrow = ott_kv_v_row_bytes(&g);
+// Rows grouped per token (values; keys with key_axis 1): out[t][c] = code·scale[t][g(c)] +
+// min[t][g(c)] for slots t0 .. t0+n_t-1, rows of ld floats; psc, pmn: room for the
+// [n_t][head_dim/group] parameters.
+void dequant_rows(const ott_kv_geom & g, const uint8_t * scale, const uint8_t * mn, const uint8_t * codes, int32_t bits,
+                  int32_t group, int32_t t0, int32_t n_t, float * out, float * psc, float * pmn, int64_t ld) {
+    const int32_t hd = g.head_dim, n_g = hd / group;
+    params_f32(g, scale, mn, (size_t)t0 * n_g, (int64_t)n_t * n_g, psc, pmn);
+    const size_t row = (size_t)hd * bits / 8;
     for (int32_t t = 0; t < n_t; ++t) {
-        float * vt = w.vc + (size_t)t * w.hdp;
-        unpack_codes(hb + L.v_codes + (size_t)(t0 + t) * vrow, hd, g.bits_v, vt);
-        for (int32_t gi = 0; gi < n_gv; ++gi) {
-            const float sc = w.vsc[t * n_gv + gi], mn = w.vmn[t * n_gv + gi];
-            float * x = vt + gi * gv;
-            for (int32_t c = 0; c < gv; ++c) x[c] = x[c] * sc + mn;
+        float * x = out + (size_t)t * ld;
+        unpack_codes(codes + (size_t)(t0 + t) * row, hd, bits, x);
+        for (int32_t gi = 0; gi < n_g; ++gi) {
+            const float sc = psc[t * n_g + gi], m = pmn[t * n_g + gi];
+            for (int32_t c = gi * group; c < (gi + 1) * group; ++c) x[c] = x[c] * sc + m;
         }
     }
 }
@@ -479,7 +504,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
     const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
     const int32_t hd = cfg.geom.head_dim, n_rep = st.n_head / cfg.n_head_kv, block = cfg.geom.block;
     const bool traces  = cfg.traces(op.il);
-    const bool aligned = cfg.geom.group_k % VL == 0 && cfg.geom.group_v % VL == 0;
+    const bool aligned = cfg.geom.group_k % VL == 0 && cfg.geom.group_v % VL == 0 && !cfg.geom.key_axis;
     const attn_ws w    = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
 
     for (size_t it = ith; it < st.items.size(); it += nth) {

@@ -1,4 +1,4 @@
-// attn.cu — fused attention of the quantized KV cache (DESIGN §3), flash-decoding style.
+// attn.cu — fused attention of the quantized KV cache (docs/design.md §3), flash-decoding style.
 //
 // Grid (n_tiles, n_splits), 4 warps per block. A tile is up to NR query rows of one KV head
 // of one sequence (its query heads, times its chunk tokens), so the head's codes are read
@@ -671,7 +671,7 @@ cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int
     const ott_kv_geom & g = a.L.geom;
     if constexpr (HD == imma::HD && BK == 2 && BV == 2) {
         if (imma_applies(g, a.tensor_cores, NR)) {
-            // one key row and up to two or four value rows (decode with DESIGN's groups), else up to 8 each
+            // one key row and up to two or four value rows (decode with the design's groups), else up to 8 each
             if constexpr (NR == 1) {
                 if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2)
                     return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);

@@ -2,7 +2,7 @@
 // device: the core's rules (kv/kv_config.h, kv/kv_schedule.h, kv/kv_report.h) executed by our
 // kernels (cuda/ott_cuda.h).
 //
-// Execution (DESIGN §1): ggml-cuda has no custom ops, so the attention is external
+// Execution (docs/design.md §1): ggml-cuda has no custom ops, so the attention is external
 // (kv_cache.h): build_attn ends a graph segment (q, k, v are that segment's outputs) and
 // returns an input tensor that our kernels fill; the context's executor (cuda/executor.h)
 // runs the segments and calls run_layer(il) between them: the deferred prefill_fp16 events,
@@ -453,6 +453,10 @@ private:
 
 ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shape & shape,
                                     std::unique_ptr<ott_kv_cache> & out) {
+    if (cfg.geom.key_axis) {
+        return ott_fail(OTT_ERR_UNSUPPORTED,
+                        "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
+    }
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",
                         why, cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k,

@@ -60,7 +60,7 @@ public:
     virtual void commit()                                             = 0;
 
     // Attention outside ggml's graph (the CUDA quantized cache: ggml-cuda has no custom ops,
-    // DESIGN §1). Then build_attn ends a graph segment at layer il — q, k, v are that
+    // docs/design.md §1). Then build_attn ends a graph segment at layer il — q, k, v are that
     // segment's outputs — and returns an input tensor; the context's executor runs the graph
     // segment by segment, calling prepare_step before the first and run_layer(il) after
     // segment il, all on its stream.

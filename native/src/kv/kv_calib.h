@@ -1,4 +1,4 @@
-// kv_calib.h — the calibration sidecar of a model (DESIGN §8): a small GGUF written by
+// kv_calib.h — the calibration sidecar of a model (docs/design.md §8): a small GGUF written by
 // `python -m ott_gguf calibrate` (ott_gguf/calibrate.py) with
 //
 //   ott.calib.architecture, ott.calib.block_count, ott.calib.head_count_kv,

@@ -16,8 +16,13 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     }
     if (p.block < 8 || p.block % 8 || p.block > 8192)
         return bad("block", p.block, "must be a multiple of 8 in 8..8192");
-    if (p.group_k <= 0 || p.block % p.group_k) return bad("group_k", p.group_k, "must divide block");
-    if (p.group_k * p.bits_k % 8) return bad("group_k", p.group_k, "does not fill whole bytes at bits_k");
+    if (p.key_axis != 0 && p.key_axis != 1)
+        return bad("key_axis", p.key_axis, "is not 0 (per channel) or 1 (per token)");
+    const int32_t group_k = p.key_axis ? std::min(p.group_k, hd) : p.group_k;
+    if (group_k <= 0 || (p.key_axis ? hd % group_k : p.block % group_k)) {
+        return bad("group_k", group_k, p.key_axis ? "does not divide head_dim (per-token keys)" : "must divide block");
+    }
+    if (group_k * p.bits_k % 8) return bad("group_k", group_k, "does not fill whole bytes at bits_k");
     if (p.group_v <= 0 || p.group_v * p.bits_v % 8)
         return bad("group_v", p.group_v, "must be > 0 and fill whole bytes at bits_v");
     const int32_t group_v = std::min(p.group_v, hd);
@@ -48,7 +53,7 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     }
 
     cfg              = ott_kv_config {};
-    cfg.geom         = { hd, p.block, p.bits_k, p.bits_v, p.group_k, group_v, p.clip, param_bits };
+    cfg.geom         = { hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis };
     cfg.layout       = ott_kv_block_layout_of(&cfg.geom);
     cfg.window       = p.window;
     cfg.pool         = p.pool;

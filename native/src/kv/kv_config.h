@@ -1,5 +1,5 @@
 // kv_config.h — the knobs of the quantized KV cache, validated and resolved for a model
-// (DESIGN §2; ott_gguf/reference/config.py is the Python twin of the rules).
+// (docs/design.md §2; ott_gguf/reference/config.py is the Python twin of the rules).
 #pragma once
 
 #include "common.h"

@@ -1,7 +1,7 @@
 /* kv_layout.h — byte layouts of the quantized KV cache, shared by C, C++ and CUDA.
  *
  * The unit of quantized storage is a head-block: one block of `block` consecutive tokens
- * of one KV head of one layer of one sequence, quantized at one event (DESIGN §2). Its
+ * of one KV head of one layer of one sequence, quantized at one event (docs/design.md §2). Its
  * arrays are those of ott_gguf/reference/block.py, byte for byte; they lie in one
  * contiguous piece of memory at the offsets of ott_kv_block_layout:
  *
@@ -13,6 +13,8 @@
  *   ott_kv_min8 decode them, ott_gguf/reference/quant.py states the encoding)
  *   k_codes  uint8 [head_dim][block·bits_k/8]  row c = channel c, codes packed LSB-first along
  *                                              slots (2 bits: byte j holds slots 4j..4j+3)
+ *   (with key_axis 1, keys are grouped per token as values are: k_scale, k_min
+ *   [block][head_dim/group_k], k_codes [block][head_dim·bits_k/8]; the byte counts are equal)
  *   v_codes  uint8 [block][head_dim·bits_v/8]  row t = slot t, codes packed LSB-first along channels
  *   mask     uint8 [block/8]                   bit t%8 of byte t/8 = 1: slot t lives in a pool
  *
@@ -58,12 +60,14 @@ typedef struct {
     int32_t block;      /* tokens per block, multiple of 8                */
     int32_t bits_k;     /* 2, 4 or 8                                      */
     int32_t bits_v;     /* 2, 4 or 8                                      */
-    int32_t group_k;    /* tokens per key group, divides block            */
+    int32_t group_k;    /* key group: tokens of one channel (divides block), or with key_axis 1
+                            channels of one token (divides head_dim)         */
     int32_t group_v;    /* channels per value group, divides head_dim     */
     int32_t clip;       /* 1: each group takes the best clipped range (kv_clip.h), 0: min-max */
     int32_t param_bits; /* 16: fp16 scale and min per group; 8: ufp8 scale, int8 min (below) */
+    int32_t key_axis;   /* 0: key groups per channel along tokens; 1: per token along channels */
 } ott_kv_geom;
-OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 32, "ott_kv_geom is eight int32");
+OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 36, "ott_kv_geom is nine int32");
 
 /* Byte offsets of the arrays of one head-block from its start, and its size. */
 typedef struct {
@@ -99,17 +103,21 @@ static inline OTT_HD float ott_kv_scale8(uint8_t s8) {
 static inline OTT_HD float ott_kv_min8(int8_t z, float scale) { return ((float)z * 0.25f) * scale; }
 
 /* Bytes of one packed code row. */
-static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) { return (uint32_t)(g->block * g->bits_k / 8); }
+static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) {
+    return (uint32_t)((g->key_axis ? g->head_dim : g->block) * g->bits_k / 8);
+}
 static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) {
     return (uint32_t)(g->head_dim * g->bits_v / 8);
 }
-/* Groups per block (keys) and per token (values). */
-static inline OTT_HD uint32_t ott_kv_n_gk(const ott_kv_geom * g) { return (uint32_t)(g->block / g->group_k); }
+/* Key groups per channel (key_axis 0) or per token (1), value groups per token. */
+static inline OTT_HD uint32_t ott_kv_n_gk(const ott_kv_geom * g) {
+    return (uint32_t)((g->key_axis ? g->head_dim : g->block) / g->group_k);
+}
 static inline OTT_HD uint32_t ott_kv_n_gv(const ott_kv_geom * g) { return (uint32_t)(g->head_dim / g->group_v); }
 
 static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geom * g) {
     const uint32_t k_sc =
-        ott_kv_n_gk(g) * (uint32_t)g->head_dim * ott_kv_param_bytes(g);                /* bytes of k_scale, of k_min */
+        (uint32_t)(g->block * g->head_dim / g->group_k) * ott_kv_param_bytes(g);       /* bytes of k_scale, of k_min */
     const uint32_t v_sc = (uint32_t)g->block * ott_kv_n_gv(g) * ott_kv_param_bytes(g); /* bytes of v_scale, of v_min */
     ott_kv_block_layout L;
     uint32_t off = 0;
@@ -122,7 +130,7 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     L.v_min = off;
     off += ott_kv_align(v_sc);
     L.k_codes = off;
-    off += ott_kv_align((uint32_t)g->head_dim * ott_kv_k_row_bytes(g));
+    off += ott_kv_align((uint32_t)(g->head_dim * g->block * g->bits_k / 8));
     L.v_codes = off;
     off += ott_kv_align((uint32_t)g->block * ott_kv_v_row_bytes(g));
     L.mask = off;
@@ -139,7 +147,8 @@ static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_b
 /* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
 static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
     const uint64_t codes  = (uint64_t)g->head_dim * g->block * (uint64_t)(g->bits_k + g->bits_v) / 8;
-    const uint64_t groups = (uint64_t)ott_kv_n_gk(g) * g->head_dim + (uint64_t)g->block * ott_kv_n_gv(g);
+    const uint64_t groups = (uint64_t)g->block * g->head_dim / g->group_k + (uint64_t)g->block * ott_kv_n_gv(g);
+    return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
     return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
 }
 

@@ -190,33 +190,48 @@ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const ui
     }
 }
 
+/* Per-token groups of x fp16 [block][head_dim]: row t = slot t, groups of `group` channels;
+ * parameters [t][g] into scale/mn, codes packed per row into codes_out. */
+static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bits, int32_t group, uint8_t * scale,
+                          uint8_t * mn, uint8_t * codes_out) {
+    const int32_t hd = g->head_dim, n_g = hd / group;
+    const uint32_t pb = ott_kv_param_bytes(g);
+    uint8_t codes[8192]; /* one row: head_dim codes */
+    for (int32_t t = 0; t < g->block; ++t) {
+        for (int32_t gi = 0; gi < n_g; ++gi) {
+            const size_t at = ((size_t)t * n_g + gi) * pb;
+            ott_quantize_group_ref(x + (int64_t)t * hd + gi * group, 1, group, bits, g->clip, g->param_bits,
+                                   codes + gi * group, scale + at, mn + at);
+        }
+        ott_pack_codes_ref(codes, hd, bits, codes_out + (size_t)t * hd * bits / 8);
+    }
+}
+
 void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
                             uint8_t * out) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
     const uint32_t pb = ott_kv_param_bytes(g);
-    uint8_t codes[8192]; /* one row: block or head_dim codes */
+    uint8_t codes[8192]; /* one channel: block codes */
 
     memset(out, 0, L.size);
-    /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
-    for (int32_t c = 0; c < hd; ++c) {
-        for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            const size_t at = ((size_t)gk * hd + c) * pb;
-            ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                   g->param_bits, codes + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+    if (g->key_axis) {
+        /* keys per token, as values: row t = slot t, groups of group_k channels; parameter [t][gk] */
+        quantize_rows(g, k, g->bits_k, g->group_k, out + L.k_scale, out + L.k_min, out + L.k_codes);
+    } else {
+        /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
+        for (int32_t c = 0; c < hd; ++c) {
+            for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
+                const size_t at = ((size_t)gk * hd + c) * pb;
+                ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
+                                       g->param_bits, codes + gk * g->group_k, out + L.k_scale + at,
+                                       out + L.k_min + at);
+            }
+            ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
         }
-        ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
     }
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
-    const int32_t n_gv = hd / g->group_v;
-    for (int32_t t = 0; t < block; ++t) {
-        for (int32_t gv = 0; gv < n_gv; ++gv) {
-            const size_t at = ((size_t)t * n_gv + gv) * pb;
-            ott_quantize_group_ref(v + (int64_t)t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
-                                   g->param_bits, codes + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
-        }
-        ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
-    }
+    quantize_rows(g, v, g->bits_v, g->group_v, out + L.v_scale, out + L.v_min, out + L.v_codes);
     for (int32_t t = 0; t < block; ++t) {
         if (masked[t]) out[L.mask + t / 8] |= (uint8_t)(1u << (t % 8));
     }

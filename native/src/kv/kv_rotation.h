@@ -1,4 +1,4 @@
-// kv_rotation.h — rotations of the KV cache as ggml ops around it (DESIGN §8;
+// kv_rotation.h — rotations of the KV cache as ggml ops around it (docs/design.md §8;
 // ott_gguf/reference/rotation.py is the specification): per layer and KV head an orthogonal R
 // and a centre c, for keys and for values,
 //

@@ -1,4 +1,4 @@
-// kv_schedule.h — the schedule of the quantized KV cache (DESIGN §2), the one place its rules
+// kv_schedule.h — the schedule of the quantized KV cache (docs/design.md §2), the one place its rules
 // are written in native code (ott_gguf/reference/cache.py is the Python twin):
 //
 //   - a new token goes to the sink while it holds fewer than `sink` tokens, else to the window;
