@@ -1,7 +1,7 @@
-// attn_imma.cuh — attn.cu's quantized-block phase on integer tensor cores (sm_80+), for
+// attn_imma.cuh — the attention kernels' quantized-block phase on integer tensor cores (sm_80+), for
 // head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
-// sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by attn.cu
-// after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
+// sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
+// attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
 // head_block, WARPS, param_at).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:

@@ -9,8 +9,9 @@
 //   ott_cuda_attn_partial attn.cu       fused attention of query tiles over one split of a
 //                                       KV head's stores (a share of its quantized blocks
 //                                       and of its fp16 stores and the chunk itself):
-//                                       partial softmax per row
-//                                       (its quantized-block phase on integer tensor cores
+//                                       partial softmax per row (kernels: attn_kernels.cuh,
+//                                       built per head size and widths by attn_rows.cu; the
+//                                       quantized-block phase on integer tensor cores
 //                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
 //

@@ -1,0 +1,680 @@
+// attn_kernels.cuh — the fused attention kernels of the quantized KV cache (attn.cu), flash-decoding
+// style; instantiated per head size and code widths by attn_rows.cu, launched by attn.cu.
+//
+// Grid (n_tiles, n_splits), 4 warps per block. A tile is up to NR query rows of one KV head
+// of one sequence (its query heads, times its chunk tokens), so the head's codes are read
+// once for all of them. Split y reads its share of the head's quantized blocks and its share
+// of the fp16 rows (sink, pool, extra pool, window) and of the chunk itself, causally (the
+// tensor-core kernel the fp16 rows first, the FFMA kernel last): every block gets the same
+// work, and no block reads fp16 rows alone after the others.
+// Each warp keeps one online softmax per phase; the block combines them into one partial
+// (max, sum, weighted values) per row; attn_merge_kernel combines a tile's partials. Scores
+// are kept in the log2 domain (q is scaled by kq_scale·log2 e), so every exponential is an
+// exp2.
+//
+// Quantized blocks, one warp per head-block (warps of a split take turns):
+//  - keys: a lane holds one 32-bit word of codes of one channel row (32/BITS slots) for a
+//    set of channels and accumulates q_c·scale_c·code over them for its slots; lanes with
+//    the same word are summed with shuffles. Loads: a warp reads 128 contiguous bytes.
+//  - values: a lane holds one word of one slot row (32/BITS channels) for a set of slots and
+//    accumulates p_t·scale_t·code over them; lanes with the same word are summed at the end.
+//  - 2-, 4- and 8-bit codes are unpacked in registers without integer-to-float conversion:
+//    the byte holding a code is shifted into the float mantissa's top byte, one AND-OR
+//    makes the float 1 + code·2^(i·BITS-8) (i: the code's index in its byte), and the
+//    constant 1 is taken off the sums afterwards (its sum is accumulated alongside). The
+//    sums lose at most 8 bits to that offset, leaving a relative error near 2^-16.
+// That is the FFMA path. Head-blocks of head size 128, block 128 and 2-bit codes run their
+// quantized-block phase on integer tensor cores instead (attn_imma.cuh), where the GPU has
+// them (ott_cuda_attn_args::tensor_cores).
+#pragma once
+
+#include "cuda/ott_cuda.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace {
+
+constexpr int WARPS   = 4;
+constexpr float LOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ float h2f(ott_fp16 x) { return __half2float(__ushort_as_half(x)); }
+
+// Scale and minimum i of a head-block's parameter arrays sc and mn: fp16, or a ufp8 scale
+// and an int8 minimum (param_bits 8, kv_layout.h).
+__device__ __forceinline__ float2 param_at(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
+    if (g.param_bits == 8) {
+        const float s = ott_kv_scale8(sc[i]);
+        return make_float2(s, ott_kv_min8((int8_t)mn[i], s));
+    }
+    return make_float2(h2f(((const ott_fp16 *)sc)[i]), h2f(((const ott_fp16 *)mn)[i]));
+}
+
+// acc[u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the 32/BITS codes u of word w (i: u's
+// index in its byte, gi: the group of u's byte among the word's NGW groups, 1 or 4). Each
+// byte is shifted to bits 15..22; one AND-OR per code makes the float.
+template <int BITS, int NR, int NGW>
+__device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], float (&acc)[32 / BITS][NR]) {
+    constexpr int CPB = 8 / BITS;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const uint32_t ws = b * 8 <= 15 ? w << (15 - b * 8) : w >> (b * 8 - 15);
+        const int gi      = NGW == 1 ? 0 : b;
+#pragma unroll
+        for (int i = 0; i < CPB; ++i) {
+            const float f = __uint_as_float(0x3F800000u | (ws & (((1u << BITS) - 1) << (15 + i * BITS))));
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[b * CPB + i][r] = fmaf(s[gi][r], f, acc[b * CPB + i][r]);
+        }
+    }
+}
+
+// The word's group of the codes of byte b: NGW = 1, one group; NGW = 4, a group per byte.
+template <int NGW> __device__ __forceinline__ constexpr int group_of_byte(int b) { return NGW == 1 ? 0 : b; }
+
+// The weight of code u's sum: sums over 1 + code·2^(i·BITS-8) give Σ s·code = (sum - Σ s)·2^(8-i·BITS).
+template <int BITS> __device__ __forceinline__ constexpr float code_weight(int u) {
+    return (float)(1 << (8 - (u % (8 / BITS)) * BITS));
+}
+
+// x summed over the lanes that differ from this one in lane bits >= first (a power of two).
+__device__ __forceinline__ void warp_sum_from(float & x, int first) {
+    for (int o = first; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+}
+
+// Per-warp online-softmax state of NR rows; every lane holds the same m and l.
+template <int NR> struct softmax_rows {
+    float m[NR];
+    float l[NR];
+};
+
+// Softmax states of a block: one per warp and phase, slot w (quantized blocks) and
+// WARPS + w (fp16 rows) of warp w.
+constexpr int STATES = 2 * WARPS;
+
+// Shared memory of a block: queries and the states' maxima and sums. The dynamic shared
+// memory holds the block phase's per-warp buffers (per_warp bytes each; after that phase,
+// its states' weighted values red[WARPS][NR][HD]) and, from fp16_values_at on, the fp16
+// phase's states' weighted values fv[WARPS][NR][HD]: past the buffers when that phase runs
+// first (fp16_first), else right after red.
+__host__ __device__ inline size_t fp16_values_at(size_t per_warp, int nr, int hd, bool fp16_first) {
+    const size_t red    = (size_t)WARPS * nr * hd * sizeof(float);
+    const size_t blocks = (size_t)WARPS * per_warp;
+    return fp16_first ? ((blocks > red ? blocks : red) + 15) / 16 * 16 : red;
+}
+
+template <int HD, int NR> struct __align__(16) attn_smem {
+    float q[NR][HD];
+    float m[STATES][NR];
+    float l[STATES][NR];
+};
+
+// Record the maxima and sums of state slot (its values are in red[slot]).
+template <int HD, int NR>
+__device__ __forceinline__ void put_state(attn_smem<HD, NR> & S, int slot, const softmax_rows<NR> & sm) {
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            S.m[slot][r] = sm.m[r];
+            S.l[slot][r] = sm.l[r];
+        }
+    }
+}
+
+// Combine the block's states (values in red[slot][r][c], slots WARPS.. in fv[slot - WARPS])
+// into its partial for split blockIdx.y.
+template <int HD, int NR>
+__device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
+                              const float * fv, const ott_cuda_attn_tile & T) {
+    __syncthreads();
+    float * out = a.partials + ((size_t)blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    for (int r = 0; r < T.n_rows; ++r) {
+        float mx = -INFINITY;
+        for (int w = 0; w < STATES; ++w) mx = fmaxf(mx, S.m[w][r]);
+        float wgt[STATES];
+        float l = 0.0f;
+        for (int w = 0; w < STATES; ++w) {
+            wgt[w] = S.m[w][r] == -INFINITY ? 0.0f : exp2f(S.m[w][r] - mx);
+            l += S.l[w][r] * wgt[w];
+        }
+        float * o = out + (size_t)r * (HD + 2);
+        for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int w = 0; w < STATES; ++w) {
+                const float * x = w < WARPS ? red + (size_t)w * NR * HD : fv + (size_t)(w - WARPS) * NR * HD;
+                acc += x[(size_t)r * HD + c] * wgt[w];
+            }
+            o[2 + c] = acc;
+        }
+        if (threadIdx.x == 0) {
+            o[0] = mx;
+            o[1] = l;
+        }
+    }
+}
+
+// ---- split over quantized blocks ------------------------------------------------------------
+
+// The head-blocks [x, y) of tile T that split blockIdx.y reads.
+__device__ __forceinline__ int2 split_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T) {
+    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
+    const int b0  = min(T.n_blocks, (int)blockIdx.y * per);
+    return make_int2(b0, min(T.n_blocks, b0 + per));
+}
+
+// Head-block blk of tile T's sequence and KV head.
+__device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & L, const ott_cuda_attn_tile & T,
+                                                      int blk) {
+    return ott_cuda_head_block(L, T.seq, blk, T.head);
+}
+
+// PF: code words a lane loads before using any (in flight per warp: PF * 128 bytes). Larger
+// PF hides more memory latency but unrolls more code (instruction-cache misses, registers);
+// the decode kernel's choice is a launch argument (ott_cuda_attn_args::prefetch).
+
+// Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
+// head-block's scales and mins (its bytes before k_codes), staged with coalesced loads.
+__host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr) {
+    return (size_t)nr * g.block * sizeof(float) + L.k_codes;
+}
+
+template <int HD, int BK, int BV, int NR, int NGW, int PF>
+__device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
+                              uint8_t * dyn) {
+    constexpr int TPK = 32 / BK, CPBK = 8 / BK;       // key codes per 32-bit word, per byte
+    constexpr int TPV = 32 / BV, CPBV = 8 / BV;       // value codes per 32-bit word, per byte
+    constexpr int WV = HD * BV / 32, NPHV = 32 / WV;  // words per value row, lanes per word
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const ott_cuda_kv_layer & L = a.L;
+    const ott_kv_geom & g       = L.geom;
+    const int block = g.block, n_gv = HD / g.group_v;
+    const int Wk = block * BK / 32, nphk = 32 / Wk;                  // words per key row, lanes per word
+    const int jk = lane % Wk, phk = lane / Wk, cplk = HD / nphk;     // a lane's key word, its channels
+    const int jv = lane % WV, phv = lane / WV, tplv = block / NPHV;  // a lane's value word, its slots
+    const int c_first = phk * cplk, t_first = phv * tplv;
+    int gk[NGW], gv[NGW];  // groups of the lane's key slots / value channels
+#pragma unroll
+    for (int gi = 0; gi < NGW; ++gi) {
+        gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
+        gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
+    }
+    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
+    float * p_s         = (float *)wsm;  // [NR][block] this warp's probabilities
+    uint8_t * sc_s      = wsm + (size_t)NR * block * sizeof(float);
+    const uint8_t * ksc = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
+    const uint8_t * kmn = sc_s + L.layout.k_min;
+    const uint8_t * vsc = sc_s + L.layout.v_scale;  // [block][n_gv]
+    const uint8_t * vmn = sc_s + L.layout.v_min;
+
+    const int2 range = split_blocks(a, T);
+    const int b0 = range.x, b1 = range.y;
+
+    softmax_rows<NR> sm;
+    float accv[TPV][NR], sv[NGW][NR], mv[NGW][NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        sm.m[r] = -INFINITY;
+        sm.l[r] = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < NGW; ++gi) sv[gi][r] = mv[gi][r] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < TPV; ++u) accv[u][r] = 0.0f;
+    }
+
+    for (int b = b0 + warp; b < b1; b += WARPS) {
+        const uint8_t * hb  = head_block(L, T, b);
+        const uint32_t * kc = (const uint32_t *)(hb + L.layout.k_codes);  // [HD][Wk]
+        const uint32_t * vc = (const uint32_t *)(hb + L.layout.v_codes);  // [block][WV]
+
+        // keys: scores of slots jk*TPK .. jk*TPK+TPK-1 over the lane's channels, in s
+        float s[TPK][NR], off[NGW][NR], base[NGW][NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) off[gi][r] = base[gi][r] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
+        }
+#pragma unroll 1
+        for (int c0 = 0; c0 < cplk; c0 += PF) {
+            uint32_t w[PF];
+#pragma unroll
+            for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
+            if (c0 == 0) {  // scales and mins of the head-block
+                __syncwarp();
+                for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32)
+                    ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+                __syncwarp();
+            }
+#pragma unroll
+            for (int i = 0; i < PF; ++i) {
+                if (c0 + i >= cplk) break;
+                const int c = c_first + c0 + i;
+                float qs[NGW][NR];
+#pragma unroll
+                for (int gi = 0; gi < NGW; ++gi) {
+                    const float2 kp = param_at(g, ksc, kmn, gk[gi] * HD + c);
+                    const float ks = kp.x, km = kp.y;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        qs[gi][r] = S.q[r][c] * ks;
+                        off[gi][r] += qs[gi][r];
+                        base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
+                    }
+                }
+                fma_word<BK, NR, NGW>(w[i], qs, s);
+            }
+        }
+        const uint8_t * mask = hb + L.layout.mask;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                warp_sum_from(off[gi][r], Wk);
+                warp_sum_from(base[gi][r], Wk);
+            }
+#pragma unroll
+            for (int u = 0; u < TPK; ++u) {
+                const int gi = group_of_byte<NGW>(u / CPBK);
+                warp_sum_from(s[u][r], Wk);
+                const int t       = jk * TPK + u;
+                const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
+                s[u][r]           = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
+            }
+        }
+
+        // online softmax over the block's slots
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < TPK; ++u) mx = fmaxf(mx, s[u][r]);
+            for (int o = 1; o < Wk; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_new = fmaxf(sm.m[r], mx);
+            const float corr  = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
+            float psum        = 0.0f;
+#pragma unroll
+            for (int u = 0; u < TPK; ++u) {
+                s[u][r] = m_new == -INFINITY ? 0.0f : exp2f(s[u][r] - m_new);
+                psum += s[u][r];
+            }
+            for (int o = 1; o < Wk; o <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+            sm.l[r] = sm.l[r] * corr + psum;
+            sm.m[r] = m_new;
+#pragma unroll
+            for (int gi = 0; gi < NGW; ++gi) {
+                sv[gi][r] *= corr;
+                mv[gi][r] *= corr;
+            }
+#pragma unroll
+            for (int u = 0; u < TPV; ++u) accv[u][r] *= corr;
+        }
+        if (phk == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+#pragma unroll
+                for (int u = 0; u < TPK; ++u) p_s[(size_t)r * block + jk * TPK + u] = s[u][r];
+            }
+        }
+        __syncwarp();
+
+        // values: the lane's slots t_first .., channels jv*TPV .. jv*TPV+TPV-1
+#pragma unroll 1
+        for (int t0 = 0; t0 < tplv; t0 += PF) {
+            uint32_t w[PF];
+#pragma unroll
+            for (int i = 0; i < PF; ++i) w[i] = t0 + i < tplv ? vc[(t_first + t0 + i) * WV + jv] : 0u;
+#pragma unroll
+            for (int i = 0; i < PF; ++i) {
+                if (t0 + i >= tplv) break;
+                const int t = t_first + t0 + i;
+                float pv[NGW][NR];
+#pragma unroll
+                for (int gi = 0; gi < NGW; ++gi) {
+                    const float2 vp = param_at(g, vsc, vmn, t * n_gv + gv[gi]);
+                    const float vs = vp.x, vm = vp.y;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        const float p = p_s[(size_t)r * block + t];
+                        pv[gi][r]     = p * vs;
+                        sv[gi][r] += pv[gi][r];
+                        mv[gi][r] = fmaf(p, vm, mv[gi][r]);
+                    }
+                }
+                fma_word<BV, NR, NGW>(w[i], pv, accv);
+            }
+        }
+        __syncwarp();
+    }
+
+    // this warp's weighted values, summed over its lanes' slot sets, into shared memory
+    __syncthreads();             // the per-warp regions become red
+    float * red = (float *)dyn;  // [WARPS][NR][HD]
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int u = 0; u < TPV; ++u) {
+            const int gi = group_of_byte<NGW>(u / CPBV);
+            float x      = (accv[u][r] - sv[gi][r]) * code_weight<BV>(u) + mv[gi][r];
+            warp_sum_from(x, WV);
+            if (phv == 0) red[((size_t)warp * NR + r) * HD + jv * TPV + u] = x;
+        }
+    }
+    put_state<HD, NR>(S, warp, sm);
+}
+
+// ---- fp16 rows and the chunk ------------------------------------------------------------------
+
+// Rows [t0, t1) of one source, G at a time, into a warp's online softmax (sm, acc; lane
+// channels 2(lane + 32i), +1). load(t, k, v) fills row t's K and V (the lane's channels);
+// valid(t, r) says whether row r may see it. A round loads its G rows, scores them, and then
+// moves the softmax once: one rescale, G exponentials.
+template <int HD, int NR, int G, typename LOAD, typename VALID>
+__device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID valid, const float (&q)[NR][HD / 32],
+                                            softmax_rows<NR> & sm, float (&acc)[HD / 32][NR]) {
+    constexpr int CPL = HD / 32;
+    for (int t = t0; t < t1; t += G) {
+        float k[G][CPL], v[G][CPL];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (t + g < t1) {
+                load(t + g, k[g], v[g]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) k[g][i] = v[g][i] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            float d[G];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                d[g] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) d[g] = fmaf(q[r][i], k[g][i], d[g]);
+                warp_sum_from(d[g], 1);
+                d[g] = t + g < t1 && valid(t + g, r) ? d[g] : -INFINITY;
+                mx   = fmaxf(mx, d[g]);
+            }
+            const float m_new = fmaxf(sm.m[r], mx);
+            if (m_new == -INFINITY) continue;  // nothing this row may see yet
+            const float corr = exp2f(sm.m[r] - m_new);
+            sm.l[r] *= corr;
+#pragma unroll
+            for (int i = 0; i < CPL; ++i) acc[i][r] *= corr;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float p = exp2f(d[g] - m_new);
+                sm.l[r] += p;
+#pragma unroll
+                for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[g][i], acc[i][r]);
+            }
+            sm.m[r] = m_new;
+        }
+    }
+}
+
+// The fp16 phase of split blockIdx.y: its share of the tile's rows in the order sink, pool,
+// extra pool, window, chunk (the chunk's own K/V, rounded to fp16, causally), each warp a
+// contiguous part of it; as state slot WARPS + warp, its values in fv[warp].
+template <int HD, int NR>
+__device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
+                            float * fv) {
+    constexpr int CPL = HD / 32;    // channels per lane: 2(lane + 32i), +1
+    constexpr int G   = 1024 / HD;  // rows in flight per warp: 2 KB
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const ott_cuda_kv_layer & L = a.L;
+    const int64_t sh            = (int64_t)T.seq * L.n_head_kv + T.head;
+    const int n_pool            = L.pool_cap > 0 ? L.n_pool[sh] : 0;
+    const int n_extra           = L.extra_cap > 0 ? L.n_extra[sh] : 0;
+    const int e_sink = T.n_sink, e_pool = e_sink + n_pool, e_extra = e_pool + n_extra, e_win = e_extra + T.n_win;
+    const int n_all = e_win + T.n_q;
+    const int per   = (n_all + a.n_splits - 1) / a.n_splits;
+    const int f0 = min(n_all, (int)blockIdx.y * per), f1 = min(n_all, f0 + per);
+    const int per_w = (f1 - f0 + WARPS - 1) / WARPS;
+    const int u0 = min(f1, f0 + warp * per_w), u1 = min(f1, u0 + per_w);  // this warp's rows
+
+    softmax_rows<NR> sm;
+    float acc[CPL][NR], q[NR][CPL];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        sm.m[r] = -INFINITY;
+        sm.l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPL / 2; ++i) {
+            const float2 qq = *(const float2 *)&S.q[r][2 * (lane + 32 * i)];
+            q[r][2 * i]     = qq.x;
+            q[r][2 * i + 1] = qq.y;
+            acc[2 * i][r] = acc[2 * i + 1][r] = 0.0f;
+        }
+    }
+
+    // the fp16 stores, in 5 pieces (the window's rows start at row (win_pos0 - sink) % win_cap
+    // of its ring and wrap once): row t of a piece at k + t·HD, v + t·HD
+    const int w0 = (T.win_pos0 - L.sink) % max(1, L.win_cap), n_w1 = min(T.n_win, L.win_cap - w0);
+    const auto all = [](int, int) { return true; };
+#pragma unroll 1
+    for (int pc = 0; pc < 5; ++pc) {
+        const ott_fp16 *kb, *vb;
+        int first, n;
+        if (pc == 0) {
+            kb    = L.sink_k + sh * L.sink * HD;
+            vb    = L.sink_v + sh * L.sink * HD;
+            first = 0;
+            n     = e_sink;
+        } else if (pc == 1) {
+            kb    = L.pool_k + sh * L.pool_cap * HD;
+            vb    = L.pool_v + sh * L.pool_cap * HD;
+            first = e_sink;
+            n     = n_pool;
+        } else if (pc == 2) {
+            kb    = L.extra_k + sh * L.extra_cap * HD;
+            vb    = L.extra_v + sh * L.extra_cap * HD;
+            first = e_pool;
+            n     = n_extra;
+        } else if (pc == 3) {
+            kb    = L.win_k + (sh * L.win_cap + w0) * HD;
+            vb    = L.win_v + (sh * L.win_cap + w0) * HD;
+            first = e_extra;
+            n     = n_w1;
+        } else {
+            kb    = L.win_k + sh * L.win_cap * HD;
+            vb    = L.win_v + sh * L.win_cap * HD;
+            first = e_extra + n_w1;
+            n     = T.n_win - n_w1;
+        }
+        const int t0 = max(u0, first) - first, t1 = min(u1, first + n) - first;
+        if (t0 >= t1) continue;
+        const auto load = [&](int t, float (&k)[CPL], float (&v)[CPL]) {
+            const __half2 *kr = (const __half2 *)(kb + (size_t)t * HD), *vr = (const __half2 *)(vb + (size_t)t * HD);
+#pragma unroll
+            for (int i = 0; i < CPL / 2; ++i) {
+                const float2 kf = __half22float2(kr[lane + 32 * i]), vf = __half22float2(vr[lane + 32 * i]);
+                k[2 * i]     = kf.x;
+                k[2 * i + 1] = kf.y;
+                v[2 * i]     = vf.x;
+                v[2 * i + 1] = vf.y;
+            }
+        };
+        attend_rows<HD, NR, G>(t0, t1, load, all, q, sm, acc);
+    }
+
+    // the chunk: its token j may be seen by the rows whose chunk token is j or later
+    int last_q[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) last_q[r] = r < T.n_rows ? (T.row0 + r) / a.n_rep : -1;
+    const auto load_chunk = [&](int j, float (&k)[CPL], float (&v)[CPL]) {
+        const float * kr = a.k.data + (int64_t)(T.t0 + j) * a.k.nb2 + (int64_t)T.head * a.k.nb1;
+        const float * vr = a.v.data + (int64_t)(T.t0 + j) * a.v.nb2 + (int64_t)T.head * a.v.nb1;
+#pragma unroll
+        for (int i = 0; i < CPL / 2; ++i) {
+            const float2 kf = ((const float2 *)kr)[lane + 32 * i], vf = ((const float2 *)vr)[lane + 32 * i];
+            k[2 * i]     = __half2float(__float2half_rn(kf.x));
+            k[2 * i + 1] = __half2float(__float2half_rn(kf.y));
+            v[2 * i]     = __half2float(__float2half_rn(vf.x));
+            v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
+        }
+    };
+    const auto causal = [&](int j, int r) { return j <= last_q[r]; };
+    attend_rows<HD, NR, G>(max(u0, e_win) - e_win, min(u1, n_all) - e_win, load_chunk, causal, q, sm, acc);
+
+    float * red = fv + (size_t)warp * NR * HD;  // [NR][HD]
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int i = 0; i < CPL / 2; ++i)
+            *(float2 *)&red[(size_t)r * HD + 2 * (lane + 32 * i)] = make_float2(acc[2 * i][r], acc[2 * i + 1][r]);
+    }
+    put_state<HD, NR>(S, WARPS + warp, sm);
+}
+
+}  // namespace
+
+#include "cuda/attn_imma.cuh"
+
+namespace {
+
+// Per-warp bytes of the block phase: the tensor-core kernel's buffers (attn_imma.cuh) or the
+// FFMA kernel's.
+__host__ __device__ inline size_t block_phase_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr,
+                                                    bool tensor_cores) {
+    return tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
+}
+
+// The merge kernel is a programmatic dependent launch (sm_90+): it may start once every
+// partial block has started (let_merge_start) and waits for the partial kernel's completion
+// and memory (wait_for_partials), so its launch overlaps the partial kernel's last blocks.
+__device__ __forceinline__ void let_merge_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_partials() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, 2 bits)
+// for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
+// four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
+// than with three blocks at 168 registers (no spills), batches of 8 a little slower.
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+__global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
+    extern __shared__ __align__(16) uint8_t dyn[];
+    __shared__ attn_smem<HD, NR> S;
+    let_merge_start();
+    const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
+    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);  // in flight while the queries and fp16 rows load
+
+    // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
+    for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
+        const int r = i / HD, c = i % HD;
+        float x = 0.0f;
+        if (r < T.n_rows) {
+            const int rho = T.row0 + r;
+            const int tok = T.t0 + rho / a.n_rep, hq = T.head * a.n_rep + rho % a.n_rep;
+            x = a.q.data[(int64_t)tok * a.q.nb2 + (int64_t)hq * a.q.nb1 + c] * (a.kq_scale * LOG2E);
+        }
+        S.q[r][c] = x;
+    }
+    __syncthreads();
+    // Tensor cores: the fp16 rows first, their loads overlapping the first head-block's copy.
+    // FFMA: after the quantized blocks (first, they cost the one-row kernel 5 registers more,
+    // past the 168 that let three blocks share a multiprocessor).
+    constexpr bool fp16_first = GKM > 0;
+    const size_t per_warp     = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
+    float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
+    if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
+    if constexpr (GKM > 0)
+        attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
+    else
+        attend_blocks<HD, BK, BV, NR, NGW, PF>(a, T, S, dyn);
+    if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
+    write_partial<HD, NR>(a, S, (const float *)dyn, fv, T);
+}
+
+inline bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
+
+// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's)
+inline size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
+    const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+    const size_t per_warp       = block_phase_bytes(g, L, nr, tensor_cores);
+    const size_t fv_end =
+        fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t)WARPS * nr * g.head_dim * sizeof(float);
+    return std::max(WARPS * per_warp, fv_end);
+}
+
+// Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
+    if constexpr (HD * BV > 32 * 32) {  // a value row of more than 32 words: unsupported
+        return cudaErrorInvalidValue;
+    } else {
+        const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM>;
+        const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
+        if (smem > 48 * 1024) {
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return e;
+        }
+        if (occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, WARPS * 32, smem);
+        kernel<<<dim3(a.n_tiles, a.n_splits), WARPS * 32, smem, stream>>>(a);
+        return cudaGetLastError();
+    }
+}
+
+// Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
+inline bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
+    return tensor_cores && g.head_dim == imma::HD && g.block == imma::BLOCK && g.bits_k == 2 && g.bits_v == 2 &&
+           nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
+}
+
+// The kernel's rows per tile for tiles of at most rows_per_tile rows: 1, 2 or 4.
+inline int kernel_rows(int32_t rows_per_tile) {
+    int rows = 1;
+    while (rows < OTT_CUDA_ATTN_ROWS && rows < rows_per_tile) rows *= 2;
+    return rows;
+}
+
+// one group per code word (groups of at least 32 bits of codes), else a group per byte
+template <int HD, int BK, int BV, int NR>
+cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
+    const ott_kv_geom & g = a.L.geom;
+    if constexpr (HD == imma::HD && BK == 2 && BV == 2) {
+        if (imma_applies(g, a.tensor_cores, NR)) {
+            // one key row and up to two or four value rows (decode with the design's groups), else up to 8 each
+            if constexpr (NR == 1) {
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2)
+                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);
+                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4)
+                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4>(a, stream, occ);
+            }
+            return launch_partial<HD, BK, BV, NR, 1, 8, 8, 8>(a, stream, occ);
+        }
+    }
+    if (g.group_k * BK >= 32 && g.group_v * BV >= 32) {
+        if constexpr (NR == 1) {  // decode: the prefetch depth is tunable
+            switch (a.prefetch) {
+                case 16: return launch_partial<HD, BK, BV, 1, 1, 16>(a, stream, occ);
+                case 32: return launch_partial<HD, BK, BV, 1, 1, 32>(a, stream, occ);
+                default: return launch_partial<HD, BK, BV, 1, 1, 8>(a, stream, occ);
+            }
+        }
+        return launch_partial<HD, BK, BV, NR, 1, 16>(a, stream, occ);
+    }
+    return launch_partial<HD, BK, BV, NR, 4, 16>(a, stream, occ);
+}
+
+}  // namespace
+
+namespace ott_attn {
+// The partial kernel of head size HD and key/value code widths BK/BV for tiles of nr rows
+// (1, 2 or 4): launched, or with occ, its blocks per multiprocessor. Defined in attn_rows.cu,
+// which is compiled once per (HD, BK, BV) so that the kernels build in parallel.
+template <int HD, int BK, int BV>
+cudaError_t launch_rows(const ott_cuda_attn_args & a, int nr, cudaStream_t stream, int * occ);
+}  // namespace ott_attn
