@@ -548,7 +548,7 @@ def cmd_info(args) -> int:
     from .reference.config import preset
     from .reference.footprint import ring_rows
 
-    # the runtime has no KVQuant cache yet: its footprint is the formula's, on an f16 context
+    # the KVQuant cache needs its calibrated tables, info does not: the formula's footprint on an f16 context
     kv_cfg = _kv_config(args)
     model = _load(args, _NO_EVAL_CTX, kv=preset("f16") if kv_cfg.kvq else None)
     kv_name = kv_mode_name(kv_cfg)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._native import check, ffi, lib
 from .ctx_size import available_memory, context_bytes_per_token, default_n_ctx
-from .errors import InvalidArgumentError, ModelFileError, UnsupportedError
+from .errors import InvalidArgumentError, ModelFileError
 from .reference.config import PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
 
@@ -223,11 +223,6 @@ class Context:
             if not (optional and value is None):
                 _check_count(name, value)
         kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
-        if kv_cfg.kvq:
-            raise UnsupportedError(
-                "the KVQuant cache (kvquant2/3/4) runs in the reference and torch evaluation "
-                "(bench/kvquant_accuracy.py), not yet in the runtime"
-            )
         if prefill_fp16 and not kv_cfg.quantized:
             raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
         if weights._model is None:
@@ -250,7 +245,13 @@ class Context:
         cparams.n_threads = n_threads or 0
         self.kv_config = kv_cfg.for_head_dim(self.info.n_embd_head)
         _set_kv_params(cparams.kv, self.kv_config, prefill_fp16)
-        c_calib = ffi.new("char[]", str(self.kv_calib).encode()) if self.kv_calib else ffi.NULL
+        c_calib = ffi.NULL
+        if self.kv_calib and self.kv_config.kvq:  # the tables, read here (kvq_calibration.py)
+            tables = _kvq_tables(self.kv_config, self.kv_calib, weights)
+            c_tables = ffi.from_buffer("float[]", tables)
+            cparams.kv.kvq_tables = c_tables  # read during ott_context_init only
+        elif self.kv_calib:
+            c_calib = ffi.new("char[]", str(self.kv_calib).encode())
         cparams.kv.calib_path = c_calib  # read during ott_context_init only
         pctx = ffi.new("ott_context **")
         with weights._lock:
@@ -504,34 +505,68 @@ class KVHeadState:
 
 def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike | None) -> Path | None:
     """The sidecar a config needs: the one given, else the model's default; None when the
-    config has no calibrated rotation (a sidecar given then is an error: nothing reads it)."""
+    config needs none (a sidecar given then is an error: nothing reads it)."""
     if not cfg.calibrated:
         if given is not None:
-            raise InvalidArgumentError(f"{given}: a calibration sidecar is read only by calibrated rotations")
+            raise InvalidArgumentError(
+                f"{given}: a calibration sidecar is read only by calibrated rotations and the KVQuant cache"
+            )
         return None
     path = Path(given) if given is not None else default_calibration(model_path)
     if not path.is_file():
+        needs = "the KVQuant cache needs" if cfg.kvq else "a calibrated rotation needs"
+        how = "python -m ott_gguf calibrate MODEL -f TEXT" + (" --kvquant" if cfg.kvq else "")
         raise ModelFileError(
             f"{path}: no calibration sidecar there"
-            + ("" if given is not None else " (a calibrated rotation needs one beside the model)")
+            + ("" if given is not None else f" ({needs} one beside the model: {how})")
         )
     return path
 
 
-# KVConfig knobs of the KVQuant scheme, which ott_kv_params does not have yet
-_KVQ_KNOBS = ("kvq", "pre_rope", "uniform", "outliers")
+# KVConfig knobs that are not fields of ott_kv_params: the scheme is its type, and uniform
+# levels are a choice of the tables (_kvq_tables)
+_PYTHON_KNOBS = ("kvq", "uniform")
 
 
 def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
     """Fill an ott_kv_params from a validated KVConfig."""
     if cfg.quantized:
-        c_kv.type = lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT
+        c_kv.type = lib.OTT_KV_KVQUANT if cfg.kvq else lib.OTT_KV_KIVI if cfg.pool == 0 else lib.OTT_KV_OTT
         for f in fields(KVConfig):
-            if f.name not in _KVQ_KNOBS:
+            if f.name not in _PYTHON_KNOBS:
                 setattr(c_kv, f.name, getattr(cfg, f.name))
         c_kv.prefill_fp16 = int(prefill_fp16)
     else:
         c_kv.type = lib.OTT_KV_F16
+
+
+def _kvq_tables(cfg: KVConfig, sidecar: Path, weights: Weights) -> np.ndarray:
+    """ott_kv_params.kvq_tables of a KVQuant config from the calibration sidecar of these
+    weights: per layer k_lo, k_hi [n_head_kv][head_dim], levels_k, levels_v (float32, one
+    flat array). A sidecar of another model file is one error."""
+    from gguf import GGUFReader
+
+    from .kvq_calibration import read_sidecar
+
+    info = weights.info
+    try:
+        field = GGUFReader(str(sidecar)).fields.get("ott.calib.model_hash")
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        raise ModelFileError(f"{sidecar}: cannot read the calibration sidecar ({e})") from None
+    theirs, ours = (str(field.contents()) if field else "-"), f"{weights.fingerprint():016x}"
+    if theirs != ours:
+        raise InvalidArgumentError(
+            f"{sidecar}: calibration sidecar is for another model file (model hash {theirs}, this file {ours})"
+        )
+    parts = []
+    for il, layer in enumerate(read_sidecar(sidecar, info.n_layer).layers(cfg)):
+        if layer.k_lo.shape != (info.n_head_kv, info.n_embd_head) or layer.k_hi.shape != layer.k_lo.shape:
+            raise ModelFileError(
+                f"{sidecar}: KVQuant key thresholds of layer {il} are {list(layer.k_lo.shape)}, "
+                f"expected [{info.n_head_kv}, {info.n_embd_head}]"
+            )
+        parts += [layer.k_lo, layer.k_hi, layer.levels_k, layer.levels_v]
+    return np.ascontiguousarray(np.concatenate([np.ravel(p) for p in parts]), dtype=np.float32)
 
 
 def kv_mode_name(cfg: KVConfig) -> str:

@@ -217,3 +217,36 @@ def write_copy(
     writer.write_tensors_to_file()
     writer.close()
     return Path(dst)
+
+
+def write_kvq_sidecar(model_path: str | Path, dst: str | Path, seed: int = 0) -> Path:
+    """A calibration sidecar with KVQuant tables for the model at model_path (its real model
+    hash and shapes), the tables themselves made up: key thresholds ±(1 .. 3) per channel,
+    codebooks of tanh-spaced levels. For tests of the runtime's KVQuant cache, which must
+    follow whatever tables it is given."""
+    from ott_gguf.calibrate import Calibration, write
+    from ott_gguf.kvq_calibration import BITS, OUTLIERS, ROPE_KINDS, KVQCalibration
+    from ott_gguf.model import Weights
+
+    weights = Weights(model_path, device="cpu")
+    try:
+        info, model_hash = weights.info, f"{weights.fingerprint():016x}"
+    finally:
+        weights.close()
+    rng = np.random.default_rng(seed)
+    cal = KVQCalibration(info.n_layer, 32, OUTLIERS, n_tokens=0)
+    for _ in range(info.n_layer):
+        ranges, books_k, books_v = {}, {}, {}
+        for o in OUTLIERS:
+            for rope in ROPE_KINDS:
+                a = rng.uniform(1.0, 3.0, (info.n_head_kv, info.n_embd_head)).astype(np.float32)
+                ranges[(rope, o)] = np.stack([-a, a * rng.uniform(0.5, 1.0, a.shape).astype(np.float32)], -1)
+                for b in BITS:
+                    books_k[(rope, o, b)] = (np.tanh(np.linspace(-1.5, 1.5, 2**b)) / np.tanh(1.5)).astype(np.float32)
+            for b in BITS:
+                books_v[(o, b)] = np.linspace(-1.0, 1.0, 2**b, dtype=np.float32) ** 3
+        cal.k_range.append(ranges)
+        cal.codebook_k.append(books_k)
+        cal.codebook_v.append(books_v)
+    write(Calibration(info.arch, model_hash, 0, "made-up tables", None, None, None, None, kvq=cal), dst)
+    return Path(dst)

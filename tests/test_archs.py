@@ -13,7 +13,7 @@ import pytest
 from gguf import GGUFValueType
 
 import convert
-from make_gguf import write_copy
+from make_gguf import write_copy, write_kvq_sidecar
 from ott_gguf.errors import ModelFileError, UnsupportedError
 from ott_gguf.model import Model, Weights
 from ott_gguf.perplexity import perplexity
@@ -87,19 +87,24 @@ def test_tokenizer_ids_match_llamacpp(ggufs, llamacpp, name):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3-window"])
-# KVQuant is not in the runtime yet
-@pytest.mark.parametrize("kv", [k for k in PRESETS if k != "f16" and not PRESETS[k].kvq])
-def test_every_kv_mode_runs(ggufs, name, kv):
+@pytest.mark.parametrize("kv", [k for k in PRESETS if k != "f16"])
+def test_every_kv_mode_runs(ggufs, name, kv, tmp_path):
     """A 400-token prompt (quantization events after 160 tokens) in each mode: logits finite and
     close to the fp16 cache's (random tiny models make 2-bit keys hard: the bound is loose),
     and the native memory equal to the footprint's formula, the local ring counted in fp16.
     Phi-3 with a window shorter than the context has only local layers: the mode has nothing
-    to quantize."""
+    to quantize. KVQuant reads made-up tables (make_gguf.write_kvq_sidecar); it refuses
+    LongRoPE (Phi-3), whose keys it could not rotate itself."""
     path = ggufs[0][name]
     f16 = Model(path, n_ctx=512, n_threads=2, device="cpu")
     ids = (f16.tokenize(PROMPT * 8) * 2)[:400]
     ref = f16.eval(ids, all_logits=True)
-    model = Model(path, n_ctx=512, n_threads=2, kv=kv, device="cpu")
+    calib = write_kvq_sidecar(path, tmp_path / "t.kvcalib.gguf") if PRESETS[kv].kvq else None
+    if calib and name == "phi3-window":  # LongRoPE's factors: KVQuant cannot rotate its keys
+        with pytest.raises(UnsupportedError, match="pre-RoPE keys need a plain RoPE"):
+            Model(path, n_ctx=512, n_threads=2, kv=kv, device="cpu", kv_calib=calib)
+        return
+    model = Model(path, n_ctx=512, n_threads=2, kv=kv, device="cpu", kv_calib=calib)
     got = model.eval(ids, all_logits=True)
     assert np.isfinite(got).all()
     assert (got.argmax(1) == ref.argmax(1)).mean() > 0.5

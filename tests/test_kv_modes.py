@@ -7,15 +7,15 @@ import pytest
 
 from ott_gguf import cli
 from ott_gguf._native import ffi, lib
-from ott_gguf.errors import InvalidArgumentError, UnsupportedError
+from ott_gguf.errors import InvalidArgumentError, ModelFileError
 from ott_gguf.model import Model
 from ott_gguf.reference import PRESETS, preset
 
 
-def test_kvquant_modes_are_not_in_the_runtime_yet(smollm2_path, capsys):
-    with pytest.raises(UnsupportedError, match="KVQuant"):
+def test_kvquant_needs_its_tables_info_does_not(smollm2_path, capsys):
+    with pytest.raises(ModelFileError, match="the KVQuant cache needs one beside the model"):
         Model(smollm2_path, n_ctx=256, n_threads=2, kv="kvquant2", device="cpu")
-    # info shows the footprint all the same, store by store (reference/footprint.py)
+    # info shows the footprint without them, store by store (reference/footprint.py)
     assert cli.main(["info", str(smollm2_path), "--kv", "kvquant2", "-c", "4096"]) == 0
     out = capsys.readouterr().out
     assert "2.67 bits per element at 4096 tokens" in out

@@ -20,6 +20,7 @@ import pytest
 from ott_gguf.errors import UnsupportedError
 from ott_gguf.model import Model, cuda_device_count
 from ott_gguf.reference import KVConfig, LayerCache, attend, preset
+from ott_gguf.reference.rope import Rope
 from ott_gguf.reference.rotation import HADAMARD, hadamard, restore, rotate
 from reference_forward import ReferenceModel, rms_norm, silu
 
@@ -38,11 +39,17 @@ SMALL = KVConfig(
 class ReferenceRun:
     """The reference cache of every layer of one sequence, and the model's forward pass over it."""
 
-    def __init__(self, ref: ReferenceModel | None, cfg: KVConfig, model: Model):
-        """ref None: stores only (chunk() needs the model's weights)."""
+    def __init__(self, ref: ReferenceModel | None, cfg: KVConfig, model: Model, kvq: list | None = None):
+        """ref None: stores only (chunk() needs the model's weights). kvq: the KVQuant
+        scheme's tables per layer (reference.kvquant.KVQLayer)."""
         self.ref = ref
         info = model.info
-        self.layers = [LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head) for il in range(info.n_layer)]
+        self.layers = [
+            LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head, kvq[il] if kvq else None)
+            for il in range(info.n_layer)
+        ]
+        # keys cached before RoPE are rotated in attention (the query is, as ever, by the model)
+        self.rope = Rope(ref.n_rot, ref.freq_base, ref.freq_scale, ref.neox) if ref and cfg.pre_rope else None
         self.n_tokens = 0
         # Hadamard rotations per layer and KV head (rotation.py), None where the config has none
         self.rot = {
@@ -75,7 +82,8 @@ class ReferenceRun:
             h = rms_norm(x, r.w[f"{blk}.attn_norm.weight"], r.eps)
             q = r.rope(r.linear(h, f"{blk}.attn_q").reshape(n, r.n_head, r.n_embd_head), cos, sin)
             q = self.rotate_heads(q, "k", il)
-            out = self.rotate_heads(attend(layer, q, *kv[il]), "v", il, undo=True).astype(np.float32).reshape(n, -1)
+            out = self.rotate_heads(attend(layer, q, *kv[il], rope=self.rope), "v", il, undo=True)
+            out = out.astype(np.float32).reshape(n, -1)
             x = x + r.linear(out, f"{blk}.attn_output")
             h = rms_norm(x, r.w[f"{blk}.ffn_norm.weight"], r.eps)
             x = x + r.linear(silu(r.linear(h, f"{blk}.ffn_gate")) * r.linear(h, f"{blk}.ffn_up"), f"{blk}.ffn_down")

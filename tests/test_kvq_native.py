@@ -37,12 +37,12 @@ typedef struct { int32_t n_rot; int32_t neox; int32_t n_pos; const float * cs; }
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
 typedef struct {
     const uint8_t * blocks; int32_t n_blocks; int64_t block_stride; int32_t pos0;
-    const ott_fp16 * k; const ott_fp16 * v; const int32_t * pos; int32_t n;
+    const ott_fp16 * k; const ott_fp16 * v; const int32_t * pos; int32_t n; const uint8_t * const * block_list;
 } ott_kvq_head_stores;
 size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q);
 void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
-                      const ott_rope_table * rope, const float * q, int32_t n_q, float kq_scale, float * out,
-                      float * scratch);
+                      const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
+                      float kq_scale, float * out, float * scratch);
 """
 
 
@@ -233,6 +233,7 @@ def test_attention_within_budget_of_float64(native, smol_kv, il, bits):
             rope,
             op.ptr("float *", qh),
             rep,
+            ffi.NULL,
             1 / np.sqrt(hd),
             op.ptr("float *", out),
             op.ptr("float *", scratch),

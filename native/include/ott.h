@@ -107,43 +107,53 @@ ott_status ott_model_tensor_get(const ott_model * model, int64_t i, ott_tensor_d
 /* ---- KV cache modes ------------------------------------------------------------------ */
 
 typedef enum {
-    OTT_KV_F16  = 0, /* fp16 cache, ggml flash attention                                */
-    OTT_KV_KIVI = 1, /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
-    OTT_KV_OTT  = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
+    OTT_KV_F16     = 0, /* fp16 cache, ggml flash attention                                */
+    OTT_KV_KIVI    = 1, /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
+    OTT_KV_OTT     = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
+    OTT_KV_KVQUANT = 3, /* KVQuant: calibrated per-channel keys (before RoPE), per-token
+                           values, codebooks, sparse fp16 outliers (CPU only for now)      */
 } ott_kv_type;
 
 /* Knobs of the quantized cache (docs/design.md §2, ott_gguf/reference/config.py); all 0 for
  * OTT_KV_F16. group_v larger than head_dim is capped at head_dim. Invalid combinations
  * make ott_context_init fail with OTT_ERR_INVALID_ARG and one line naming the knob. */
 typedef struct {
-    int32_t type;            /* ott_kv_type                                             */
-    int32_t bits_k;          /* bits per key code: 2, 4 or 8                            */
-    int32_t bits_v;          /* bits per value code: 2, 4 or 8                          */
-    int32_t group_k;         /* tokens per key group (one channel), divides block; with
+    int32_t type;             /* ott_kv_type                                             */
+    int32_t bits_k;           /* bits per key code: 2, 4 or 8 (KVQuant: 2, 3 or 4)       */
+    int32_t bits_v;           /* bits per value code: 2, 4 or 8 (KVQuant: 2, 3 or 4)     */
+    int32_t group_k;          /* tokens per key group (one channel), divides block; with
                                  key_axis 1 channels per key group (one token), divides
                                  head_dim (capped at head_dim as group_v)                */
-    int32_t group_v;         /* channels per value group (one token), divides head_dim */
-    int32_t block;           /* tokens quantized at one event, multiple of 8            */
-    int32_t window;          /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
-    int32_t pool;            /* outlier-pool tokens per KV head, < block               */
-    int32_t extra_pool;      /* extra-pool tokens per KV head                           */
-    int32_t skip_layers;     /* layers 0 .. skip_layers-1 do not trace outliers        */
-    int32_t sink;            /* first tokens of a sequence kept in fp16                */
-    int32_t prefill_fp16;    /* 1: a multi-token chunk's quantization events wait until
+    int32_t group_v;          /* channels per value group (one token), divides head_dim */
+    int32_t block;            /* tokens quantized at one event, multiple of 8            */
+    int32_t window;           /* R: the fp16 window keeps R .. R+block-1 recent tokens  */
+    int32_t pool;             /* outlier-pool tokens per KV head, < block               */
+    int32_t extra_pool;       /* extra-pool tokens per KV head                           */
+    int32_t skip_layers;      /* layers 0 .. skip_layers-1 do not trace outliers        */
+    int32_t sink;             /* first tokens of a sequence kept in fp16                */
+    int32_t prefill_fp16;     /* 1: a multi-token chunk's quantization events wait until
                                  the sequence's next single-token step, so a prompt given
                                  in several chunks attends in full precision throughout */
-    int32_t clip;            /* 1: each group is quantized over the best of a fixed set of
+    int32_t clip;             /* 1: each group is quantized over the best of a fixed set of
                                  clipped ranges (least squared error), 0: over min .. max */
-    int32_t param_bits;      /* a group's scale and min: 16 (fp16; 0 means 16) or 8 (a ufp8
+    int32_t param_bits;       /* a group's scale and min: 16 (fp16; 0 means 16) or 8 (a ufp8
                                  scale and an int8 min, native/src/kv/kv_layout.h)         */
-    int32_t rot_k;           /* rotation of keys (and queries) before the cache: 0 none,
+    int32_t rot_k;            /* rotation of keys (and queries) before the cache: 0 none,
                                  1 Hadamard with fixed signs (head_dim a power of two),
                                  2 calibrated (from calib_path)                           */
-    int32_t rot_v;           /* rotation of values, rotated back after attention: same kinds */
-    int32_t key_axis;        /* 0: key groups per channel (KIVI); 1: per token, as values
+    int32_t rot_v;            /* rotation of values, rotated back after attention: same kinds */
+    int32_t key_axis;         /* 0: key groups per channel (KIVI); 1: per token, as values
                                  (CPU only: the CUDA cache refuses it)                    */
-    const char * calib_path; /* calibration sidecar GGUF (calibrated rotations); NULL: none.
+    const char * calib_path;  /* calibration sidecar GGUF (calibrated rotations); NULL: none.
                                  Read during ott_context_init only                       */
+    int32_t pre_rope;         /* OTT_KV_KVQUANT: 1 keys cached before RoPE, rotated at their
+                                 position in attention; 0 after RoPE                      */
+    int32_t outliers;         /* OTT_KV_KVQUANT: entries per 10000 of a block's keys, and of
+                                 its values, kept exactly in fp16 (0 .. 1000)             */
+    const float * kvq_tables; /* OTT_KV_KVQUANT: the calibrated tables, per layer il in
+                                 order: k_lo, k_hi [n_head_kv][head_dim] (the key
+                                 thresholds), levels_k [2^bits_k], levels_v [2^bits_v]
+                                 (ascending codebooks). Read during ott_context_init only */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */

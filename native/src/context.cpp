@@ -306,8 +306,20 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
     ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(c->backend);
     c->galloc                       = ggml_gallocr_new(buft);
 
-    const ott_kv_shape shape = { hp.n_layer,          hp.n_head_kv, hp.n_embd_head,    c->params.n_ctx,
-                                 c->params.n_seq_max, buft,         model->cuda_device };
+    ott_kv_shape shape {};
+    shape.n_layer     = hp.n_layer;
+    shape.n_head_kv   = hp.n_head_kv;
+    shape.n_embd_head = hp.n_embd_head;
+    shape.n_ctx       = c->params.n_ctx;
+    shape.n_seq_max   = c->params.n_seq_max;
+    shape.buft        = buft;
+    shape.cuda_device = model->cuda_device;
+    shape.rope_n_rot  = hp.n_rot;
+    shape.rope_neox   = hp.rope_type == GGML_ROPE_TYPE_NEOX;
+    shape.rope_plain =
+        hp.rope_ext_factor == 0.0f && hp.rope_attn_factor == 1.0f && model->rope_factors(c->params.n_ctx) == nullptr;
+    shape.rope_freq_base  = hp.rope_freq_base;
+    shape.rope_freq_scale = hp.rope_freq_scale;
     // a sliding-window layer is local (an fp16 ring of the window) when its window is shorter
     // than the context; otherwise the window never masks anything and the layer is global
     std::vector<uint8_t> local(hp.n_layer, 0);

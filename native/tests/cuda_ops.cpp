@@ -359,7 +359,7 @@ void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
                    d_fv + fo * hd,
                    d_fpos + fo,
                    c.n_fp };
-        ott_cpu_kvq_attn(&g, &htab[i], &hst[i], &rope, &q[(size_t)i * c.n_q * hd], c.n_q, kq_scale,
+        ott_cpu_kvq_attn(&g, &htab[i], &hst[i], &rope, &q[(size_t)i * c.n_q * hd], c.n_q, nullptr, kq_scale,
                          &want_o[(size_t)i * c.n_q * hd], ascratch.data());
     }
     ott_rope_table drope = rope;

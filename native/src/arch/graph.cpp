@@ -74,6 +74,12 @@ ggml_tensor * ott_graph_builder::build_rope(ggml_tensor * x, const char * name, 
     return x;
 }
 
+ggml_tensor * ott_graph_builder::build_rope_keys(ggml_tensor * k, int il) {
+    if (!kv.keys_before_rope(il)) return build_rope(k, "Kcur", il);
+    ggml_format_name(k, "Kcur-%d", il);
+    return k;
+}
+
 ggml_tensor * ott_graph_builder::build_attn(const ott_qkv & qkv, const ott_layer & L, int il) {
     ggml_tensor *q = qkv.q, *k = qkv.k, *v = qkv.v;
     if (rot) {

@@ -43,6 +43,9 @@ struct ott_graph_builder {
     ott_qkv build_qkv(ggml_tensor * cur, const ott_layer & L, int il);
     // Rope at the ubatch positions with layer il's base and scale (local layers have their own)
     ggml_tensor * build_rope(ggml_tensor * x, const char * name, int il);
+    // The keys as the cache takes them: roped, or as they are for a cache that ropes them
+    // itself (kv_cache.h: keys_before_rope).
+    ggml_tensor * build_rope_keys(ggml_tensor * k, int il);
     // Attention of roped q, k, v through the KV cache (rotated around it), then the output
     // projection: F32 [n_embd, n_tokens]
     ggml_tensor * build_attn(const ott_qkv & qkv, const ott_layer & L, int il);

@@ -13,7 +13,7 @@ ggml_tensor * ott_build_llama(ott_graph_builder & b) {
         ggml_tensor * cur = b.build_norm(x, L.attn_norm, "attn_norm", il);
         ott_qkv qkv       = b.build_qkv(cur, L, il);
         qkv.q             = b.build_rope(qkv.q, "Qcur", il);
-        qkv.k             = b.build_rope(qkv.k, "Kcur", il);
+        qkv.k             = b.build_rope_keys(qkv.k, il);
         cur               = b.build_attn(qkv, L, il);
         if (il == m.hparams.n_layer - 1) {  // only output rows go on
             cur = b.select_outputs(cur);

@@ -15,7 +15,7 @@ ggml_tensor * ott_build_qwen3(ott_graph_builder & b) {
         qkv.q = b.build_norm(qkv.q, L.attn_q_norm, "Qcur_normed", il);  // per head: [n_embd_head, n_head, n_tokens]
         qkv.k = b.build_norm(qkv.k, L.attn_k_norm, "Kcur_normed", il);
         qkv.q = b.build_rope(qkv.q, "Qcur", il);
-        qkv.k = b.build_rope(qkv.k, "Kcur", il);
+        qkv.k = b.build_rope_keys(qkv.k, il);
         cur   = b.build_attn(qkv, L, il);
         if (il == m.hparams.n_layer - 1) {  // only output rows go on
             cur = b.select_outputs(cur);

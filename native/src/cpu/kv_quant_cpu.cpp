@@ -1,4 +1,4 @@
-// kv_quant_cpu.cpp — the quantized KV cache in host memory (KIVI and OTT modes, docs/design.md §2–3):
+// kv_quant_cpu.cpp — the quantized KV cache in host memory (KIVI, OTT and KVQuant modes, docs/design.md §2–3):
 // per layer, sequence and KV head an fp16 sink, quantized head-blocks (kv/kv_layout.h), an
 // outlier pool, an extra pool and an fp16 window ring. It executes the core's plan of a step
 // (kv/kv_schedule.h): the deferred events in begin(), then in each layer three custom ops
@@ -12,6 +12,7 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_quant.h"
 #include "kv/kv_report.h"
+#include "cpu/kvq_attn_cpu.h"
 #include "cpu/ott_ops_cpu.h"
 
 #include <algorithm>
@@ -35,6 +36,13 @@ public:
         step.scratch   = &scratch;
         step.layer_ops.resize(sh.n_layer);
         for (int il = 0; il < sh.n_layer; ++il) step.layer_ops[il] = { &step, il };
+        step.rope = nullptr;
+        if (cfg.kvq && cfg.pre_rope) {  // cos and sin of every position a sequence may hold
+            rope_cs.resize((size_t)shape.n_ctx * cfg.rope_n_rot);
+            ott_rope_table_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, shape.n_ctx, rope_cs.data());
+            rope      = { cfg.rope_n_rot, cfg.rope_neox, shape.n_ctx, rope_cs.data() };
+            step.rope = &rope;
+        }
     }
 
     ~kv_quant_cpu() override {
@@ -74,6 +82,12 @@ public:
         const int64_t hd = cfg.geom.head_dim, n_tokens = q->ne[2];
 
         ggml_tensor * args[3] = { q, k, v };
+        if (cfg.kvq) {
+            ggml_tensor * out = ggml_custom_4d(gctx, GGML_TYPE_F32, hd * q->ne[1], n_tokens, 1, 1, args, 3,
+                                               ott_cpu_kvq_attn_op, GGML_N_TASKS_MAX, ud);
+            ggml_format_name(out, "kqv-%d", il);
+            return append(gctx, gf, il, k, v, out);
+        }
         ggml_tensor * part =
             ggml_custom_4d(gctx, GGML_TYPE_F32, ott_attn_partial_row((int32_t)hd), step.rows_max,
                            (int64_t)step.items.size(), 1, args, 3, ott_cpu_attn_partial, GGML_N_TASKS_MAX, ud);
@@ -81,13 +95,10 @@ public:
         ggml_tensor * out = ggml_custom_4d(gctx, GGML_TYPE_F32, hd * q->ne[1], n_tokens, 1, 1, &part, 1,
                                            ott_cpu_attn_merge, GGML_N_TASKS_MAX, ud);
         ggml_format_name(out, "kqv-%d", il);
-        ggml_tensor * app_args[3] = { k, v, out };  // out as a source: append runs after attention
-        ggml_tensor * app =
-            ggml_custom_4d(gctx, GGML_TYPE_F32, 1, 1, 1, 1, app_args, 3, ott_cpu_kv_append, GGML_N_TASKS_MAX, ud);
-        ggml_format_name(app, "kv_append-%d", il);
-        ggml_build_forward_expand(gf, app);
-        return out;
+        return append(gctx, gf, il, k, v, out);
     }
+
+    bool keys_before_rope(int) const override { return cfg.kvq && cfg.pre_rope; }
 
     void set_inputs() override {}
 
@@ -191,6 +202,17 @@ public:
     }
 
 private:
+    // The append op of layer il, after the attention output `out` (a source, for the order).
+    ggml_tensor * append(ggml_context * gctx, ggml_cgraph * gf, int il, ggml_tensor * k, ggml_tensor * v,
+                         ggml_tensor * out) {
+        ggml_tensor * app_args[3] = { k, v, out };
+        ggml_tensor * app         = ggml_custom_4d(gctx, GGML_TYPE_F32, 1, 1, 1, 1, app_args, 3, ott_cpu_kv_append,
+                                                   GGML_N_TASKS_MAX, &step.layer_ops[il]);
+        ggml_format_name(app, "kv_append-%d", il);
+        ggml_build_forward_expand(gf, app);
+        return out;
+    }
+
     ott_kv_layer_seq & ls(int il, int32_t s) { return layers[(size_t)il * sh.n_seq_max + s]; }
     const ott_kv_layer_seq & ls(int il, int32_t s) const { return layers[(size_t)il * sh.n_seq_max + s]; }
 
@@ -287,15 +309,16 @@ private:
         for (int32_t sq = 0; sq < (int32_t)step.plan.seqs.size(); ++sq) {
             const ott_kv_step_seq & S = step.plan.seqs[sq];
             const int32_t n_blocks    = S.before.n_blocks;
-            const int32_t n_parts     = std::max(1, (n_blocks + BLOCKS_PER_PART - 1) / BLOCKS_PER_PART);
+            const int32_t per_part    = cfg.kvq ? std::max(1, n_blocks) : BLOCKS_PER_PART;  // KVQuant: one part
+            const int32_t n_parts     = std::max(1, (n_blocks + per_part - 1) / per_part);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                 for (int32_t i0 = 0; i0 < S.n_new; i0 += QUERY_TILE) {
                     const int32_t n_q = std::min(QUERY_TILE, S.n_new - i0);
                     max_q             = std::max(max_q, n_q);
                     step.groups.push_back((int32_t)step.items.size());
                     for (int32_t p = 0; p < n_parts; ++p) {
-                        const int32_t b0 = std::min(n_blocks, p * BLOCKS_PER_PART);
-                        const int32_t b1 = std::min(n_blocks, (p + 1) * BLOCKS_PER_PART);
+                        const int32_t b0 = std::min(n_blocks, p * per_part);
+                        const int32_t b1 = std::min(n_blocks, (p + 1) * per_part);
                         step.items.push_back({ sq, h, i0, n_q, b0, b1, p == n_parts - 1 ? 1 : 0 });
                     }
                 }
@@ -311,7 +334,9 @@ private:
     std::vector<ott_kv_layer_seq> layers;       // [n_layer][n_seq_max]
     std::vector<std::vector<uint8_t>> scratch;  // [OTT_MAX_THREADS]
     ott_kv_step step;
-    int32_t max_q = 1;  // most chunk tokens of one attention item this step
+    int32_t max_q = 1;           // most chunk tokens of one attention item this step
+    std::vector<float> rope_cs;  // KVQuant keys before RoPE: [n_ctx][n_rot/2][2] cos, sin
+    ott_rope_table rope {};
 };
 
 }  // namespace

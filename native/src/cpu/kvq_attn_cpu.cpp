@@ -41,9 +41,12 @@ struct softmax_rows {
     float * acc;  // [n_q][hd]
     float * s;    // [TILE or block] scores of one row
 
-    // Fold keys kt and values vt [n][hd] of one tile into every query row.
-    void add(const float * q, float kq_scale, const float * kt, const float * vt, int32_t n) {
+    // Fold keys kt and values vt [n][hd] of one tile into every query row; row r takes only
+    // its first lim[r] of them (lim NULL: all).
+    void add(const float * q, float kq_scale, const float * kt, const float * vt, int32_t n_tile, const int32_t * lim) {
         for (int32_t r = 0; r < n_q; ++r) {
+            const int32_t n = lim ? std::min(n_tile, std::max(0, lim[r])) : n_tile;
+            if (n == 0) continue;
             const float * qr = q + (size_t)r * hd;
             float mt         = -INFINITY;
             for (int32_t t = 0; t < n; ++t) {
@@ -116,28 +119,30 @@ void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int
 
 size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q) {
     const size_t rows = (size_t)std::max(g->block, TILE);
-    return 2 * rows * g->head_dim + rows + (size_t)n_q * (2 + g->head_dim);
+    return 2 * rows * g->head_dim + rows + (size_t)n_q * (3 + g->head_dim);
 }
 
 void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
-                      const ott_rope_table * rope, const float * q, int32_t n_q, float kq_scale, float * out,
-                      float * scratch) {
+                      const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
+                      float kq_scale, float * out, float * scratch) {
     const int32_t hd  = g->head_dim;
     const size_t rows = (size_t)std::max(g->block, TILE);
     float *kt = scratch, *vt = kt + rows * hd;
     softmax_rows sm { n_q, hd, vt + rows * hd, nullptr, nullptr, nullptr };
-    sm.l   = sm.m + n_q;
-    sm.acc = sm.l + n_q;
-    sm.s   = sm.acc + (size_t)n_q * hd;
+    sm.l          = sm.m + n_q;
+    sm.acc        = sm.l + n_q;
+    sm.s          = sm.acc + (size_t)n_q * hd;
+    int32_t * lim = n_visible ? (int32_t *)(sm.s + rows) : nullptr;  // [n_q] rows left of each tile
     std::fill(sm.m, sm.m + n_q, -INFINITY);
     std::fill(sm.l, sm.l + n_q, 0.0f);
     std::fill(sm.acc, sm.acc + (size_t)n_q * hd, 0.0f);
 
     const ott_kvq_block_layout L = ott_kvq_block_layout_of(g);
     for (int32_t j = 0; j < st->n_blocks; ++j) {
-        dequantize_block(*g, L, *tab, st->blocks + (size_t)j * st->block_stride, kt, vt);
-        rope_rows(kt, g->block, hd, st->pos0 + j * g->block, nullptr, *rope);
-        sm.add(q, kq_scale, kt, vt, g->block);
+        const uint8_t * b = st->block_list ? st->block_list[j] : st->blocks + (size_t)j * st->block_stride;
+        dequantize_block(*g, L, *tab, b, kt, vt);
+        if (rope) rope_rows(kt, g->block, hd, st->pos0 + j * g->block, nullptr, *rope);
+        sm.add(q, kq_scale, kt, vt, g->block, nullptr);
     }
     for (int32_t t0 = 0; t0 < st->n; t0 += TILE) {
         const int32_t n = std::min(TILE, st->n - t0);
@@ -145,8 +150,9 @@ void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const 
             kt[i] = ott_fp16_to_fp32_ref(st->k[(size_t)t0 * hd + i]);
             vt[i] = ott_fp16_to_fp32_ref(st->v[(size_t)t0 * hd + i]);
         }
-        rope_rows(kt, n, hd, 0, st->pos + t0, *rope);
-        sm.add(q, kq_scale, kt, vt, n);
+        if (rope) rope_rows(kt, n, hd, 0, st->pos + t0, *rope);
+        for (int32_t r = 0; lim && r < n_q; ++r) lim[r] = n_visible[r] - t0;
+        sm.add(q, kq_scale, kt, vt, n, lim);
     }
     for (int32_t r = 0; r < n_q; ++r) {
         for (int32_t c = 0; c < hd; ++c) out[(size_t)r * hd + c] = sm.acc[(size_t)r * hd + c] / sm.l[r];

@@ -19,6 +19,7 @@
 // bit-exact and compiled apart.
 #include "cpu/ott_ops_cpu.h"
 
+#include "kv/kv_kvq.h"
 #include "kv/kv_quant.h"
 
 #include "ggml-cpu.h"
@@ -630,7 +631,8 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
     const int32_t hd = cfg.geom.head_dim, block = cfg.geom.block;
     const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
     const size_t rows_bytes = (size_t)block * hd * sizeof(ott_fp16);  // K or V of the block
-    const size_t need       = 2 * rows_bytes + ott_kv_event_scratch_bytes(&cfg.geom, (int32_t)pc);
+    const size_t need       = 2 * rows_bytes + (cfg.kvq ? ott_kvq_scratch_bytes(&cfg.kvq_geom)
+                                                        : ott_kv_event_scratch_bytes(&cfg.geom, (int32_t)pc));
     if (scratch.size() < need) scratch.resize(need);
     // the block's rows, gathered from the ring (they may wrap around its end)
     ott_fp16 *blk_k = (ott_fp16 *)scratch.data(), *blk_v = blk_k + (size_t)block * hd;
@@ -639,13 +641,18 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
         std::memcpy(blk_k + (size_t)t * hd, ls.win_k.data() + row * hd, hd * sizeof(ott_fp16));
         std::memcpy(blk_v + (size_t)t * hd, ls.win_v.data() + row * hd, hd * sizeof(ott_fp16));
     }
+    uint8_t * out = ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h);
+    if (cfg.kvq) {
+        const ott_kvq_tables tab = cfg.kvq_tables(il, h);
+        ott_kvq_quantize_block_ref(&cfg.kvq_geom, &tab, blk_k, blk_v, out, scratch.data() + 2 * rows_bytes);
+        return;
+    }
     ott_kv_rows pool  = { ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.pool_pos.data() + h * pc,
                           ls.n_pool[h], (int32_t)pc };
     ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
                           ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t)ec };
     int32_t tracing   = ls.tracing[h];
-    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing,
-                     ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h), scratch.data() + 2 * rows_bytes);
+    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing, out, scratch.data() + 2 * rows_bytes);
     ls.n_pool[h]  = pool.n;
     ls.n_extra[h] = extra.n;
     ls.tracing[h] = tracing;

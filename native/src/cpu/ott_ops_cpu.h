@@ -7,7 +7,10 @@
 //                         (max, sum, weighted values) per work item
 //   ott_cpu_attn_merge    merges the partials of each query row into the attention output
 //   ott_cpu_kv_append     appends the chunk's K/V (fp16) and runs the quantization events
-//                         on the way (kv_quant.h: OTT selection, pools, block quantization)
+//                         on the way (kv_quant.h: OTT selection, pools, block quantization;
+//                         kv_kvq.h for the KVQuant scheme)
+//   ott_cpu_kvq_attn_op   the KVQuant scheme's attention (kvq_attn_cpu.h), in place of the
+//                         two attention ops above (kvq_ops_cpu.cpp)
 //
 // The cache (kv_quant_cpu.cpp) owns the state below and hands the ops a step (ott_kv_step:
 // the core's plan, kv/kv_schedule.h, and the attention items); the ops read the state as it
@@ -16,6 +19,7 @@
 
 #include "kv/kv_cache.h"
 #include "kv/kv_schedule.h"
+#include "kv/kvq_types.h"
 
 #include "ggml.h"
 
@@ -66,6 +70,7 @@ struct ott_kv_step {
     std::vector<int32_t> groups;                  // [n_groups+1] first item of each group
     std::vector<ott_kv_layer_op> layer_ops;       // [n_layer]
     std::vector<std::vector<uint8_t>> * scratch;  // [OTT_MAX_THREADS] per-thread work memory
+    const ott_rope_table * rope;                  // KVQuant with keys before RoPE: their rotation; else null
 
     ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };
@@ -83,8 +88,12 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata);
 void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata);
 // dst: F32 [1] (ordering only); src: k, v F32 [head_dim, n_head_kv, n_tokens], attention output
 void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata);
+// dst: F32 [head_dim*n_head, n_tokens]; src: q F32 [head_dim, n_head, n_tokens] (after RoPE),
+// k, v F32 [head_dim, n_head_kv, n_tokens] (k before RoPE when step.rope); one item per group
+void ott_cpu_kvq_attn_op(ggml_tensor * dst, int ith, int nth, void * userdata);
 
 // Quantization event e in KV head h of one layer of its sequence (kv_quant.h's
-// ott_kv_event_ref on the block's window rows); its head-blocks must be allocated already.
+// ott_kv_event_ref on the block's window rows, or kv_kvq.h's ott_kvq_quantize_block_ref);
+// its head-blocks must be allocated already.
 void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, int h, int32_t win_cap,
                       const ott_kv_event & e, std::vector<uint8_t> & scratch);

@@ -7,21 +7,23 @@
 ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_shape & shape) {
     switch (params.type) {
         case OTT_KV_F16: {
-            const int32_t knobs[] = { params.bits_k,      params.bits_v, params.group_k,      params.group_v,
-                                      params.block,       params.window, params.pool,         params.extra_pool,
-                                      params.skip_layers, params.sink,   params.prefill_fp16, params.clip,
-                                      params.param_bits,  params.rot_k,  params.rot_v,        params.key_axis };
+            const int32_t knobs[] = { params.bits_k,      params.bits_v,  params.group_k,      params.group_v,
+                                      params.block,       params.window,  params.pool,         params.extra_pool,
+                                      params.skip_layers, params.sink,    params.prefill_fp16, params.clip,
+                                      params.param_bits,  params.rot_k,   params.rot_v,        params.key_axis,
+                                      params.pre_rope,    params.outliers };
             for (int32_t k : knobs) {
                 if (k != 0)
                     return ott_fail(OTT_ERR_INVALID_ARG,
                                     "kv config: the fp16 cache takes no quantization knobs (all must be 0)");
             }
-            if (params.calib_path)
+            if (params.calib_path || params.kvq_tables)
                 return ott_fail(OTT_ERR_INVALID_ARG, "kv config: the fp16 cache takes no calibration sidecar");
             return OTT_OK;
         }
         case OTT_KV_KIVI:
-        case OTT_KV_OTT:  {
+        case OTT_KV_OTT:
+        case OTT_KV_KVQUANT: {
             ott_kv_config cfg;
             return ott_kv_config_resolve(params, shape, cfg);
         }
@@ -35,6 +37,10 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
     if (params.type == OTT_KV_F16) return ott_kv_f16_create(shape, out);
     ott_kv_config cfg;
     OTT_TRY(ott_kv_config_resolve(params, shape, cfg));
+    if (cfg.kvq && shape.cuda_device >= 0) {
+        return ott_fail(OTT_ERR_UNSUPPORTED,
+                        "the KVQuant cache runs on the CPU only for now (its CUDA kernels are not in the runtime yet)");
+    }
 #ifdef OTT_USE_CUDA
     if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
 #endif

@@ -51,7 +51,7 @@ public:
     virtual ott_status begin(const ott_ubatch & ub) = 0;
     virtual void build_inputs(ggml_context * ctx)   = 0;
     // q: F32 [n_embd_head, n_head,    n_tokens] (rotated)
-    // k: F32 [n_embd_head, n_head_kv, n_tokens] (rotated)
+    // k: F32 [n_embd_head, n_head_kv, n_tokens] (rotated; not with keys_before_rope(il))
     // v: F32 [n_embd_head, n_head_kv, n_tokens]
     // returns F32 [n_embd_head*n_head, n_tokens]
     virtual ggml_tensor * build_attn(ggml_context * ctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
@@ -76,6 +76,10 @@ public:
     virtual ott_status seq_copy(int32_t src, int32_t dst) = 0;
     virtual ott_kv_stats stats() const                    = 0;
 
+    // Whether layer il takes its keys before RoPE (build_attn's k and the queries' q then
+    // differ: q is rotated, k is not; the cache rotates keys at their positions).
+    virtual bool keys_before_rope(int il) const { return false; }
+
     // Appends until the next quantization event of sequence seq; 0: the cache never quantizes.
     virtual int32_t tokens_until_event(int32_t seq) const { return 0; }
     // Copy of the stores of one KV head (ott.h: ott_kv_export).
@@ -90,6 +94,11 @@ struct ott_kv_shape {
     int32_t n_seq_max;
     ggml_backend_buffer_type_t buft;  // memory of the context's backend, where stores live
     int32_t cuda_device;              // the backend's CUDA device; -1: the CPU backend
+    // the global layers' RoPE, for a cache that applies it itself (KVQuant's pre-RoPE keys);
+    // rope_plain = 0 when it is more than a rotation by p · freq_scale · base^(-2i/n_rot)
+    // (YaRN, frequency factors, an attention factor)
+    int32_t rope_n_rot, rope_neox, rope_plain;
+    float rope_freq_base, rope_freq_scale;
 };
 
 // Create the cache selected by params.type; reports unsupported or invalid settings.

@@ -2,15 +2,112 @@
 #include "kv/kv_config.h"
 
 #include "kv/kv_cache.h"
+#include "kv/kv_kvq.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
+
+size_t ott_kvq_layer_floats(const ott_kv_params & p, int32_t n_head_kv, int32_t head_dim) {
+    return 2 * (size_t)n_head_kv * head_dim + ((size_t)1 << p.bits_k) + ((size_t)1 << p.bits_v);
+}
+
+namespace {
+
+ott_status bad(const char * what, int32_t value, const char * rule) {
+    return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=%d %s", what, value, rule);
+}
+
+// KVQuant (OTT_KV_KVQUANT): its own rules (ott_gguf/reference/config.py: _check_kvq), then
+// the calibrated tables copied in, key thresholds turned into zero and scale.
+ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
+    const int32_t hd = shape.n_embd_head;
+    for (const auto & [name, bits] : { std::pair { "bits_k", p.bits_k }, std::pair { "bits_v", p.bits_v } }) {
+        if (bits < 2 || bits > 4) return bad(name, bits, "is not one of 2, 3, 4 (KVQuant codebooks)");
+    }
+    if (p.block < 8 || p.block % 8 || (int64_t)p.block * hd > 65536)
+        return bad("block", p.block, "must be a multiple of 8 with block*head_dim <= 65536 (KVQuant)");
+    if (p.group_k != p.block) return bad("group_k", p.group_k, "must equal block (KVQuant: calibrated key ranges)");
+    if (std::min(p.group_v, hd) != hd) return bad("group_v", p.group_v, "must be >= head_dim (KVQuant: per token)");
+    if (hd * p.bits_v % 8) return bad("bits_v", p.bits_v, "does not fill whole bytes per token (KVQuant)");
+    const std::pair<const char *, int32_t> unused[] = { { "pool", p.pool },
+                                                        { "extra_pool", p.extra_pool },
+                                                        { "clip", p.clip },
+                                                        { "rot_k", p.rot_k },
+                                                        { "rot_v", p.rot_v },
+                                                        { "key_axis", p.key_axis },
+                                                        { "prefill_fp16", p.prefill_fp16 } };
+    for (const auto & [name, value] : unused) {
+        if (value != 0) return bad(name, value, "does not apply to KVQuant (must be 0)");
+    }
+    if (p.param_bits != 0 && p.param_bits != 16) return bad("param_bits", p.param_bits, "must be 16 with KVQuant");
+    if (p.outliers < 0 || p.outliers > 1000) return bad("outliers", p.outliers, "must be 0 .. 1000 per 10000");
+    if (p.pre_rope != 0 && p.pre_rope != 1) return bad("pre_rope", p.pre_rope, "must be 0 or 1");
+    if (p.pre_rope && !shape.rope_plain) {
+        return ott_fail(OTT_ERR_UNSUPPORTED,
+                        "kv config: KVQuant's pre-RoPE keys need a plain RoPE (this model scales it: YaRN, "
+                        "frequency factors or an attention factor); use pre_rope=0");
+    }
+    if (p.pre_rope && (shape.rope_n_rot <= 0 || shape.rope_n_rot % 2 || shape.rope_n_rot > hd))
+        return bad("pre_rope", p.pre_rope, "needs an even RoPE dimension count up to head_dim");
+    if (!p.kvq_tables) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant needs its calibrated tables");
+
+    cfg.kvq             = 1;
+    cfg.pre_rope        = p.pre_rope;
+    cfg.kvq_geom        = { hd, p.block, p.bits_k, p.bits_v, ott_kvq_n_out(p.outliers, p.block, hd) };
+    cfg.kvq_layout      = ott_kvq_block_layout_of(&cfg.kvq_geom);
+    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0 };
+    cfg.layout          = ott_kv_block_layout {};
+    cfg.layout.size     = cfg.kvq_layout.size;
+    cfg.rope_n_rot      = shape.rope_n_rot;
+    cfg.rope_neox       = shape.rope_neox;
+    cfg.rope_freq_base  = shape.rope_freq_base;
+    cfg.rope_freq_scale = shape.rope_freq_scale;
+
+    const size_t per_layer = ott_kvq_layer_floats(p, shape.n_head_kv, hd), n_k = (size_t)shape.n_head_kv * hd;
+    const int32_t n_lk = 1 << p.bits_k, n_lv = 1 << p.bits_v;
+    cfg.kvq_keys.resize((size_t)shape.n_layer * 2 * n_k);
+    cfg.kvq_levels.resize((size_t)shape.n_layer * (n_lk + n_lv));
+    for (int il = 0; il < shape.n_layer; ++il) {
+        const float * t = p.kvq_tables + il * per_layer;  // k_lo, k_hi, levels_k, levels_v
+        for (size_t i = 0; i < per_layer; ++i) {
+            if (!std::isfinite(t[i]))
+                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant table of layer %d holds a non-finite value",
+                                il);
+        }
+        for (size_t i = 0; i < n_k; ++i) {
+            if (t[n_k + i] < t[i])
+                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant key thresholds of layer %d: hi < lo", il);
+        }
+        const float * lv = t + 2 * n_k;
+        for (int32_t j = 1; j < n_lk + n_lv; ++j) {
+            if (j != n_lk && !(lv[j - 1] < lv[j]))
+                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant codebook of layer %d is not ascending", il);
+        }
+        std::copy(lv, lv + n_lk + n_lv, cfg.kvq_levels.begin() + (size_t)il * (n_lk + n_lv));
+        for (int32_t h = 0; h < shape.n_head_kv; ++h) {
+            float * zs = cfg.kvq_keys.data() + ((size_t)il * shape.n_head_kv + h) * 2 * hd;
+            ott_kvq_channel_params_ref(t + (size_t)h * hd, t + n_k + (size_t)h * hd, hd, zs, zs + hd);
+        }
+    }
+    return OTT_OK;
+}
+
+}  // namespace
 
 ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
     const int32_t hd = shape.n_embd_head;
-    auto bad         = [](const char * what, int32_t value, const char * rule) {
-        return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=%d %s", what, value, rule);
-    };
+    cfg              = ott_kv_config {};
+    cfg.window       = p.window;
+    cfg.sink         = p.sink;
+    cfg.skip_layers  = p.skip_layers;
+    cfg.n_layer      = shape.n_layer;
+    cfg.n_head_kv    = shape.n_head_kv;
+    if (p.window < 0) return bad("window", p.window, "must be >= 0");
+    if (p.sink < 0) return bad("sink", p.sink, "must be >= 0");
+    if (p.type == OTT_KV_KVQUANT) return resolve_kvq(p, shape, cfg);
+    if (p.pre_rope || p.outliers || p.kvq_tables)
+        return bad("pre_rope", p.pre_rope, "and outliers and kvq_tables apply to KVQuant only (must be 0)");
     for (const auto & [name, bits] : { std::pair { "bits_k", p.bits_k }, std::pair { "bits_v", p.bits_v } }) {
         if (bits != 2 && bits != 4 && bits != 8) return bad(name, bits, "is not one of 2, 4, 8");
     }
@@ -27,8 +124,6 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
         return bad("group_v", p.group_v, "must be > 0 and fill whole bytes at bits_v");
     const int32_t group_v = std::min(p.group_v, hd);
     if (hd > 8192 || hd % group_v) return bad("group_v", group_v, "does not divide head_dim");
-    if (p.window < 0) return bad("window", p.window, "must be >= 0");
-    if (p.sink < 0) return bad("sink", p.sink, "must be >= 0");
     if (p.skip_layers < 0) return bad("skip_layers", p.skip_layers, "must be >= 0");
     if (p.pool < 0 || p.pool >= p.block) return bad("pool", p.pool, "must be in 0..block-1");
     if (p.extra_pool < 0 || (p.extra_pool && !p.pool))
@@ -52,18 +147,12 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
         }
     }
 
-    cfg              = ott_kv_config {};
     cfg.geom         = { hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis };
     cfg.layout       = ott_kv_block_layout_of(&cfg.geom);
-    cfg.window       = p.window;
     cfg.pool         = p.pool;
     cfg.extra_pool   = p.extra_pool;
-    cfg.skip_layers  = p.skip_layers;
-    cfg.sink         = p.sink;
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.rot_k        = p.rot_k;
     cfg.rot_v        = p.rot_v;
-    cfg.n_layer      = shape.n_layer;
-    cfg.n_head_kv    = shape.n_head_kv;
     return OTT_OK;
 }

@@ -4,8 +4,10 @@
 
 #include "common.h"
 #include "kv/kv_layout.h"
+#include "kv/kvq_types.h"
 
 #include <cstddef>
+#include <vector>
 
 struct ott_kv_shape;
 
@@ -22,12 +24,33 @@ struct ott_kv_config {
     int32_t n_layer;
     int32_t n_head_kv;
 
+    // The KVQuant scheme (kvq = 1; kv/kv_kvq.h): the schedule of geom.block and sink as above,
+    // no pools, head-blocks of kvq_layout (layout.size is theirs; its other offsets unused).
+    int32_t kvq;
+    int32_t pre_rope;  // 1: keys cached before RoPE, rotated by `rope` in attention
+    ott_kvq_geom kvq_geom;
+    ott_kvq_block_layout kvq_layout;
+    std::vector<float> kvq_keys;    // [n_layer][n_head_kv][2][head_dim]: k_zero, k_scale
+    std::vector<float> kvq_levels;  // [n_layer][2^bits_k + 2^bits_v]: levels_k, levels_v
+    int32_t rope_n_rot, rope_neox;  // the model's RoPE (kvq with pre_rope)
+    float rope_freq_base, rope_freq_scale;
+
     bool traces(int il) const { return pool > 0 && il >= skip_layers; }
     int32_t pool_cap(int il) const { return traces(il) ? pool : 0; }
     int32_t extra_cap(int il) const { return traces(il) ? extra_pool : 0; }
     // Bytes of one event's head-blocks: the n_head_kv head-blocks of a layer side by side.
     size_t event_bytes() const { return (size_t)layout.size * (size_t)n_head_kv; }
+    // The calibrated tables of KV head h of layer il (kvq).
+    ott_kvq_tables kvq_tables(int il, int32_t h) const {
+        const size_t hd = (size_t)geom.head_dim, n_lv = ((size_t)1 << geom.bits_k) + ((size_t)1 << geom.bits_v);
+        const float * k  = kvq_keys.data() + ((size_t)il * n_head_kv + h) * 2 * hd;
+        const float * lv = kvq_levels.data() + (size_t)il * n_lv;
+        return { k, k + hd, lv, lv + ((size_t)1 << geom.bits_k) };
+    }
 };
+
+// Floats of one layer's part of ott_kv_params::kvq_tables.
+size_t ott_kvq_layer_floats(const ott_kv_params & p, int32_t n_head_kv, int32_t head_dim);
 
 // Validate every knob (one line naming the bad one) and resolve them for the model.
 ott_status ott_kv_config_resolve(const ott_kv_params & params, const ott_kv_shape & shape, ott_kv_config & out);

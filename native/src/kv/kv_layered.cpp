@@ -38,6 +38,16 @@ public:
             global_params.skip_layers += !local[il];
         ott_kv_shape global_shape = sh;
         global_shape.n_layer      = n_global;
+        std::vector<float> tables;  // KVQuant: the global layers' tables, in their order
+        if (params.type == OTT_KV_KVQUANT && params.kvq_tables) {
+            const size_t per_layer = ott_kvq_layer_floats(params, sh.n_head_kv, sh.n_embd_head);
+            for (size_t il = 0; il < local.size(); ++il) {
+                if (!local[il])
+                    tables.insert(tables.end(), params.kvq_tables + il * per_layer,
+                                  params.kvq_tables + (il + 1) * per_layer);
+            }
+            global_params.kvq_tables = tables.data();
+        }
         return ott_kv_cache_create(global_params, global_shape, global);
     }
 
@@ -114,6 +124,8 @@ public:
     }
 
     int32_t tokens_until_event(int32_t seq) const override { return global ? global->tokens_until_event(seq) : 0; }
+
+    bool keys_before_rope(int il) const override { return !local[il] && global->keys_before_rope(index[il]); }
 
     ott_status export_head(int il, int32_t seq, int32_t head, ott_kv_head_state & out) const override {
         return part(il).export_head(index[il], seq, head, out);

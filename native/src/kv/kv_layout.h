@@ -149,7 +149,6 @@ static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int
     const uint64_t codes  = (uint64_t)g->head_dim * g->block * (uint64_t)(g->bits_k + g->bits_v) / 8;
     const uint64_t groups = (uint64_t)g->block * g->head_dim / g->group_k + (uint64_t)g->block * ott_kv_n_gv(g);
     return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
-    return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
 }
 
 /* ---- KVQuant head-blocks (ott_gguf/reference/kvquant.py, byte for byte) ------------------
@@ -192,6 +191,13 @@ OTT_STATIC_ASSERT(sizeof(ott_kvq_block_layout) == 36, "ott_kvq_block_layout is n
  * twice round(outliers/2 per 10000), half up (kvquant.py: n_outliers). */
 static inline OTT_HD int32_t ott_kvq_n_out(int32_t outliers, int32_t block, int32_t head_dim) {
     return 2 * (int32_t)(((int64_t)outliers * block * head_dim + 10000) / 20000);
+}
+
+/* Bytes of a KVQuant head-block that hold data: codes, value zero and scale per token, and
+ * the sparse entries of keys and values (an fp16 value and a uint16 index each). */
+static inline OTT_HD uint64_t ott_kvq_block_data_bytes(const ott_kvq_geom * g) {
+    const uint64_t codes = (uint64_t)g->head_dim * g->block * (uint64_t)(g->bits_k + g->bits_v) / 8;
+    return codes + (uint64_t)g->block * 4 + (uint64_t)g->n_out * 2 * 4;
 }
 
 static inline OTT_HD ott_kvq_block_layout ott_kvq_block_layout_of(const ott_kvq_geom * g) {

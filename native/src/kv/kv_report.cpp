@@ -2,8 +2,10 @@
 #include "kv/kv_report.h"
 
 double ott_kv_used_bytes(const ott_kv_config & cfg, int il, const ott_kv_sched & sc, int64_t n_pooled) {
-    const int64_t token  = 2 * (int64_t)cfg.geom.head_dim * sizeof(ott_fp16);
-    const int64_t blocks = (int64_t)sc.n_blocks * ott_kv_block_data_bytes(&cfg.geom, cfg.traces(il));
+    const int64_t token = 2 * (int64_t)cfg.geom.head_dim * sizeof(ott_fp16);
+    const int64_t blocks =
+        (int64_t)sc.n_blocks * (int64_t)(cfg.kvq ? ott_kvq_block_data_bytes(&cfg.kvq_geom)
+                                                 : ott_kv_block_data_bytes(&cfg.geom, cfg.traces(il)));
     return (double)cfg.n_head_kv * (double)(blocks + (int64_t)(sc.n_sink + sc.n_win) * token) +
            (double)n_pooled * (double)(token + (int64_t)sizeof(int32_t));
 }

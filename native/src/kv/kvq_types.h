@@ -37,6 +37,8 @@ typedef struct {
     const ott_fp16 * v;
     const int32_t * pos; /* [n] their positions */
     int32_t n;
+    const uint8_t * const * block_list; /* CPU: head-block j at block_list[j] (blocks and
+                                           block_stride unused); NULL: as above          */
 } ott_kvq_head_stores;
 
 #ifdef __cplusplus
