@@ -13,7 +13,7 @@ its binary is given), and for each client count:
 
     python bench/serve_load.py MODEL --clients 64 --duration 300 --kv f16,ott2 -t 2 \
         --llama-server ../peers/llamacpp/build/bin/llama-server
-    # CUDA build, H200: --device cuda --clients 64,256 --llama-args "-ngl 99"
+    # CUDA build, H200: --device cuda --clients 64,256 --llama-args="-ngl 99"
 
 Our server is `python -m ott_gguf serve` run from the current folder: run this script from
 outside the checkout to use the installed package, or from the checkout with OTT_NATIVE_DIR
@@ -329,7 +329,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count(), help="server threads (both servers)")
     ap.add_argument("--device", help="our device: cpu, cuda, cuda:N")
     ap.add_argument("--llama-server", help="llama-server binary; omitted: ours only")
-    ap.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '-ngl 99'")
+    ap.add_argument("--llama-args", default="", help="extra llama-server arguments, with '=': --llama-args='-ngl 99'")
     ap.add_argument(
         "--logs",
         type=Path,
