@@ -1,7 +1,7 @@
 """Decode speed by context depth: our f16 and ott2 caches against llama.cpp, in one run.
 
     python bench/kv_speed.py [MODEL] [-t 2] [-d 0,1024,4096,8192] [-n 32] [--rounds 3]
-                             [--modes f16,ott2] [--llama-bench PATH]
+                             [--modes f16,ott2] [--kv-calib SIDECAR] [--llama-bench PATH]
 
 For each depth d, decode tokens/s after d tokens of context, for
 - ours: each mode's cache holds d random tokens in a sequence of its own (filled once); a
@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from speed_vs_llamacpp import DEFAULT_LLAMA_BENCH, llama_bench, require_llama_bench  # noqa: E402
 
 from ott_gguf.model import Context, Weights  # noqa: E402
+from ott_gguf.reference import preset  # noqa: E402
 from ott_gguf.resolve import resolve_model  # noqa: E402
 
 LLAMA_SETTINGS = {  # name: (flash attention, cache type)
@@ -79,6 +80,7 @@ def main() -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens per side, depth and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="f16,ott2", help="our cache modes")
+    ap.add_argument("--kv-calib", type=Path, help="calibration sidecar of the calibrated and KVQuant modes")
     ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
@@ -94,7 +96,17 @@ def main() -> int:
     n_ctx = max(depths) + 2 * args.n_gen + 256
     # one context per mode on the same weights; sequence i holds depths[i] tokens, the last one is the scratch
     weights = Weights(path)
-    models = {m: Context(weights, n_ctx=n_ctx, n_seq_max=len(depths) + 1, n_threads=args.threads, kv=m) for m in modes}
+    models = {
+        m: Context(
+            weights,
+            n_ctx=n_ctx,
+            n_seq_max=len(depths) + 1,
+            n_threads=args.threads,
+            kv=m,
+            kv_calib=args.kv_calib if preset(m).calibrated else None,
+        )
+        for m in modes
+    }
     for model in models.values():
         for i, d in enumerate(depths):
             fill(model, i, d, rng)

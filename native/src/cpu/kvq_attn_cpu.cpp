@@ -1,5 +1,6 @@
 // kvq_attn_cpu.cpp — attention over KVQuant stores on the CPU (see kvq_attn_cpu.h).
 #include "cpu/kvq_attn_cpu.h"
+#include "cpu/ott_ops_cpu.h"
 
 #include "kv/kv_quant.h"
 
@@ -19,19 +20,42 @@ inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, int32_t ro
     return (w >> (at % 8)) & ((1u << bits) - 1);
 }
 
+// Pairs (y[ia(i)], y[ib(i)]) of one row rotated by the angles of cs; a loop per pairing so
+// that each vectorises.
+template <bool NEOX> inline void rope_row(float * y, int32_t half, const float * cs) {
+    for (int32_t i = 0; i < half; ++i) {
+        const int32_t ia = NEOX ? i : 2 * i, ib = NEOX ? i + half : 2 * i + 1;
+        const float a = y[ia], b = y[ib], c = cs[2 * i], s = cs[2 * i + 1];
+        y[ia] = a * c - b * s;
+        y[ib] = a * s + b * c;
+    }
+}
+
 // Rows x [n][head_dim] rotated in place, row r at position pos0 + r (pos == nullptr) or pos[r].
 void rope_rows(float * x, int32_t n, int32_t hd, int32_t pos0, const int32_t * pos, const ott_rope_table & R) {
     const int32_t half = R.n_rot / 2;
     for (int32_t r = 0; r < n; ++r) {
         float * y        = x + (size_t)r * hd;
         const float * cs = R.cs + (size_t)(pos ? pos[r] : pos0 + r) * half * 2;
-        for (int32_t i = 0; i < half; ++i) {
-            const int32_t ia = R.neox ? i : 2 * i, ib = R.neox ? i + half : 2 * i + 1;
-            const float a = y[ia], b = y[ib], c = cs[2 * i], s = cs[2 * i + 1];
-            y[ia] = a * c - b * s;
-            y[ib] = a * s + b * c;
-        }
+        if (R.neox)
+            rope_row<true>(y, half, cs);
+        else
+            rope_row<false>(y, half, cs);
     }
+}
+
+// q · k over hd floats in 8 interleaved partial sums (a fixed order the compiler keeps in
+// one vector register), then summed.
+inline float dot(const float * q, const float * k, int32_t hd) {
+    float part[8] = {};
+    int32_t c     = 0;
+    for (; c + 8 <= hd; c += 8) {
+        for (int32_t j = 0; j < 8; ++j) part[j] += q[c + j] * k[c + j];
+    }
+    float d = 0.0f;
+    for (; c < hd; ++c) d += q[c] * k[c];
+    for (float p : part) d += p;
+    return d;
 }
 
 struct softmax_rows {
@@ -50,10 +74,7 @@ struct softmax_rows {
             const float * qr = q + (size_t)r * hd;
             float mt         = -INFINITY;
             for (int32_t t = 0; t < n; ++t) {
-                const float * kr = kt + (size_t)t * hd;
-                float d          = 0.0f;
-                for (int32_t c = 0; c < hd; ++c) d += qr[c] * kr[c];
-                s[t] = d * kq_scale;
+                s[t] = dot(qr, kt + (size_t)t * hd, hd) * kq_scale;
                 mt   = std::max(mt, s[t]);
             }
             const float m_new = std::max(m[r], mt);
@@ -122,9 +143,9 @@ size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q) {
     return 2 * rows * g->head_dim + rows + (size_t)n_q * (3 + g->head_dim);
 }
 
-void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
-                      const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
-                      float kq_scale, float * out, float * scratch) {
+OTT_CLONES void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
+                                 const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
+                                 float kq_scale, float * out, float * scratch) {
     const int32_t hd  = g->head_dim;
     const size_t rows = (size_t)std::max(g->block, TILE);
     float *kt = scratch, *vt = kt + rows * hd;

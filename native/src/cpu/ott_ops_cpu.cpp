@@ -28,11 +28,6 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
-#define OTT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OTT_CLONES
-#endif
 #define OTT_INLINE inline __attribute__((always_inline))
 
 namespace {

@@ -75,6 +75,14 @@ struct ott_kv_step {
     ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };
 
+// A hot CPU function compiled for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the baseline,
+// picked at load time (x86-64 Linux with GCC; elsewhere the baseline only).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define OTT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OTT_CLONES
+#endif
+
 // Threads a ggml CPU backend may run (ott_context_set_threads allows up to 512).
 constexpr int OTT_MAX_THREADS = 512;
 
