@@ -23,7 +23,7 @@ from ott_gguf.kvq_calibration import read_sidecar
 from ott_gguf.model import Model
 from ott_gguf.reference import preset
 from reference_forward import ReferenceModel
-from test_kv_native import LOGIT_BUDGET, ReferenceRun, random_model, rel_err, stored_kv
+from test_kv_native import LOGIT_BUDGET, ReferenceRun, random_model, rel_err, run_probed_chunks, stored_kv
 from test_kvq_native import block_bytes
 
 # small blocks so that a few hundred tokens cross many events; 1 % outliers of a 16 x 64
@@ -95,15 +95,7 @@ def test_large_chunks_span_events(tmp_path):
     model, run, path, sidecar = kvq_run(tmp_path, SMALL, 64, 3, n_layer=1)
     probe = Model(path, n_ctx=512, n_threads=2, kv=SMALL.with_overrides(window=400), kv_calib=sidecar)
     tokens = np.random.default_rng(2).integers(0, model.n_vocab, 260).tolist()
-    i = 0
-    for n in [40, 1, 37, 64, 100, 3]:
-        chunk = tokens[i : i + n]
-        ours = model.eval(chunk, all_logits=True)
-        probe.eval(chunk)
-        theirs = run.chunk(chunk, stored_kv(probe, n))
-        assert rel_err(ours, theirs).max() < LOGIT_BUDGET
-        assert_same_stores(model, run)
-        i += n
+    run_probed_chunks(model, probe, run, tokens, [40, 1, 37, 64, 100, 3], assert_same_stores)
 
 
 def test_memory_accounting(tmp_path):
