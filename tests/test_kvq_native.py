@@ -7,11 +7,11 @@
   position, within ATTN_BUDGET of the float64 spec over blocks, sink and window, on keys and
   values of SmolLM2's own layers.
 
-The runtime has no KVQuant cache yet, so the ops are called directly from libott.so (cffi in
-ABI mode, the declarations below copied from kv_layout.h, kv_kvq.h and kvq_attn_cpu.h).
+These ops are internal (not in ott.h), so they are called directly from the libott.so beside
+the loaded binding (cffi in ABI mode, the declarations below copied from kv_layout.h, kv_kvq.h
+and kvq_attn_cpu.h).
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,8 @@ void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const 
 def native():
     import ott_gguf._native as pkg
 
-    folder = Path(os.environ.get("OTT_NATIVE_DIR") or Path(pkg.__file__).parent)
+    # the binding may be the installed distribution's while the tests import the checkout
+    folder = Path(pkg._mod.__file__).parent
     ffi = FFI()
     ffi.cdef(CDEF)
     return ffi, ffi.dlopen(str(folder / "libott.so"))
