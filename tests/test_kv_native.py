@@ -206,6 +206,7 @@ CASES = [
     ("hd64-gqa3-rot-kv", 64, 3, SMALL.with_overrides(rot_k=HADAMARD, rot_v=HADAMARD), 120, [1, 4]),
     ("hd128-gqa1-rot-v-clip", 128, 1, SMALL.with_overrides(rot_v=HADAMARD, clip=1), 100, [3]),
     ("hd64-gqa3-params8", 64, 3, SMALL.with_overrides(param_bits=8), 150, [1, 4]),
+    ("hd64-gqa3-clip-params8", 64, 3, SMALL.with_overrides(param_bits=8, clip=1, rot_v=HADAMARD), 150, [1, 4]),
     (
         "hd128-gqa1-params8-4bit-rot",
         128,
@@ -230,6 +231,14 @@ CASES = [
         SMALL.with_overrides(key_axis=1, group_k=256, param_bits=8, rot_k=HADAMARD),
         100,
         [3],
+    ),
+    (
+        "hd64-gqa3-keys-per-token-rot-clip-p8",
+        64,
+        3,
+        SMALL.with_overrides(key_axis=1, group_k=64, param_bits=8, clip=1, rot_k=HADAMARD, rot_v=HADAMARD),
+        150,
+        [1, 4],
     ),
 ]
 

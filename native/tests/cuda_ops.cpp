@@ -646,6 +646,7 @@ int run_checks() {
     const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1, 16 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1, 16 };
     const ott_kv_geom p8_128 = { 128, 128, 2, 2, 128, 128, 0, 8 }, p8_64 = { 64, 16, 4, 4, 8, 16, 0, 8 };
     const ott_kv_geom k4v2_64 = { 64, 128, 4, 2, 128, 64, 0, 8 }, k4v2_128 = { 128, 128, 4, 2, 128, 128, 0, 16 };
+    const ott_kv_geom clip_p8_128 = { 128, 128, 2, 2, 128, 128, 1, 8 }, clip_p8_64 = { 64, 16, 4, 4, 8, 16, 1, 8 };
     const event_case events[] = {
         { "ott2-hd128-first", ott2_128, 3, 32, 0, 0, false },
         { "ott2-hd128-pool-full", ott2_128, 3, 32, 3, 10, true },
@@ -661,6 +662,8 @@ int run_checks() {
         { "p8-hd128-pool-full", p8_128, 3, 32, 3, 10, true },
         { "p8-hd64-4bit-kivi", p8_64, 0, 0, 0, 0, false },
         { "k4v2-hd64-pool-full", k4v2_64, 3, 32, 3, 10, true },
+        { "clip-p8-hd128-pool-full", clip_p8_128, 3, 32, 3, 10, true },
+        { "clip-p8-hd64-4bit-kivi", clip_p8_64, 0, 0, 0, 0, false },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);

@@ -121,10 +121,6 @@ class KVConfig:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
         if self.param_bits not in (8, 16):
             raise InvalidArgumentError(f"kv config: param_bits={self.param_bits} is not 16 (fp16) or 8")
-        if self.param_bits == 8 and self.clip:
-            raise InvalidArgumentError(
-                "kv config: clip=1 needs param_bits=16 (8-bit parameters take the min-max range)"
-            )
         for name in ("rot_k", "rot_v"):
             if getattr(self, name) >= len(ROTATIONS):
                 raise InvalidArgumentError(

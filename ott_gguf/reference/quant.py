@@ -52,18 +52,21 @@ Scale and minimum take one byte each instead of two fp16 values:
            mantissa bits), decode(s8) = f32(fp16 with bits s8 << 7); steps of 6-12 %
     min    int8 z: min = f32(f32(z) * 0.25) * decode(s8)     (two f32 multiplications)
 
-Encoding from the group's min-max range (clipping does not apply):
+Encoding of a range [lo, hi] (the group's min-max range [mn, mx], or with clip=True each
+clipped candidate's):
 
-    t    = (f32(mx) - f32(mn)) / f32(2^b - 1)
+    t    = (f32(hi) - f32(lo)) / f32(2^b - 1)
     h    = fp16(t), then the next fp16 up while f32(h) < t     (the least fp16 >= t)
     s8   = max(1, ceil(h / 128))                               (the least ufp8 >= h, > 0)
-    z    = floor(f32(f32(mn) / s) * 4.0f)  with s = decode(s8)
-    while z is outside -128 .. 127: s8 += 1, z again           (a wider scale reaches mn)
+    z    = floor(f32(f32(lo) / s) * 4.0f)  with s = decode(s8)
+    while z is outside -128 .. 127: s8 += 1, z again           (a wider scale reaches lo)
     codes as above with min and scale decoded: clamp(rint((f32(x) - min) * (1/s)), 0, 2^b - 1)
 
 Both are rounded outward: the scale up and the minimum down by less than a quarter step, so
-the levels still span [mn, mx] (the top one within a quarter step of mx) and no value is
-clipped; the error stays within half a step of the (slightly wider) scale. A group far from
+the levels still span [lo, hi] (the top one within a quarter step of hi); from the min-max
+range no value is clipped and the error stays within half a step of the (slightly wider)
+scale. With clip=True every candidate is encoded so, and its err is computed as above with
+the decoded scale and minimum: e = (code * s + min) - f32(x). A group far from
 zero for its spread (|mn| > 32 steps) widens its scale until z reaches it; a constant group
 v gets the least scale that does, so it is stored to within |v|/128.
 
@@ -93,17 +96,23 @@ from ott_gguf.errors import InvalidArgumentError
 CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3], dtype=np.float32)
 
 
-def _quantize_range(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32):
-    """Codes, fp16 scale and fp16 min of each group of float32 xf [..., group] for the range
-    [lo, hi] (f32 [...]), by the recipe above."""
-    scale = ((hi - lo) / levels).astype(np.float16)  # fp16 [...]
-    mn16 = lo.astype(np.float16)  # fp16 [...]
-    scale32, mn32 = scale.astype(np.float32), mn16.astype(np.float32)
-    inv = np.zeros_like(scale32)
-    np.divide(np.float32(1.0), scale32, out=inv, where=scale32 != 0)  # f32 [...]
-    t = (xf - mn32[..., None]) * inv[..., None]  # f32 [..., group]
-    codes = np.clip(np.rint(t), 0, levels).astype(np.uint8)
-    return codes, scale, mn16
+def _encode(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32, param_bits: int):
+    """Codes of each group of float32 xf [..., group] for the range [lo, hi] (f32 [...]) by the
+    recipe above: (codes uint8 [..., group], (scale, min) as stored, scale and min as f32 [...])."""
+    if param_bits == 8:
+        s8, z = _params8(lo, hi, levels)
+        s32 = decode_scale8(s8)
+        m32 = decode_min8(z, s32)
+        stored = (s8, z)
+    else:
+        scale = ((hi - lo) / levels).astype(np.float16)  # fp16 [...]
+        mn16 = lo.astype(np.float16)  # fp16 [...]
+        s32, m32 = scale.astype(np.float32), mn16.astype(np.float32)
+        stored = (scale, mn16)
+    inv = np.zeros_like(s32)
+    np.divide(np.float32(1.0), s32, out=inv, where=s32 != 0)  # f32 [...]
+    t = (xf - m32[..., None]) * inv[..., None]  # f32 [..., group]
+    return np.clip(np.rint(t), 0, levels).astype(np.uint8), stored, s32, m32
 
 
 def decode_scale8(s8: np.ndarray) -> np.ndarray:
@@ -146,28 +155,26 @@ def quantize_groups(
     mn = xf.min(axis=-1)  # f32 [...]
     mx = xf.max(axis=-1)  # f32 [...]
     levels = np.float32(2**bits - 1)
-    if param_bits == 8:
-        s8, z = _params8(mn, mx, levels)
-        s32 = decode_scale8(s8)
-        inv = np.zeros_like(s32)
-        np.divide(np.float32(1.0), s32, out=inv, where=s32 != 0)
-        t = (xf - decode_min8(z, s32)[..., None]) * inv[..., None]
-        return np.clip(np.rint(t), 0, levels).astype(np.uint8), s8, z
     if not clip:
-        return _quantize_range(xf, mn, mx, levels)
+        codes, (scale, mn_stored), _, _ = _encode(xf, mn, mx, levels, param_bits)
+        return codes, scale, mn_stored
     width = mx - mn  # f32 [...]
     best = best_err = None
     for c in CLIP_SHRINK:
         d = c * width
-        codes, scale, mn16 = _quantize_range(xf, mn + d, mx - d, levels)
-        y = codes.astype(np.float32) * scale.astype(np.float32)[..., None] + mn16.astype(np.float32)[..., None]
+        codes, (scale, mn_stored), s32, m32 = _encode(xf, mn + d, mx - d, levels, param_bits)
+        y = codes.astype(np.float32) * s32[..., None] + m32[..., None]
         e = (y - xf).astype(np.float64)
         err = np.cumsum(e * e, axis=-1)[..., -1]  # sequential float64 sum
         if best_err is None:
-            best, best_err = (codes, scale, mn16), err
+            best, best_err = (codes, scale, mn_stored), err
             continue
         won = err < best_err
-        best = (np.where(won[..., None], codes, best[0]), np.where(won, scale, best[1]), np.where(won, mn16, best[2]))
+        best = (
+            np.where(won[..., None], codes, best[0]),
+            np.where(won, scale, best[1]),
+            np.where(won, mn_stored, best[2]),
+        )
         best_err = np.where(won, err, best_err)
     return best
 

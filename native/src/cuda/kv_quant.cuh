@@ -54,35 +54,46 @@ static __device__ __forceinline__ ott_fp16 ott_fp32_to_fp16_ref(float f) {
     return (ott_fp16)(sign | h);
 }
 
-static __device__ void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
-    *s16            = ott_fp32_to_fp16_ref(__fdiv_rn(__fsub_rn(hi, lo), levels));
-    *m16            = ott_fp32_to_fp16_ref(lo);
-    const float s32 = ott_fp16_to_fp32_ref(*s16);
-    *inv            = s32 != 0.0f ? __fdiv_rn(1.0f, s32) : 0.0f;
-}
-
 static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
     const float t = rintf(__fmul_rn(__fsub_rn(x, m32), inv)); /* half to even */
     return (uint8_t)(t < 0.0f ? 0.0f : (t > levels ? levels : t));
 }
 
-static __device__ void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s,
-                               float * m) {
-    const float t = __fdiv_rn(__fsub_rn(mx, mn), levels);
-    uint32_t h    = ott_fp32_to_fp16_ref(t);
-    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
-    uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
-    if (s8 == 0) s8 = 1;
-    for (;; ++s8) { /* widen until z reaches mn */
-        *s            = ott_kv_scale8((uint8_t)s8);
-        const float z = floorf(__fmul_rn(__fdiv_rn(mn, *s), 4.0f));
-        if (z >= -128.0f && z <= 127.0f) {
-            *s8_out = (uint8_t)s8;
-            *z_out  = (int8_t)z;
-            *m      = __fmul_rn(__fmul_rn((float)(int8_t)z, 0.25f), *s);
-            return;
+typedef struct {
+    uint8_t scale[2], min[2]; /* as stored: fp16 (low byte first), or one byte each */
+    float s, m, inv;          /* decoded; inv = 1/s, or 0 for a zero scale */
+} range_enc;
+
+static __device__ range_enc encode_range(float lo, float hi, float levels, int32_t param_bits) {
+    range_enc r;
+    if (param_bits == 8) {
+        const float t = __fdiv_rn(__fsub_rn(hi, lo), levels);
+        uint32_t h    = ott_fp32_to_fp16_ref(t);
+        if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+        uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
+        if (s8 == 0) s8 = 1;
+        for (;; ++s8) { /* widen until z reaches lo */
+            r.s           = ott_kv_scale8((uint8_t)s8);
+            const float z = floorf(__fmul_rn(__fdiv_rn(lo, r.s), 4.0f));
+            if (z >= -128.0f && z <= 127.0f) {
+                r.scale[0] = (uint8_t)s8;
+                r.min[0]   = (uint8_t)(int8_t)z;
+                r.m        = __fmul_rn(__fmul_rn((float)(int8_t)z, 0.25f), r.s);
+                break;
+            }
         }
+    } else {
+        const ott_fp16 s16 = ott_fp32_to_fp16_ref(__fdiv_rn(__fsub_rn(hi, lo), levels));
+        const ott_fp16 m16 = ott_fp32_to_fp16_ref(lo);
+        r.scale[0]         = (uint8_t)(s16 & 0xff);
+        r.scale[1]         = (uint8_t)(s16 >> 8);
+        r.min[0]           = (uint8_t)(m16 & 0xff);
+        r.min[1]           = (uint8_t)(m16 >> 8);
+        r.s                = ott_fp16_to_fp32_ref(s16);
+        r.m                = ott_fp16_to_fp32_ref(m16);
     }
+    r.inv = r.s != 0.0f ? __fdiv_rn(1.0f, r.s) : 0.0f;
+    return r;
 }
 
 static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
@@ -94,27 +105,17 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
         mx             = xi > mx ? xi : mx;
     }
     const float levels = (float)((1 << bits) - 1);
-    if (param_bits == 8) {
-        float s, m;
-        params8(mn, mx, levels, scale, (int8_t *)min, &s, &m);
-        const float inv = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
-        for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m, inv, levels);
-        return;
-    }
-    const float width = __fsub_rn(mx, mn);
-    ott_fp16 s16, m16;
-    float inv;
-    int32_t best    = 0;
-    double best_err = 0.0;
+    const float width  = __fsub_rn(mx, mn);
+    int32_t best       = 0;
+    double best_err    = 0.0;
     for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
-        const float d = __fmul_rn(ott_clip_shrink(c), width);
-        range_params(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, &s16, &m16, &inv);
-        const float s32 = ott_fp16_to_fp32_ref(s16), m32 = ott_fp16_to_fp32_ref(m16);
-        double err = 0.0;
+        const float d      = __fmul_rn(ott_clip_shrink(c), width);
+        const range_enc rc = encode_range(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, param_bits);
+        double err         = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p  = __fmul_rn((float)code_of(xi, m32, inv, levels), s32);
-            const float e  = __fsub_rn(__fadd_rn(p, m32), xi);
+            const float p  = __fmul_rn((float)code_of(xi, rc.m, rc.inv, levels), rc.s);
+            const float e  = __fsub_rn(__fadd_rn(p, rc.m), xi);
             err            = __dadd_rn(err, __dmul_rn((double)e, (double)e));
         }
         if (c == 0 || err < best_err) {
@@ -128,13 +129,13 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
         lo            = __fadd_rn(mn, d);
         hi            = __fsub_rn(mx, d);
     }
-    range_params(lo, hi, levels, &s16, &m16, &inv);
-    const float m32 = ott_fp16_to_fp32_ref(m16);
-    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
-    scale[0] = (uint8_t)(s16 & 0xff);
-    scale[1] = (uint8_t)(s16 >> 8);
-    min[0]   = (uint8_t)(m16 & 0xff);
-    min[1]   = (uint8_t)(m16 >> 8);
+    const range_enc r = encode_range(lo, hi, levels, param_bits);
+    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), r.m, r.inv, levels);
+    const int32_t pb = param_bits == 8 ? 1 : 2;
+    for (int32_t i = 0; i < pb; ++i) {
+        scale[i] = r.scale[i];
+        min[i]   = r.min[i];
+    }
 }
 
 static __device__ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {

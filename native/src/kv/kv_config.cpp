@@ -134,8 +134,6 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     if (p.clip != 0 && p.clip != 1) return bad("clip", p.clip, "must be 0 or 1");
     const int32_t param_bits = p.param_bits == 0 ? 16 : p.param_bits;
     if (param_bits != 16 && param_bits != 8) return bad("param_bits", p.param_bits, "is not 16 or 8");
-    if (param_bits == 8 && p.clip)
-        return bad("clip", p.clip, "needs param_bits=16 (8-bit parameters take the min-max range)");
     for (const auto & [name, kind] : { std::pair { "rot_k", p.rot_k }, std::pair { "rot_v", p.rot_v } }) {
         if (kind < 0 || kind > 2) return bad(name, kind, "is not 0 (none), 1 (hadamard) or 2 (calibrated)");
         if (kind == 1 && (hd & (hd - 1))) {

@@ -51,37 +51,46 @@ ott_fp16 ott_fp32_to_fp16_ref(float f) {
     return (ott_fp16)(sign | h);
 }
 
-/* The fp16 scale and min of the range [lo, hi] at `levels` steps, and the float inverse of
- * the scale (0 for a zero scale). */
-static void range_params(float lo, float hi, float levels, ott_fp16 * s16, ott_fp16 * m16, float * inv) {
-    *s16            = ott_fp32_to_fp16_ref((hi - lo) / levels);
-    *m16            = ott_fp32_to_fp16_ref(lo);
-    const float s32 = ott_fp16_to_fp32_ref(*s16);
-    *inv            = s32 != 0.0f ? 1.0f / s32 : 0.0f;
-}
-
 static uint8_t code_of(float x, float m32, float inv, float levels) {
     const float t = rintf((x - m32) * inv); /* default mode: half to even */
     return (uint8_t)(t < 0.0f ? 0.0f : (t > levels ? levels : t));
 }
 
-/* The 8-bit scale and minimum of [mn, mx] (reference/quant.py: _params8), decoded into *s and *m. */
-static void params8(float mn, float mx, float levels, uint8_t * s8_out, int8_t * z_out, float * s, float * m) {
-    const float t = (mx - mn) / levels;
-    uint32_t h    = ott_fp32_to_fp16_ref(t);
-    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
-    uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
-    if (s8 == 0) s8 = 1;
-    for (;; ++s8) { /* widen until z reaches mn */
-        *s            = ott_kv_scale8((uint8_t)s8);
-        const float z = floorf((mn / *s) * 4.0f);
-        if (z >= -128.0f && z <= 127.0f) {
-            *s8_out = (uint8_t)s8;
-            *z_out  = (int8_t)z;
-            *m      = ott_kv_min8((int8_t)z, *s);
-            return;
+/* The stored parameters of the range [lo, hi] at `levels` steps (reference/quant.py: _encode),
+ * and their float values: fp16 scale and min (param_bits 16), or the 8-bit scale and minimum,
+ * the scale widened until its int8 minimum reaches lo (param_bits 8). */
+typedef struct {
+    uint8_t scale[2], min[2]; /* as stored: fp16, or one byte each */
+    float s, m, inv;          /* decoded; inv = 1/s, or 0 for a zero scale */
+} range_enc;
+
+static range_enc encode_range(float lo, float hi, float levels, int32_t param_bits) {
+    range_enc r;
+    if (param_bits == 8) {
+        const float t = (hi - lo) / levels;
+        uint32_t h    = ott_fp32_to_fp16_ref(t);
+        if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+        uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
+        if (s8 == 0) s8 = 1;
+        for (;; ++s8) { /* widen until z reaches lo */
+            r.s           = ott_kv_scale8((uint8_t)s8);
+            const float z = floorf((lo / r.s) * 4.0f);
+            if (z >= -128.0f && z <= 127.0f) {
+                r.scale[0] = (uint8_t)s8;
+                r.min[0]   = (uint8_t)(int8_t)z;
+                r.m        = ott_kv_min8((int8_t)z, r.s);
+                break;
+            }
         }
+    } else {
+        const ott_fp16 s16 = ott_fp32_to_fp16_ref((hi - lo) / levels), m16 = ott_fp32_to_fp16_ref(lo);
+        memcpy(r.scale, &s16, sizeof s16);
+        memcpy(r.min, &m16, sizeof m16);
+        r.s = ott_fp16_to_fp32_ref(s16);
+        r.m = ott_fp16_to_fp32_ref(m16);
     }
+    r.inv = r.s != 0.0f ? 1.0f / r.s : 0.0f;
+    return r;
 }
 
 void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
@@ -93,27 +102,17 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         mx             = xi > mx ? xi : mx;
     }
     const float levels = (float)((1 << bits) - 1);
-    if (param_bits == 8) {
-        float s, m;
-        params8(mn, mx, levels, scale, (int8_t *)min, &s, &m);
-        const float inv = s != 0.0f ? 1.0f / s : 0.0f;
-        for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m, inv, levels);
-        return;
-    }
-    const float width = mx - mn;
-    ott_fp16 s16, m16;
-    float inv;
-    int32_t best    = 0;
-    double best_err = 0.0;
+    const float width  = mx - mn;
+    int32_t best       = 0;
+    double best_err    = 0.0;
     for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
-        const float d = ott_clip_shrink(c) * width;
-        range_params(mn + d, mx - d, levels, &s16, &m16, &inv);
-        const float s32 = ott_fp16_to_fp32_ref(s16), m32 = ott_fp16_to_fp32_ref(m16);
-        double err = 0.0;
+        const float d      = ott_clip_shrink(c) * width;
+        const range_enc rc = encode_range(mn + d, mx - d, levels, param_bits);
+        double err         = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p  = (float)code_of(xi, m32, inv, levels) * s32;
-            const float e  = (p + m32) - xi;
+            const float p  = (float)code_of(xi, rc.m, rc.inv, levels) * rc.s;
+            const float e  = (p + rc.m) - xi;
             err += (double)e * (double)e;
         }
         if (c == 0 || err < best_err) {
@@ -127,11 +126,11 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         lo            = mn + d;
         hi            = mx - d;
     }
-    range_params(lo, hi, levels, &s16, &m16, &inv);
-    const float m32 = ott_fp16_to_fp32_ref(m16);
-    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), m32, inv, levels);
-    memcpy(scale, &s16, sizeof s16);
-    memcpy(min, &m16, sizeof m16);
+    const range_enc r = encode_range(lo, hi, levels, param_bits);
+    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), r.m, r.inv, levels);
+    const size_t pb = param_bits == 8 ? 1 : 2;
+    memcpy(scale, r.scale, pb);
+    memcpy(min, r.min, pb);
 }
 
 void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {

@@ -17,10 +17,11 @@
  *        err   = sum over the group, in element order, of double(e)*double(e) in double,
  *                e = (code * f32(scale) + f32(min)) - f32(x)   (three float operations)
  *    and the first candidate of least err is kept; candidate 0 is the min-max recipe.
- *  - 8-bit parameters (geom param_bits = 8), from the min-max range:
- *        t = (mx - mn) / f32(2^b - 1);  h = fp16(t), +1 while f32(h) < t
+ *  - 8-bit parameters (geom param_bits = 8), from a range [lo, hi] (min-max, or with clip = 1
+ *    each candidate's, its err then taken with the decoded m and s):
+ *        t = (hi - lo) / f32(2^b - 1);  h = fp16(t), +1 while f32(h) < t
  *        s8 = max(1, ceil(h / 128));  s = ott_kv_scale8(s8)
- *        z = floor((mn / s) * 4.0f), and while z is outside -128..127: s8 += 1, again
+ *        z = floor((lo / s) * 4.0f), and while z is outside -128..127: s8 += 1, again
  *        m = ott_kv_min8(z, s);  code = clamp(rint((f32(x) - m) * (1.0f / s)), 0, 2^b - 1)
  *  - L1 score of a key: the exact sum of |k_c|, as an integer count of 2^-24 (every fp16
  *    value is one), so any summation order gives the same number.
