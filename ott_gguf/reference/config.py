@@ -248,7 +248,8 @@ PRESETS: dict[str, KVConfig] = {
     "kivi4": KVConfig(bits_k=4, bits_v=4, **_KIVI),
     "ott2": KVConfig(bits_k=2, bits_v=2, **_OTT),
     "ott4": KVConfig(bits_k=4, bits_v=4, **_OTT),
-    "ottr2": KVConfig(bits_k=2, bits_v=2, **_OTTR),
+    # 2-bit codes want clipped ranges (at 4 bits the min-max range does better: ottr3)
+    "ottr2": KVConfig(bits_k=2, bits_v=2, clip=1, **_OTTR),
     "ottr3": KVConfig(bits_k=4, bits_v=2, **_OTTR),
     "kvquant2": KVConfig(bits_k=2, bits_v=2, **_KVQ),
     "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),
