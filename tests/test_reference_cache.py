@@ -32,37 +32,38 @@ def rng(seed):
     return np.random.default_rng(seed)
 
 
-def scalar_quantize(x, bits):
-    """The quant.py recipe written one float32 scalar at a time (the C reference shape)."""
+def scalar_quantize(x, bits, lo=None, hi=None):
+    """The quant.py recipe written one float32 scalar at a time (the C reference shape), for
+    the range [lo, hi] (default: the group's min-max range): codes, the fp16 scale and min,
+    and their f32 values."""
     f = [np.float32(e) for e in x]
-    mn, mx = min(f), max(f)
-    scale = np.float16(np.float32(mx - mn) / np.float32(2**bits - 1))
-    s32 = np.float32(scale)
-    inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
-    codes = [int(min(max(np.rint(np.float32(np.float32(e - mn) * inv)), 0), 2**bits - 1)) for e in f]
-    return codes, scale, np.float16(mn)
-
-
-def scalar_quantize_clipped(x, bits):
-    """The clipped-range recipe of quant.py one scalar at a time (kv_quant.c's shape)."""
-    f = [np.float32(e) for e in x]
-    mn, mx = min(f), max(f)
+    lo = min(f) if lo is None else lo
+    hi = max(f) if hi is None else hi
     levels = np.float32(2**bits - 1)
+    scale, mn16 = np.float16(np.float32(hi - lo) / levels), np.float16(lo)
+    s32, m32 = np.float32(scale), np.float32(mn16)
+    inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
+    codes = [int(min(max(np.rint(np.float32(np.float32(e - m32) * inv)), 0), levels)) for e in f]
+    return codes, scale, mn16, s32, m32
+
+
+def scalar_clipped(x, bits, encode):
+    """The clipped-range search of quant.py one scalar at a time (kv_quant.c's shape);
+    encode(x, bits, lo, hi) -> codes, stored scale, stored min, f32 scale, f32 min
+    (scalar_quantize: fp16 parameters, scalar_params8: 8-bit ones)."""
+    f = [np.float32(e) for e in x]
+    mn, mx = min(f), max(f)
     width = np.float32(mx - mn)
     best = None
     for c in CLIP_SHRINK:
         d = np.float32(c * width)
-        lo, hi = np.float32(mn + d), np.float32(mx - d)
-        scale, mn16 = np.float16(np.float32(hi - lo) / levels), np.float16(lo)
-        s32, m32 = np.float32(scale), np.float32(mn16)
-        inv = np.float32(1.0) / s32 if s32 != 0 else np.float32(0.0)
-        codes = [int(min(max(np.rint(np.float32(np.float32(e - m32) * inv)), 0), levels)) for e in f]
+        codes, scale, mn_stored, s32, m32 = encode(x, bits, np.float32(mn + d), np.float32(mx - d))
         err = 0.0
         for code, e in zip(codes, f):
             r = np.float32(np.float32(np.float32(code) * s32) + m32) - e
             err += float(r) * float(r)
         if best is None or err < best[0]:
-            best = (err, codes, scale, mn16)
+            best = (err, codes, scale, mn_stored)
     return best[1:]
 
 
@@ -87,7 +88,7 @@ def test_quantize_matches_scalar_recipe(bits):
     x = (rng(7).standard_normal((200, 16)) * 3).astype(np.float16)
     codes, scale, mn = quantize_groups(x, bits)
     for g in range(len(x)):
-        c, s, m = scalar_quantize(x[g], bits)
+        c, s, m, _, _ = scalar_quantize(x[g], bits)
         assert codes[g].tolist() == c
         assert scale[g].tobytes() == s.tobytes() and mn[g].tobytes() == m.tobytes()
 
@@ -100,7 +101,7 @@ def test_clipped_quantize_matches_scalar_recipe(bits):
     x = x.astype(np.float16)
     codes, scale, mn = quantize_groups(x, bits, clip=True)
     for g in range(len(x)):
-        c, s, m = scalar_quantize_clipped(x[g], bits)
+        c, s, m = scalar_clipped(x[g], bits, scalar_quantize)
         assert codes[g].tolist() == c
         assert scale[g].tobytes() == s.tobytes() and mn[g].tobytes() == m.tobytes()
 
@@ -143,24 +144,6 @@ def scalar_params8(x, bits, lo=None, hi=None):
     inv = np.float32(1) / s
     codes = [int(min(max(np.rint(np.float32(np.float32(e - m) * inv)), 0), levels)) for e in f]
     return codes, np.uint8(s8), np.int8(z), s, m
-
-
-def scalar_params8_clipped(x, bits):
-    """The clipped ranges with 8-bit parameters, one scalar at a time."""
-    f = [np.float32(e) for e in x]
-    mn, mx = min(f), max(f)
-    width = np.float32(mx - mn)
-    best = None
-    for c in CLIP_SHRINK:
-        d = np.float32(c * width)
-        codes, s8, z, s, m = scalar_params8(x, bits, np.float32(mn + d), np.float32(mx - d))
-        err = 0.0
-        for code, e in zip(codes, f):
-            r = np.float32(np.float32(np.float32(code) * s) + m) - e
-            err += float(r) * float(r)
-        if best is None or err < best[0]:
-            best = (err, codes, s8, z)
-    return best[1:]
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -226,7 +209,7 @@ def test_clipped_params8_match_scalar_recipe(bits):
     codes, s8, z = quantize_groups(x, bits, clip=True, param_bits=8)
     assert s8.dtype == np.uint8 and z.dtype == np.int8
     for g in range(len(x)):
-        c, s, m = scalar_params8_clipped(x[g], bits)
+        c, s, m = scalar_clipped(x[g], bits, scalar_params8)
         assert codes[g].tolist() == c and s8[g] == s and z[g] == m
 
 
