@@ -485,7 +485,7 @@ class Model(Context):
 class KVHeadState:
     """The stores of one KV head of one layer of one sequence (ott.h: ott_kv_export)."""
 
-    BLOCK_ARRAYS = ("k_scale", "k_min", "v_scale", "v_min", "k_codes", "v_codes", "mask")
+    BLOCK_ARRAYS = ("k_scale", "k_min", "v_scale", "v_min", "k_codes", "v_codes", "mask", "k_order")
 
     n_tokens: int
     tracing: bool  # the head still runs Outlier Token Tracing

@@ -81,6 +81,8 @@ def test_invalid_modes(smollm2_path, kv, kwargs, message):
         (dict(pool=128), "pool=128 must be in 0..block-1"),
         (dict(pool=0, type=lib.OTT_KV_KIVI), "extra_pool=32 needs pool > 0"),
         (dict(window=-1), "window=-1 must be >= 0"),
+        (dict(hi_k=4, group_k=64), "key tiers (hi_k=4, lo_k=0) need bits_k=2, key_axis=0, group_k=block"),
+        (dict(hi_k=9, lo_k=8), "hi_k=9 and lo_k must be >= 0 with hi_k + lo_k <= 16"),
         (dict(type=lib.OTT_KV_F16), "the fp16 cache takes no quantization knobs"),
         (dict(type=9), "unknown KV cache type 9"),
     ],

@@ -20,6 +20,7 @@ import pytest
 from ott_gguf.errors import UnsupportedError
 from ott_gguf.model import Model, cuda_device_count
 from ott_gguf.reference import KVConfig, LayerCache, attend, preset
+from ott_gguf.reference.footprint import measure
 from ott_gguf.reference.rope import Rope
 from ott_gguf.reference.rotation import HADAMARD, hadamard, restore, rotate
 from reference_forward import ReferenceModel, rms_norm, silu
@@ -224,6 +225,16 @@ CASES = [
         [4],
     ),
     ("hd64-gqa3-keys-per-token", 64, 3, SMALL.with_overrides(key_axis=1, group_k=32), 150, [1, 4]),
+    ("hd64-gqa3-key-tiers", 64, 3, SMALL.with_overrides(hi_k=4, lo_k=4), 150, [1, 4]),
+    (
+        "hd128-gqa1-key-tiers-clip-p8-rot-v",
+        128,
+        1,
+        SMALL.with_overrides(hi_k=2, lo_k=5, clip=1, param_bits=8, rot_v=HADAMARD),
+        100,
+        [3],
+    ),
+    ("hd64-gqa3-key-tiers-hi-only", 64, 3, SMALL.with_overrides(hi_k=3), 150, [4, 1]),
     (
         "hd128-gqa1-keys-per-token-p8-rot",
         128,
@@ -252,6 +263,7 @@ def test_native_matches_reference(tmp_path, case):
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()
     worst = run_chunks(model, run, tokens, sizes)
     assert worst < LOGIT_BUDGET
+    assert model.kv_stats().bytes_used == measure(run.layers).total_bytes  # same accounting
     # the boundaries the case was meant to cross
     head = run.layers[1].heads[0]
     assert len(head.blocks) >= 3

@@ -199,6 +199,43 @@ def test_keys_per_token_are_grouped_like_values():
         base.with_overrides(key_axis=2)
 
 
+def test_key_tiers_give_the_widest_channels_more_bits():
+    """hi_k / lo_k: channels ranked by range, the widest coded with 4 bits, the narrowest with
+    1, each within half a step of its own width; ties keep channel order; the block's key codes
+    take block·Σ bits/8 bytes."""
+    r = rng(9)
+    width = np.repeat(np.array([0.5, 8.0, 1.0, 2.0]), 16)  # channels 16..31 widest, 0..15 narrowest
+    k = (r.uniform(-0.5, 0.5, (32, 64)) * width).astype(np.float16)
+    k[:, 40] = 0  # a constant channel ranks last
+    v = r.standard_normal((32, 64)).astype(np.float16)
+    base = KVConfig(
+        bits_k=2, bits_v=2, group_k=32, group_v=16, block=32, window=4, pool=0, extra_pool=0, skip_layers=0, sink=0
+    )
+    cfg = base.with_overrides(hi_k=4, lo_k=4).for_head_dim(64)  # 16 channels at 4 bits, 16 at 1
+    b = quantize_block(k, v, np.zeros(32, bool), 0, cfg)
+    kf = k.astype(np.float32)
+    ptp = kf.max(axis=0) - kf.min(axis=0)
+    assert b.k_order.tolist() == sorted(range(64), key=lambda c: (-ptp[c], c))
+    assert set(b.k_order[:16].tolist()) == set(range(16, 32))
+    assert set(b.k_order[48:63].tolist()) < set(range(16)) and b.k_order[63] == 40
+    assert b.k_codes.shape == (32 * (16 * 4 + 32 * 2 + 16 * 1) // 8,) and b.k_scale.shape == (1, 64)
+    kh, _ = b.dequantize(cfg)
+    bits = np.empty(64, int)
+    bits[b.k_order] = cfg.key_row_bits(64)
+    step = ptp.astype(np.float64) / (2.0**bits - 1)
+    assert (np.abs(kh - kf).max(axis=0) <= step / 2 * (1 + 2**-9) + 1e-9).all()
+    untiered, _ = quantize_block(k, v, np.zeros(32, bool), 0, base.for_head_dim(64)).dequantize(base)
+    assert np.abs(kh - kf)[:, 16:32].max() < np.abs(untiered - kf)[:, 16:32].max() / 4
+    with pytest.raises(InvalidArgumentError, match="key tiers .* need bits_k=2, key_axis=0 and group_k=block"):
+        base.with_overrides(hi_k=4, group_k=16)
+    with pytest.raises(InvalidArgumentError, match="exceed 16"):
+        base.with_overrides(hi_k=9, lo_k=8)
+    with pytest.raises(InvalidArgumentError, match="multiple of 16 up to 256, not 72"):
+        cfg.with_overrides(group_v=8).for_head_dim(72)
+    with pytest.raises(InvalidArgumentError, match="hi_k=4 does not apply to the fp16 cache"):
+        preset("f16").with_overrides(hi_k=4)
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_clipped_params8_match_scalar_recipe(bits):
     # heavy tails so that the clipped ranges win; groups far from zero widen their scale
@@ -579,8 +616,9 @@ def test_footprint_ott2_head_dim_64_at_4k():
     assert f.bytes_per_token_per_layer == pytest.approx(f.total_bytes / (4096 * 30))
 
 
-def test_measured_footprint_matches_formula():
-    cfg = preset("ott2").with_overrides(skip_layers=1)
+@pytest.mark.parametrize("tiers", [{}, {"hi_k": 4, "lo_k": 4, "group_k": 128}])
+def test_measured_footprint_matches_formula(tiers):
+    cfg = preset("ott2").with_overrides(skip_layers=1, **tiers)
     n, d, r = 700, 64, rng(30)
     layers = [LayerCache.new(cfg, il, 2, d) for il in range(3)]
     for layer in layers:

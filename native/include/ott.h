@@ -154,6 +154,11 @@ typedef struct {
                                  order: k_lo, k_hi [n_head_kv][head_dim] (the key
                                  thresholds), levels_k [2^bits_k], levels_v [2^bits_v]
                                  (ascending codebooks). Read during ott_context_init only */
+    int32_t hi_k;             /* key tiers (ott_gguf/reference/block.py): of every 16 channels
+                                 of a head-block, ranked by range, hi_k are coded with 4 bits */
+    int32_t lo_k;             /* ... and the last lo_k with 1 bit; needs bits_k 2, key_axis 0,
+                                 group_k = block, head_dim a multiple of 16 up to 256
+                                 (CPU only: the CUDA cache refuses them)                  */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
@@ -245,8 +250,8 @@ typedef struct {
     int32_t n_window;         /* window positions: n_tokens - n_window ..                 */
     int32_t tracing;          /* 1 while this head still runs Outlier Token Tracing       */
     int32_t block_bytes;      /* bytes of one head-block                                  */
-    int32_t block_offsets[7]; /* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
-                                 v_codes, mask inside a head-block                        */
+    int32_t block_offsets[8]; /* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
+                                 v_codes, mask, k_order inside a head-block               */
     uint8_t * blocks;         /* [n_blocks][block_bytes]                                  */
     uint16_t * sink_k;        /* fp16 [n_sink][head_dim], likewise sink_v                 */
     uint16_t * sink_v;

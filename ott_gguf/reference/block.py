@@ -21,6 +21,19 @@ Byte layout (all arrays C-contiguous, row-major):
     v_min    fp16  [block, head_dim/group_v]
     mask     uint8 [block/8]                    bit t (byte t//8, bit t%8) = 1: slot t is masked,
                                                 its token lives in the outlier or extra pool
+    k_order  uint8 [head_dim] with key tiers (else empty): the channels by rank, below
+
+Key tiers (hi_k, lo_k > 0; keys per channel, one group per channel and block, bits_k 2)
+------------------------------------------------------------------------------------------
+A key error weighs in the score by the size of its channel's range, and a few channels
+carry most of it (the RoPE pairs of large magnitude). So the channels of a head-block are
+ranked by their range r_c = f32(max) - f32(min) over the block (one float32 subtraction of
+fp16 values), largest first, ties by ascending channel: k_order[r] is the channel of rank r.
+The n_hi = hi_k·head_dim/16 first ranks are coded with TIER_HI_BITS (4) bits, the n_lo =
+lo_k·head_dim/16 last with TIER_LO_BITS (1), the others with bits_k; each tier's channels
+are groups quantized as above at their width. Row r of the keys is the channel of rank r:
+k_scale[0, r], k_min[0, r] are its parameters, and k_codes is the rows' packed codes one
+after the other (n_hi rows of block·4/8 bytes, then block·2/8, then block/8), flat uint8.
 
 A masked slot still has codes: those of the substituted values (outliers.py), which attention
 never reads.
@@ -46,6 +59,7 @@ class QuantBlock:
     v_scale: np.ndarray  # fp16  [block, head_dim/group_v]
     v_min: np.ndarray  # fp16  [block, head_dim/group_v]
     mask: np.ndarray  # uint8 [block/8]
+    k_order: np.ndarray  # uint8 [head_dim] channel of each key row (key tiers), else [0]
 
     @property
     def masked(self) -> np.ndarray:
@@ -64,6 +78,15 @@ class QuantBlock:
         v = _dequantize_rows(self.v_codes, self.v_scale, self.v_min, cfg.bits_v, cfg.group_v)
         if cfg.key_axis == 1:
             return _dequantize_rows(self.k_codes, self.k_scale, self.k_min, cfg.bits_k, cfg.group_k), v
+        if cfg.tiered:
+            k = np.empty((head_dim, block))
+            at = 0
+            for r, bits in enumerate(cfg.key_row_bits(head_dim)):
+                n = block * bits // 8
+                codes = unpack_codes(self.k_codes[at : at + n], bits)
+                k[self.k_order[r]] = dequantize_groups(codes, self.k_scale[0, r], self.k_min[0, r])
+                at += n
+            return k.T, v
         n_gk = block // cfg.group_k
         k_codes = unpack_codes(self.k_codes, cfg.bits_k).reshape(head_dim, n_gk, cfg.group_k)
         k = dequantize_groups(k_codes, self.k_scale.T, self.k_min.T)  # [head_dim, n_gk, group_k]
@@ -92,8 +115,11 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, 
     masked: bool [block]
     """
     block, head_dim = k.shape
+    k_order = np.zeros(0, np.uint8)
     if cfg.key_axis == 1:
         k_packed, k_scale, k_min = _quantize_rows(k, cfg.bits_k, cfg.group_k, cfg)
+    elif cfg.tiered:
+        k_packed, k_scale, k_min, k_order = _quantize_tiers(k, cfg)
     else:
         kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
         k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
@@ -109,4 +135,23 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, 
         v_scale=v_scale,
         v_min=v_min,
         mask=np.packbits(masked.astype(np.uint8), bitorder="little"),
+        k_order=k_order,
     )
+
+
+def _quantize_tiers(k: np.ndarray, cfg: KVConfig):
+    """Keys fp16 [block, head_dim] in tiers (above) -> (k_codes flat, k_scale, k_min [1, head_dim]
+    in rank order, k_order)."""
+    block, head_dim = k.shape
+    kf = k.astype(np.float32)
+    width = kf.max(axis=0) - kf.min(axis=0)  # f32 [head_dim]
+    order = np.lexsort((np.arange(head_dim), -width))  # largest range first, ties by channel
+    row_bits = np.array(cfg.key_row_bits(head_dim))
+    packed, scales, mins = [], [], []
+    for bits in dict.fromkeys(row_bits.tolist()):  # the tiers in rank order
+        rows = order[row_bits == bits]
+        codes, scale, mn = quantize_groups(k.T[rows], bits, bool(cfg.clip), cfg.param_bits)  # [n, block], [n]
+        packed.append(pack_codes(codes, bits).reshape(-1))
+        scales.append(scale)
+        mins.append(mn)
+    return np.concatenate(packed), np.concatenate(scales)[None], np.concatenate(mins)[None], order.astype(np.uint8)

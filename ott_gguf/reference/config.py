@@ -17,6 +17,8 @@ from .rotation import CALIBRATED, HADAMARD, ROTATIONS
 
 F16_BITS = 16  # bits value that means "stored as fp16, never quantized"
 QUANT_BITS = (2, 4, 8)  # code widths of a quantized cache (KIVI / OTT groups)
+TIER_HI_BITS, TIER_LO_BITS = 4, 1  # code widths of the key tiers hi_k and lo_k (bits_k is 2)
+TIER_UNIT = 16  # hi_k and lo_k count channels per TIER_UNIT of the head dimension
 KVQ_BITS = (2, 3, 4)  # code widths of the KVQuant scheme (codebook indices)
 MAX_SUM_TERMS = 8192  # block and head_dim bound that keeps the float64 sums of
 # fp16 values exact (outliers.py relies on it)
@@ -44,6 +46,9 @@ class KVConfig:
     uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
     outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
     key_axis: int = 0  # key groups: 0 per channel (KIVI), 1 per token along the head dimension
+    hi_k: int = 0  # key tiers (block.py): of every 16 channels of a head-block, ranked by range,
+    # hi_k are coded with TIER_HI_BITS bits
+    lo_k: int = 0  # ... and the last lo_k with TIER_LO_BITS bits; the others with bits_k (2)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,6 +84,8 @@ class KVConfig:
             "uniform",
             "outliers",
             "key_axis",
+            "hi_k",
+            "lo_k",
         ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
@@ -131,6 +138,21 @@ class KVConfig:
             raise InvalidArgumentError(
                 f"kv config: extra_pool={self.extra_pool} needs pool > 0 (it holds tokens evicted from the pool)"
             )
+        if self.tiered:
+            self._check_tiers()
+
+    def _check_tiers(self) -> None:
+        """Key tiers: 2-bit keys grouped per channel over the whole block."""
+        if self.hi_k + self.lo_k > TIER_UNIT:
+            raise InvalidArgumentError(
+                f"kv config: hi_k={self.hi_k} + lo_k={self.lo_k} channels per {TIER_UNIT} exceed {TIER_UNIT}"
+            )
+        if self.bits_k != 2 or self.key_axis != 0 or self.group_k != self.block:
+            raise InvalidArgumentError(
+                f"kv config: key tiers (hi_k={self.hi_k}, lo_k={self.lo_k}) need bits_k=2, key_axis=0 and "
+                f"group_k=block (got bits_k={self.bits_k}, key_axis={self.key_axis}, group_k={self.group_k}, "
+                f"block={self.block})"
+            )
 
     def _check_kvq(self) -> None:
         """KVQuant: no token pools, no groups of its own (keys take calibrated channel ranges,
@@ -140,7 +162,7 @@ class KVConfig:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)"
                 )
-        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v", "key_axis"):
+        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v", "key_axis", "hi_k", "lo_k"):
             if getattr(self, name):
                 raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
         if self.param_bits != 16:
@@ -154,6 +176,18 @@ class KVConfig:
             raise InvalidArgumentError(f"kv config: pre_rope={self.pre_rope} and uniform={self.uniform} are 0 or 1")
         if self.outliers > 1000:
             raise InvalidArgumentError(f"kv config: outliers={self.outliers} per 10000 is more than 10 %")
+
+    @property
+    def tiered(self) -> bool:
+        """Whether key channels are coded in tiers of different widths (hi_k, lo_k)."""
+        return self.hi_k > 0 or self.lo_k > 0
+
+    def key_row_bits(self, head_dim: int) -> list[int]:
+        """Bits per code of each key row of a head-block (key_axis 0): with tiers, row r holds
+        the channel of rank r (block.py), so rows 0 .. n_hi-1 take TIER_HI_BITS bits, the last
+        n_lo TIER_LO_BITS, the others bits_k; without tiers every row takes bits_k."""
+        n_hi, n_lo = self.hi_k * head_dim // TIER_UNIT, self.lo_k * head_dim // TIER_UNIT
+        return [TIER_HI_BITS] * n_hi + [self.bits_k] * (head_dim - n_hi - n_lo) + [TIER_LO_BITS] * n_lo
 
     @property
     def quantized(self) -> bool:
@@ -189,6 +223,10 @@ class KVConfig:
             )
         if head_dim % cfg.group_v:
             raise InvalidArgumentError(f"kv config: group_v={cfg.group_v} does not divide head_dim={head_dim}")
+        if cfg.tiered and (head_dim % TIER_UNIT or head_dim > 256):
+            raise InvalidArgumentError(
+                f"kv config: key tiers need a head size that is a multiple of {TIER_UNIT} up to 256, not {head_dim}"
+            )
         if cfg.key_axis == 1:
             cfg = replace(cfg, group_k=min(cfg.group_k, head_dim))
             if head_dim % cfg.group_k:

@@ -3,9 +3,11 @@
 Accounting per KV head (one sequence), by store:
 
     sink        n_sink · 2·head_dim fp16 (K and V); positions implicit
-    codes       per block: head_dim·block·(bits_k + bits_v)/8 bytes
+    codes       per block: head_dim·block·(bits_k + bits_v)/8 bytes; with key tiers the keys'
+                block·Σ key_row_bits/8 (config.py) instead of head_dim·block·bits_k/8
     scales      per block: scale and min for every group, 2 bytes each (fp16) or 1 (param_bits 8),
-                (block·head_dim/group_k + block·head_dim/group_v) · 2 · that (either key axis)
+                (block·head_dim/group_k + block·head_dim/group_v) · 2 · that (either key axis);
+                with key tiers also the channel order, head_dim bytes
     masks       per block: block/8 bytes, only in layers that trace (no mask needed elsewhere)
     sparse      KVQuant per block: n_out keys and n_out values (kvquant.n_outliers), each an
                 fp16 value and a uint16 index: 2·n_out·4 bytes
@@ -98,13 +100,14 @@ def footprint(
         head["sink"] = n_sink * token
         head["window"] = n_window * token
         if n_blocks:
-            head["codes"] = n_blocks * head_dim * cfg.block * (cfg.bits_k + cfg.bits_v) // 8
+            head["codes"] = n_blocks * cfg.block * (sum(cfg.key_row_bits(head_dim)) + head_dim * cfg.bits_v) // 8
         if n_blocks and cfg.kvq:
             head["scales"] = n_blocks * cfg.block * 2 * FP16_BYTES
             head["sparse"] = n_blocks * 2 * n_outliers(cfg, head_dim) * SPARSE_BYTES
         elif n_blocks:
             groups = cfg.block * head_dim // cfg.group_k + cfg.block * head_dim // cfg.group_v  # either key axis
             head["scales"] = n_blocks * groups * 2 * (FP16_BYTES if cfg.param_bits == 16 else 1)
+            head["scales"] += n_blocks * head_dim if cfg.tiered else 0
         if n_blocks and cfg.traces(il):
             head["masks"] = n_blocks * cfg.block // 8
             head["pool"] = cfg.pool * (token + POS_BYTES)
@@ -133,5 +136,6 @@ def measure(layers: list[LayerCache]) -> Footprint:
                     by_store["sparse"] += sum(a.nbytes for a in (b.k_out_idx, b.k_out_val, b.v_out_idx, b.v_out_val))
                     continue
                 by_store["scales"] += b.k_scale.nbytes + b.k_min.nbytes + b.v_scale.nbytes + b.v_min.nbytes
+                by_store["scales"] += b.k_order.nbytes
                 by_store["masks"] += b.mask.nbytes if traces else 0
     return _summarize(by_store, first.n_tokens, len(layers), first.n_head_kv, first.head_dim)

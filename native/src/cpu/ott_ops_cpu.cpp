@@ -53,6 +53,13 @@ OTT_INLINE v16f splat(float x) { return (v16f) {} + x; }
 
 // 16 consecutive codes of a packed row, from the first bit of byte p
 OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
+    if (bits == 1) {
+        const v16u sh = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        const uint32_t w = h;
+        return __builtin_convertvector((v16i)((((v16u) {}) + w) >> sh & 1u), v16f);
+    }
     if (bits == 2) {
         const v16u sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
         uint32_t w;
@@ -75,6 +82,7 @@ OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
 // ---- code unpacking for any length: byte -> its codes as floats, LSB-first ------------
 
 struct code_lut {
+    float one[256][8];
     float two[256][4];
     float four[256][2];
 };
@@ -82,6 +90,7 @@ struct code_lut {
 constexpr code_lut make_code_lut() {
     code_lut t {};
     for (int b = 0; b < 256; ++b) {
+        for (int i = 0; i < 8; ++i) t.one[b][i] = (float)((b >> i) & 1);
         for (int i = 0; i < 4; ++i) t.two[b][i] = (float)((b >> (2 * i)) & 3);
         for (int i = 0; i < 2; ++i) t.four[b][i] = (float)((b >> (4 * i)) & 15);
     }
@@ -93,6 +102,9 @@ constexpr code_lut LUT = make_code_lut();
 // n codes of a packed row -> float [n]; n*bits is a multiple of 8
 void unpack_codes(const uint8_t * row, int32_t n, int32_t bits, float * out) {
     switch (bits) {
+        case 1:
+            for (int32_t j = 0; j < n / 8; ++j) std::memcpy(out + 8 * j, LUT.one[row[j]], 8 * sizeof(float));
+            break;
         case 2:
             for (int32_t j = 0; j < n / 4; ++j) std::memcpy(out + 4 * j, LUT.two[row[j]], 4 * sizeof(float));
             break;
@@ -237,17 +249,41 @@ template <int RB> OTT_INLINE void values_rb(const float * p, const float * vc, i
     }
 }
 
-// s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group
+// Key rows [r0, r1) of one code width: row r's codes at codes + (r - r0)·row_bytes.
+struct key_rows {
+    int32_t r0, r1, bits;
+    const uint8_t * codes;
+    size_t row_bytes;
+};
+
+// The key rows of a head-block (key_axis 0) by code width: one run, or the tiers' three.
+int32_t key_row_runs(const ott_kv_geom & g, const uint8_t * kcodes, key_rows * runs) {
+    const int32_t edges[4] = { 0, g.n_hi, g.head_dim - g.n_lo, g.head_dim };
+    int32_t n              = 0;
+    for (int32_t i = 0; i < 3; ++i) {
+        if (edges[i] == edges[i + 1]) continue;
+        const int32_t bits = ott_kv_k_row_bits(&g, edges[i]);
+        runs[n++]          = { edges[i], edges[i + 1], bits, kcodes + ott_kv_k_row_offset(&g, edges[i]),
+                               (size_t)g.block * bits / 8 };
+    }
+    return n;
+}
+
+// s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over
+// the key rows of the n_runs runs
 template <int RB>
-OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, int32_t hd, const uint8_t * kcodes,
-                                size_t krow, int32_t bits, int32_t ta, int32_t tb, float * s) {
+OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, const key_rows * runs, int32_t n_runs,
+                                int32_t ta, int32_t tb, float * s) {
     for (int32_t t = ta; t < tb; t += VL) {
         v16f a[RB];
         for (int r = 0; r < RB; ++r) a[r] = splat(qm[r]);
-        const uint8_t * col = kcodes + (size_t)t * bits / 8;
-        for (int32_t c = 0; c < hd; ++c) {
-            const v16f k = codes16(col + c * krow, bits);
-            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
+        for (int32_t i = 0; i < n_runs; ++i) {
+            const key_rows & kr = runs[i];
+            const uint8_t * col = kr.codes + (size_t)t * kr.bits / 8;
+            for (int32_t c = kr.r0; c < kr.r1; ++c) {
+                const v16f k = codes16(col + (c - kr.r0) * kr.row_bytes, kr.bits);
+                for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
+            }
         }
         for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + (t - ta), a[r]);
     }
@@ -335,10 +371,11 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
     const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
-    const uint8_t * kcodes = hb + L.k_codes;
-    const size_t krow      = ott_kv_k_row_bytes(&g);
+    key_rows runs[3];
+    const int32_t n_runs  = key_row_runs(g, hb + L.k_codes, runs);
+    const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
 
-    // scores, one key group segment at a time: qs = q·scale, qm = q·min
+    // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
     for (int32_t ta = t0; ta < t0 + n_t;) {
         const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
         params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)gi * hd, hd, w.ksc, w.kmn);
@@ -347,13 +384,14 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
             float * qs      = w.qs + (size_t)r * hdp;
             float qm        = 0.0f;
             for (int32_t c = 0; c < hd; ++c) {
-                qs[c] = q[c] * w.ksc[c];
-                qm += q[c] * w.kmn[c];
+                const float qc = q[order ? order[c] : c];
+                qs[c]          = qc * w.ksc[c];
+                qm += qc * w.kmn[c];
             }
             w.qm[r] = qm;
         }
 #define OTT_SCORES(RB)                                                                                                 \
-    scores_codes_rb<RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, hd, kcodes, krow, g.bits_k, ta, tb,                   \
+    scores_codes_rb<RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, runs, n_runs, ta, tb,                                 \
                         w.s + (size_t)r0 * LD + (ta - t0))
         OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
@@ -408,17 +446,18 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
 }
 
 // Keys grouped per channel: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c] for slots t0 ..
+// (with key tiers, key row r and its parameters belong to channel k_order[r])
 void dequant_channels(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w) {
     const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, gk = g.group_k;
     const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
     params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)g0 * hd, (int64_t)(g1 - g0) * hd, w.ksc, w.kmn);
-    const size_t krow      = ott_kv_k_row_bytes(&g);
-    const uint8_t * kcodes = hb + L.k_codes + (size_t)t0 * g.bits_k / 8;
-    for (int32_t c = 0; c < hd; ++c) {
-        float * kt = w.kc + (size_t)c * LD;
-        unpack_codes(kcodes + c * krow, n_t, g.bits_k, kt);
+    const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
+    for (int32_t c = 0; c < hd; ++c) {                                     // c: key row
+        const int32_t bits = ott_kv_k_row_bits(&g, c);
+        float * kt         = w.kc + (size_t)(order ? order[c] : c) * LD;
+        unpack_codes(hb + L.k_codes + ott_kv_k_row_offset(&g, c) + (size_t)t0 * bits / 8, n_t, bits, kt);
         for (int32_t gi = g0; gi < g1; ++gi) {
             const int32_t ts = std::max(t0, gi * gk) - t0, te = std::min(t0 + n_t, (gi + 1) * gk) - t0;
             const float sc = w.ksc[(size_t)(gi - g0) * hd + c], mn = w.kmn[(size_t)(gi - g0) * hd + c];

@@ -457,6 +457,9 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
     }
+    if (ott_kv_tiered(&cfg.geom)) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: key tiers (hi_k, lo_k) run on the CPU only");
+    }
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",
                         why, cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k,

@@ -7,11 +7,11 @@
 ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_shape & shape) {
     switch (params.type) {
         case OTT_KV_F16: {
-            const int32_t knobs[] = { params.bits_k,      params.bits_v,  params.group_k,      params.group_v,
-                                      params.block,       params.window,  params.pool,         params.extra_pool,
-                                      params.skip_layers, params.sink,    params.prefill_fp16, params.clip,
-                                      params.param_bits,  params.rot_k,   params.rot_v,        params.key_axis,
-                                      params.pre_rope,    params.outliers };
+            const int32_t knobs[] = { params.bits_k,      params.bits_v,   params.group_k,      params.group_v,
+                                      params.block,       params.window,   params.pool,         params.extra_pool,
+                                      params.skip_layers, params.sink,     params.prefill_fp16, params.clip,
+                                      params.param_bits,  params.rot_k,    params.rot_v,        params.key_axis,
+                                      params.pre_rope,    params.outliers, params.hi_k,         params.lo_k };
             for (int32_t k : knobs) {
                 if (k != 0)
                     return ott_fail(OTT_ERR_INVALID_ARG,

@@ -36,6 +36,8 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
                                                         { "rot_k", p.rot_k },
                                                         { "rot_v", p.rot_v },
                                                         { "key_axis", p.key_axis },
+                                                        { "hi_k", p.hi_k },
+                                                        { "lo_k", p.lo_k },
                                                         { "prefill_fp16", p.prefill_fp16 } };
     for (const auto & [name, value] : unused) {
         if (value != 0) return bad(name, value, "does not apply to KVQuant (must be 0)");
@@ -56,7 +58,7 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     cfg.pre_rope        = p.pre_rope;
     cfg.kvq_geom        = { hd, p.block, p.bits_k, p.bits_v, ott_kvq_n_out(p.outliers, p.block, hd) };
     cfg.kvq_layout      = ott_kvq_block_layout_of(&cfg.kvq_geom);
-    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0 };
+    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0, 0, 0 };
     cfg.layout          = ott_kv_block_layout {};
     cfg.layout.size     = cfg.kvq_layout.size;
     cfg.rope_n_rot      = shape.rope_n_rot;
@@ -145,10 +147,20 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
         }
     }
 
-    cfg.geom         = { hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis };
-    cfg.layout       = ott_kv_block_layout_of(&cfg.geom);
-    cfg.pool         = p.pool;
-    cfg.extra_pool   = p.extra_pool;
+    if (p.hi_k < 0 || p.lo_k < 0 || p.hi_k + p.lo_k > OTT_KV_TIER_UNIT)
+        return bad("hi_k", p.hi_k, "and lo_k must be >= 0 with hi_k + lo_k <= 16");
+    if ((p.hi_k || p.lo_k) &&
+        (p.bits_k != 2 || p.key_axis || group_k != p.block || hd % OTT_KV_TIER_UNIT || hd > 256)) {
+        return ott_fail(OTT_ERR_INVALID_ARG,
+                        "kv config: key tiers (hi_k=%d, lo_k=%d) need bits_k=2, key_axis=0, group_k=block and a "
+                        "head size that is a multiple of 16 up to 256",
+                        p.hi_k, p.lo_k);
+    }
+    const int32_t n_hi = p.hi_k * hd / OTT_KV_TIER_UNIT, n_lo = p.lo_k * hd / OTT_KV_TIER_UNIT;
+    cfg.geom       = { hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis, n_hi, n_lo };
+    cfg.layout     = ott_kv_block_layout_of(&cfg.geom);
+    cfg.pool       = p.pool;
+    cfg.extra_pool = p.extra_pool;
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.rot_k        = p.rot_k;
     cfg.rot_v        = p.rot_v;

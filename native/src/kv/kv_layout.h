@@ -17,6 +17,12 @@
  *   [block][head_dim/group_k], k_codes [block][head_dim·bits_k/8]; the byte counts are equal)
  *   v_codes  uint8 [block][head_dim·bits_v/8]  row t = slot t, codes packed LSB-first along channels
  *   mask     uint8 [block/8]                   bit t%8 of byte t/8 = 1: slot t lives in a pool
+ *   k_order  uint8 [head_dim]                  key tiers only (n_hi or n_lo > 0; else 0 bytes):
+ *                                              k_order[r] = the channel of key row r
+ *
+ * With key tiers (block.py: channels ranked by range, group_k = block) key row r is the
+ * channel of rank r: k_scale[0][r], k_min[0][r] are its parameters, and its codes, at
+ * ott_kv_k_row_bits bits, start ott_kv_k_row_offset bytes into k_codes (rows back to back).
  *
  * Every array starts on an OTT_KV_ALIGN boundary and the head-block size is a multiple of
  * it, so head-blocks can be laid side by side (the n_head_kv head-blocks of one event are).
@@ -66,8 +72,14 @@ typedef struct {
     int32_t clip;       /* 1: each group takes the best clipped range (kv_clip.h), 0: min-max */
     int32_t param_bits; /* 16: fp16 scale and min per group; 8: ufp8 scale, int8 min (below) */
     int32_t key_axis;   /* 0: key groups per channel along tokens; 1: per token along channels */
+    int32_t n_hi;       /* key tiers: the first n_hi key rows are coded with OTT_KV_HI_BITS bits */
+    int32_t n_lo;       /* ... the last n_lo with OTT_KV_LO_BITS; the others with bits_k     */
 } ott_kv_geom;
-OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 36, "ott_kv_geom is nine int32");
+OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 44, "ott_kv_geom is eleven int32");
+
+#define OTT_KV_HI_BITS 4    /* code width of the high key tier */
+#define OTT_KV_LO_BITS 1    /* code width of the low key tier */
+#define OTT_KV_TIER_UNIT 16 /* hi_k and lo_k count channels per 16 of head_dim */
 
 /* Byte offsets of the arrays of one head-block from its start, and its size. */
 typedef struct {
@@ -78,9 +90,10 @@ typedef struct {
     uint32_t k_codes;
     uint32_t v_codes;
     uint32_t mask;
+    uint32_t k_order;
     uint32_t size; /* total bytes, a multiple of OTT_KV_ALIGN */
 } ott_kv_block_layout;
-OTT_STATIC_ASSERT(sizeof(ott_kv_block_layout) == 32, "ott_kv_block_layout is eight uint32");
+OTT_STATIC_ASSERT(sizeof(ott_kv_block_layout) == 36, "ott_kv_block_layout is nine uint32");
 
 static inline OTT_HD uint32_t ott_kv_align(uint32_t n) { return (n + OTT_KV_ALIGN - 1) / OTT_KV_ALIGN * OTT_KV_ALIGN; }
 
@@ -102,9 +115,20 @@ static inline OTT_HD float ott_kv_scale8(uint8_t s8) {
 /* An 8-bit minimum: z quarters of its group's scale, two float multiplications. */
 static inline OTT_HD float ott_kv_min8(int8_t z, float scale) { return ((float)z * 0.25f) * scale; }
 
-/* Bytes of one packed code row. */
+/* Bytes of one packed code row (keys: without tiers). */
 static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) {
     return (uint32_t)((g->key_axis ? g->head_dim : g->block) * g->bits_k / 8);
+}
+static inline OTT_HD int ott_kv_tiered(const ott_kv_geom * g) { return g->n_hi > 0 || g->n_lo > 0; }
+/* Bits per code of key row r (key_axis 0). */
+static inline OTT_HD int32_t ott_kv_k_row_bits(const ott_kv_geom * g, int32_t r) {
+    return r < g->n_hi ? OTT_KV_HI_BITS : r >= g->head_dim - g->n_lo ? OTT_KV_LO_BITS : g->bits_k;
+}
+/* Byte offset of key row r in k_codes (key_axis 0): the rows before it, back to back. */
+static inline OTT_HD uint32_t ott_kv_k_row_offset(const ott_kv_geom * g, int32_t r) {
+    const int32_t hi = r < g->n_hi ? r : g->n_hi, lo_start = g->head_dim - g->n_lo;
+    const int32_t mid = r < g->n_hi ? 0 : (r < lo_start ? r : lo_start) - g->n_hi, lo = r > lo_start ? r - lo_start : 0;
+    return (uint32_t)((hi * OTT_KV_HI_BITS + mid * g->bits_k + lo * OTT_KV_LO_BITS) * g->block / 8);
 }
 static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) {
     return (uint32_t)(g->head_dim * g->bits_v / 8);
@@ -130,11 +154,13 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     L.v_min = off;
     off += ott_kv_align(v_sc);
     L.k_codes = off;
-    off += ott_kv_align((uint32_t)(g->head_dim * g->block * g->bits_k / 8));
+    off += ott_kv_align(ott_kv_k_row_offset(g, g->head_dim));
     L.v_codes = off;
     off += ott_kv_align((uint32_t)g->block * ott_kv_v_row_bytes(g));
     L.mask = off;
     off += ott_kv_align((uint32_t)g->block / 8);
+    L.k_order = off;
+    off += ott_kv_align(ott_kv_tiered(g) ? (uint32_t)g->head_dim : 0u);
     L.size = off;
     return L;
 }
@@ -146,9 +172,10 @@ static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_b
 
 /* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
 static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
-    const uint64_t codes  = (uint64_t)g->head_dim * g->block * (uint64_t)(g->bits_k + g->bits_v) / 8;
+    const uint64_t codes  = ott_kv_k_row_offset(g, g->head_dim) + (uint64_t)g->head_dim * g->block * g->bits_v / 8;
     const uint64_t groups = (uint64_t)g->block * g->head_dim / g->group_k + (uint64_t)g->block * ott_kv_n_gv(g);
-    return codes + groups * 2 * ott_kv_param_bytes(g) + (with_mask ? (uint64_t)g->block / 8 : 0);
+    const uint64_t order  = ott_kv_tiered(g) ? (uint64_t)g->head_dim : 0;
+    return codes + groups * 2 * ott_kv_param_bytes(g) + order + (with_mask ? (uint64_t)g->block / 8 : 0);
 }
 
 /* ---- KVQuant head-blocks (ott_gguf/reference/kvquant.py, byte for byte) ------------------

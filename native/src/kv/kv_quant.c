@@ -206,6 +206,27 @@ static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bit
     }
 }
 
+/* Key tiers: the channels of keys fp16 [block][head_dim] by descending range f32(max) -
+ * f32(min), ties by ascending channel (block.py), into order[head_dim]. */
+static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, uint8_t * order) {
+    float width[256];
+    for (int32_t c = 0; c < g->head_dim; ++c) {
+        float mn = ott_fp16_to_fp32_ref(k[c]), mx = mn;
+        for (int32_t t = 1; t < g->block; ++t) {
+            const float x = ott_fp16_to_fp32_ref(k[(int64_t)t * g->head_dim + c]);
+            mn            = x < mn ? x : mn;
+            mx            = x > mx ? x : mx;
+        }
+        width[c]  = mx - mn;
+        int32_t j = c; /* insertion: after every channel of a range >= this one */
+        while (j > 0 && width[order[j - 1]] < width[c]) {
+            order[j] = order[j - 1];
+            --j;
+        }
+        order[j] = (uint8_t)c;
+    }
+}
+
 void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
                             uint8_t * out) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
@@ -217,6 +238,16 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
     if (g->key_axis) {
         /* keys per token, as values: row t = slot t, groups of group_k channels; parameter [t][gk] */
         quantize_rows(g, k, g->bits_k, g->group_k, out + L.k_scale, out + L.k_min, out + L.k_codes);
+    } else if (ott_kv_tiered(g)) {
+        /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
+        uint8_t * order = out + L.k_order;
+        rank_channels(g, k, order);
+        for (int32_t r = 0; r < hd; ++r) {
+            const int32_t bits = ott_kv_k_row_bits(g, r);
+            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, codes,
+                                   out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
+            ott_pack_codes_ref(codes, block, bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
+        }
     } else {
         /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
         for (int32_t c = 0; c < hd; ++c) {

@@ -30,6 +30,6 @@ void ott_kv_export_header(const ott_kv_config & cfg, const ott_kv_sched & sc, ot
     out.n_window                  = sc.n_win;
     out.block_bytes               = (int32_t)cfg.layout.size;
     const ott_kv_block_layout & L = cfg.layout;
-    const uint32_t offs[7]        = { L.k_scale, L.k_min, L.v_scale, L.v_min, L.k_codes, L.v_codes, L.mask };
-    for (int i = 0; i < 7; ++i) out.block_offsets[i] = (int32_t)offs[i];
+    const uint32_t offs[8]        = { L.k_scale, L.k_min, L.v_scale, L.v_min, L.k_codes, L.v_codes, L.mask, L.k_order };
+    for (int i = 0; i < 8; ++i) out.block_offsets[i] = (int32_t)offs[i];
 }
