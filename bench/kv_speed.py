@@ -32,10 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from accuracy import parse_mode  # noqa: E402
 from speed_vs_llamacpp import DEFAULT_LLAMA_BENCH, llama_bench, require_llama_bench  # noqa: E402
 
 from ott_gguf.model import Context, Weights  # noqa: E402
-from ott_gguf.reference import preset  # noqa: E402
+from ott_gguf.reference import KVConfig, preset  # noqa: E402
 from ott_gguf.resolve import resolve_model  # noqa: E402
 
 LLAMA_SETTINGS = {  # name: (flash attention, cache type)
@@ -79,7 +80,7 @@ def main() -> int:
     ap.add_argument("-d", "--depths", default="0,1024,4096,8192")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens per side, depth and round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="f16,ott2", help="our cache modes")
+    ap.add_argument("--modes", default="f16,ott2", help="our cache modes, with knobs as in accuracy.py: ottr2:hi_k=4")
     ap.add_argument("--kv-calib", type=Path, help="calibration sidecar of the calibrated and KVQuant modes")
     ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     args = ap.parse_args()
@@ -102,10 +103,10 @@ def main() -> int:
             n_ctx=n_ctx,
             n_seq_max=len(depths) + 1,
             n_threads=args.threads,
-            kv=m,
-            kv_calib=args.kv_calib if preset(m).calibrated else None,
+            kv=kv,
+            kv_calib=args.kv_calib if (kv if isinstance(kv, KVConfig) else preset(kv)).calibrated else None,
         )
-        for m in modes
+        for m, kv in map(parse_mode, modes)
     }
     for model in models.values():
         for i, d in enumerate(depths):

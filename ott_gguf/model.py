@@ -26,6 +26,7 @@ from .ctx_size import available_memory, context_bytes_per_token, default_n_ctx
 from .errors import InvalidArgumentError, ModelFileError
 from .reference.config import PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
+from .tier_scale import tier_scale
 
 # Where a model's calibration sidecar is looked for when none is given: beside the model.
 CALIB_SUFFIX = ".kvcalib.gguf"
@@ -108,6 +109,7 @@ class Weights:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._model = None
+        self._tier_scale: np.ndarray | None = None
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
@@ -149,6 +151,14 @@ class Weights:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
+
+    def tier_scale(self) -> np.ndarray:
+        """The key tiers' query scale of this model, float32 [n_layer, n_head_kv, head_dim]
+        (tier_scale.py), computed from the weights once."""
+        if self._tier_scale is None:
+            i = self.info
+            self._tier_scale = tier_scale(self.path, i.arch, i.n_head, i.n_head_kv, i.n_embd_head, i.rope_type)
+        return self._tier_scale
 
     def fingerprint(self) -> int:
         """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
@@ -253,6 +263,8 @@ class Context:
         elif self.kv_calib:
             c_calib = ffi.new("char[]", str(self.kv_calib).encode())
         cparams.kv.calib_path = c_calib  # read during ott_context_init only
+        c_tier = ffi.from_buffer("float[]", weights.tier_scale()) if self.kv_config.tiered else ffi.NULL
+        cparams.kv.tier_scale = c_tier  # read during ott_context_init only
         pctx = ffi.new("ott_context **")
         with weights._lock:
             model = weights._model

@@ -45,8 +45,11 @@ class ReferenceRun:
         scheme's tables per layer (reference.kvquant.KVQLayer)."""
         self.ref = ref
         info = model.info
+        u = model.weights.tier_scale() if cfg.tiered else None  # the key tiers' query scale
         self.layers = [
-            LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head, kvq[il] if kvq else None)
+            LayerCache.new(
+                cfg, il, info.n_head_kv, info.n_embd_head, kvq[il] if kvq else None, u[il] if cfg.tiered else None
+            )
             for il in range(info.n_layer)
         ]
         # keys cached before RoPE are rotated in attention (the query is, as ever, by the model)

@@ -224,6 +224,12 @@ def test_key_tiers_give_the_widest_channels_more_bits():
     bits[b.k_order] = cfg.key_row_bits(64)
     step = ptp.astype(np.float64) / (2.0**bits - 1)
     assert (np.abs(kh - kf).max(axis=0) <= step / 2 * (1 + 2**-9) + 1e-9).all()
+    # the query scale weighs the ranges: a wide channel the queries ignore ranks last (tie with
+    # the constant channel 40: the lower channel first), a narrow one they weigh ranks first
+    u = np.ones(64, np.float32)
+    u[[16, 3]] = [0.0, 1000.0]
+    scaled = quantize_block(k, v, np.zeros(32, bool), 0, cfg, tier_scale=u)
+    assert scaled.k_order[0] == 3 and scaled.k_order[62:].tolist() == [16, 40]
     untiered, _ = quantize_block(k, v, np.zeros(32, bool), 0, base.for_head_dim(64)).dequantize(base)
     assert np.abs(kh - kf)[:, 16:32].max() < np.abs(untiered - kf)[:, 16:32].max() / 4
     with pytest.raises(InvalidArgumentError, match="key tiers .* need bits_k=2, key_axis=0 and group_k=block"):

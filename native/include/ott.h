@@ -159,6 +159,10 @@ typedef struct {
     int32_t lo_k;             /* ... and the last lo_k with 1 bit; needs bits_k 2, key_axis 0,
                                  group_k = block, head_dim a multiple of 16 up to 256
                                  (CPU only: the CUDA cache refuses them)                  */
+    const float * tier_scale; /* key tiers: the query scale u that weighs each channel's
+                                 range in the ranking, [n_layer][n_head_kv][head_dim],
+                                 finite and >= 0 (ott_gguf/tier_scale.py); NULL: all 1.
+                                 Read during ott_context_init only                       */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */

@@ -228,7 +228,7 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
                                   st.extra_pos.data() + sh * c.extra, st.n_extra[sh], c.extra };
             int32_t tracing   = st.tracing[sh];
             ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd,
-                             st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing,
+                             st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing, nullptr,
                              st.head_block(s, bidx[s], h), scratch.data());
             st.n_pool[sh]  = c.pool ? pool.n : 0;
             st.n_extra[sh] = c.extra ? extra.n : 0;
@@ -482,7 +482,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
                     bv[i] = rand_f16(rng, 1.0f);
                 }
                 for (int32_t t = 0; t < block; ++t) masked[t] = traces && (rng() % 13 == 0);
-                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), st.head_block(s, j, h));
+                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), nullptr, st.head_block(s, j, h));
             }
             for (auto * vec : { &st.sink_k, &st.sink_v }) {
                 for (int32_t i = 0; i < c.sink * hd; ++i) (*vec)[sh * c.sink * hd + i] = rand_f16(rng, 1.0f);

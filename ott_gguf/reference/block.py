@@ -25,10 +25,12 @@ Byte layout (all arrays C-contiguous, row-major):
 
 Key tiers (hi_k, lo_k > 0; keys per channel, one group per channel and block, bits_k 2)
 ------------------------------------------------------------------------------------------
-A key error weighs in the score by the size of its channel's range, and a few channels
-carry most of it (the RoPE pairs of large magnitude). So the channels of a head-block are
-ranked by their range r_c = f32(max) - f32(min) over the block (one float32 subtraction of
-fp16 values), largest first, ties by ascending channel: k_order[r] is the channel of rank r.
+A key error weighs in the score by the size of its channel's range times the query's value
+there, and a few channels carry most of it (the RoPE pairs of large magnitude). So the
+channels of a head-block are ranked by w_c = (f32(max) - f32(min)) * u_c over the block (two
+float32 operations on fp16 values; u: the head's query scale, float32 [head_dim], from the
+weights (ott_gguf/tier_scale.py), or 1), largest first, ties by ascending channel:
+k_order[r] is the channel of rank r.
 The n_hi = hi_k·head_dim/16 first ranks are coded with TIER_HI_BITS (4) bits, the n_lo =
 lo_k·head_dim/16 last with TIER_LO_BITS (1), the others with bits_k; each tier's channels
 are groups quantized as above at their width. Row r of the keys is the channel of rank r:
@@ -108,18 +110,21 @@ def _quantize_rows(x: np.ndarray, bits: int, group: int, cfg: KVConfig):
     return pack_codes(codes.reshape(block, head_dim), bits), scale, mn
 
 
-def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, cfg: KVConfig) -> QuantBlock:
+def quantize_block(
+    k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, cfg: KVConfig, tier_scale: np.ndarray | None = None
+) -> QuantBlock:
     """Quantize one block of one KV head.
 
-    k, v:   fp16 [block, head_dim], masked slots already substituted (outliers.py)
-    masked: bool [block]
+    k, v:       fp16 [block, head_dim], masked slots already substituted (outliers.py)
+    masked:     bool [block]
+    tier_scale: float32 [head_dim], the query scale u of the key tiers (None: 1)
     """
     block, head_dim = k.shape
     k_order = np.zeros(0, np.uint8)
     if cfg.key_axis == 1:
         k_packed, k_scale, k_min = _quantize_rows(k, cfg.bits_k, cfg.group_k, cfg)
     elif cfg.tiered:
-        k_packed, k_scale, k_min, k_order = _quantize_tiers(k, cfg)
+        k_packed, k_scale, k_min, k_order = _quantize_tiers(k, cfg, tier_scale)
     else:
         kg = k.T.reshape(head_dim, block // cfg.group_k, cfg.group_k)  # [head_dim, n_gk, group_k]
         k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
@@ -139,13 +144,15 @@ def quantize_block(k: np.ndarray, v: np.ndarray, masked: np.ndarray, pos0: int, 
     )
 
 
-def _quantize_tiers(k: np.ndarray, cfg: KVConfig):
+def _quantize_tiers(k: np.ndarray, cfg: KVConfig, tier_scale: np.ndarray | None):
     """Keys fp16 [block, head_dim] in tiers (above) -> (k_codes flat, k_scale, k_min [1, head_dim]
     in rank order, k_order)."""
     block, head_dim = k.shape
     kf = k.astype(np.float32)
-    width = kf.max(axis=0) - kf.min(axis=0)  # f32 [head_dim]
-    order = np.lexsort((np.arange(head_dim), -width))  # largest range first, ties by channel
+    weight = kf.max(axis=0) - kf.min(axis=0)  # f32 [head_dim]
+    if tier_scale is not None:
+        weight = weight * tier_scale.astype(np.float32)
+    order = np.lexsort((np.arange(head_dim), -weight))  # largest first, ties by channel
     row_bits = np.array(cfg.key_row_bits(head_dim))
     packed, scales, mins = [], [], []
     for bits in dict.fromkeys(row_bits.tolist()):  # the tiers in rank order

@@ -54,6 +54,7 @@ class HeadCache:
     tracing: bool  # OTT active; False for non-tracing layers and after the stop rule
     blocks: list[QuantBlock | kvquant.KVQBlock] = field(default_factory=list)
     kvq: kvquant.KVQHead | None = None  # calibrated tables of the KVQuant scheme
+    tier_scale: np.ndarray | None = None  # float32 [head_dim] query scale of the key tiers (block.py)
     n_tokens: int = 0  # tokens appended so far = position of the next one
 
     @classmethod
@@ -105,7 +106,7 @@ class HeadCache:
             self.pool, self.extra, masked = trace(self.pool, self.extra, blk, self.cfg.pool)
         k = substitute_mean(blk.k, masked)
         v = substitute_mean(blk.v, masked)
-        self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg))
+        self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg, self.tier_scale))
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live token once, in attention order (sink, blocks minus masked slots, pool,
@@ -134,19 +135,23 @@ class LayerCache:
 
     @classmethod
     def new(
-        cls, cfg: KVConfig, il: int, n_head_kv: int, head_dim: int, kvq: kvquant.KVQLayer | None = None
+        cls,
+        cfg: KVConfig,
+        il: int,
+        n_head_kv: int,
+        head_dim: int,
+        kvq: kvquant.KVQLayer | None = None,
+        tier_scale: np.ndarray | None = None,
     ) -> LayerCache:
-        """kvq: the layer's calibrated tables, needed by the KVQuant scheme only."""
+        """kvq: the layer's calibrated tables, needed by the KVQuant scheme only; tier_scale:
+        float32 [n_head_kv, head_dim], the key tiers' query scale (tier_scale.py; None: 1)."""
         if n_head_kv <= 0:
             raise InvalidArgumentError(f"kv cache: n_head_kv={n_head_kv} must be > 0")
         cfg = cfg.for_head_dim(head_dim)
-        return cls(
-            cfg,
-            il,
-            n_head_kv,
-            head_dim,
-            [HeadCache.new(cfg, il, head_dim, kvq.head(h) if cfg.kvq and kvq else None) for h in range(n_head_kv)],
-        )
+        heads = [HeadCache.new(cfg, il, head_dim, kvq.head(h) if cfg.kvq and kvq else None) for h in range(n_head_kv)]
+        for h, head in enumerate(heads):
+            head.tier_scale = None if tier_scale is None else tier_scale[h]
+        return cls(cfg, il, n_head_kv, head_dim, heads)
 
     @property
     def n_tokens(self) -> int:

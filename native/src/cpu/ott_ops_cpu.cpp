@@ -686,7 +686,8 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
     ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
                           ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t)ec };
     int32_t tracing   = ls.tracing[h];
-    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing, out, scratch.data() + 2 * rows_bytes);
+    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing, cfg.tier_scale_of(il, h), out,
+                     scratch.data() + 2 * rows_bytes);
     ls.n_pool[h]  = pool.n;
     ls.n_extra[h] = extra.n;
     ls.tracing[h] = tracing;

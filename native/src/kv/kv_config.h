@@ -23,6 +23,7 @@ struct ott_kv_config {
     int32_t rot_k, rot_v;        // ott_kv_rot_kind of keys and of values (kv_rotation.h)
     int32_t n_layer;
     int32_t n_head_kv;
+    std::vector<float> tier_scale;  // [n_layer][n_head_kv][head_dim] query scale of the key tiers, or empty: 1
 
     // The KVQuant scheme (kvq = 1; kv/kv_kvq.h): the schedule of geom.block and sink as above,
     // no pools, head-blocks of kvq_layout (layout.size is theirs; its other offsets unused).
@@ -40,6 +41,10 @@ struct ott_kv_config {
     int32_t extra_cap(int il) const { return traces(il) ? extra_pool : 0; }
     // Bytes of one event's head-blocks: the n_head_kv head-blocks of a layer side by side.
     size_t event_bytes() const { return (size_t)layout.size * (size_t)n_head_kv; }
+    // The key tiers' query scale of KV head h of layer il, float [head_dim], or null (1).
+    const float * tier_scale_of(int il, int32_t h) const {
+        return tier_scale.empty() ? nullptr : tier_scale.data() + ((size_t)il * n_head_kv + h) * geom.head_dim;
+    }
     // The calibrated tables of KV head h of layer il (kvq).
     ott_kvq_tables kvq_tables(int il, int32_t h) const {
         const size_t hd = (size_t)geom.head_dim, n_lv = ((size_t)1 << geom.bits_k) + ((size_t)1 << geom.bits_v);

@@ -206,9 +206,10 @@ static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bit
     }
 }
 
-/* Key tiers: the channels of keys fp16 [block][head_dim] by descending range f32(max) -
- * f32(min), ties by ascending channel (block.py), into order[head_dim]. */
-static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, uint8_t * order) {
+/* Key tiers: the channels of keys fp16 [block][head_dim] by descending (f32(max) - f32(min))
+ * * u_c (u = tier_scale, or 1 when NULL), ties by ascending channel (block.py), into
+ * order[head_dim]. */
+static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, const float * tier_scale, uint8_t * order) {
     float width[256];
     for (int32_t c = 0; c < g->head_dim; ++c) {
         float mn = ott_fp16_to_fp32_ref(k[c]), mx = mn;
@@ -217,7 +218,8 @@ static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, uint8_t * o
             mn            = x < mn ? x : mn;
             mx            = x > mx ? x : mx;
         }
-        width[c]  = mx - mn;
+        width[c] = mx - mn;
+        if (tier_scale) width[c] = width[c] * tier_scale[c];
         int32_t j = c; /* insertion: after every channel of a range >= this one */
         while (j > 0 && width[order[j - 1]] < width[c]) {
             order[j] = order[j - 1];
@@ -228,7 +230,7 @@ static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, uint8_t * o
 }
 
 void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
-                            uint8_t * out) {
+                            const float * tier_scale, uint8_t * out) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
     const uint32_t pb = ott_kv_param_bytes(g);
@@ -241,7 +243,7 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
     } else if (ott_kv_tiered(g)) {
         /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
         uint8_t * order = out + L.k_order;
-        rank_channels(g, k, order);
+        rank_channels(g, k, tier_scale, order);
         for (int32_t r = 0; r < hd; ++r) {
             const int32_t bits = ott_kv_k_row_bits(g, r);
             ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, codes,
@@ -281,7 +283,7 @@ static void rows_copy(ott_kv_rows * dst, int32_t i, const ott_fp16 * k, const ot
 }
 
 void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0, ott_kv_rows * pool,
-                      ott_kv_rows * extra, int32_t * tracing, uint8_t * out, void * scratch) {
+                      ott_kv_rows * extra, int32_t * tracing, const float * tier_scale, uint8_t * out, void * scratch) {
     const int32_t hd = g->head_dim, block = g->block;
     const int32_t n_old = pool->n, n_cand = n_old + block;
     int64_t * score = (int64_t *)scratch;            /* [n_cand] */
@@ -312,5 +314,5 @@ void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v,
         ott_substitute_mean_ref(blk_k, block, hd, keep + n_old);
         ott_substitute_mean_ref(blk_v, block, hd, keep + n_old);
     }
-    ott_quantize_block_ref(g, blk_k, blk_v, keep + n_old, out);
+    ott_quantize_block_ref(g, blk_k, blk_v, keep + n_old, tier_scale, out);
 }

@@ -71,9 +71,10 @@ void ott_select_pool_ref(const int64_t * score, int32_t n_cand, int32_t capacity
 void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const uint8_t * masked);
 
 /* Quantize one block of one KV head into a head-block (kv_layout.h).
- * k, v: fp16 [block][head_dim], masked rows already substituted; masked: uint8 [block]. */
+ * k, v: fp16 [block][head_dim], masked rows already substituted; masked: uint8 [block];
+ * tier_scale: with key tiers the query scale u, float [head_dim] (block.py), or NULL (1). */
 void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v, const uint8_t * masked,
-                            uint8_t * out);
+                            const float * tier_scale, uint8_t * out);
 
 /* fp16 tokens with positions: an outlier pool or an extra pool of one KV head. */
 typedef struct {
@@ -92,6 +93,7 @@ size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap);
  *                 position pos0 + t; overwritten (masked rows get the mean)
  *   pool, extra   the head's outlier and extra pools, updated; pool->cap 0 = no tracing
  *   tracing       in: whether the head traces; out: cleared for good by the stop rule
+ *   tier_scale    the key tiers' query scale, float [head_dim], or NULL (ott_quantize_block_ref)
  *   out           the head-block (ott_kv_block_layout_of(g).size bytes)
  *   scratch       ott_kv_event_scratch_bytes(g, pool->cap) bytes, 8-byte aligned
  * Tracing: if extra->cap - extra->n < pool->n, tracing stops (pool kept as is). Otherwise
@@ -99,7 +101,7 @@ size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap);
  * ascending position, pool tokens that lost their place are appended to the extra pool in
  * ascending position, and the selected block slots are masked and mean-substituted. */
 void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0, ott_kv_rows * pool,
-                      ott_kv_rows * extra, int32_t * tracing, uint8_t * out, void * scratch);
+                      ott_kv_rows * extra, int32_t * tracing, const float * tier_scale, uint8_t * out, void * scratch);
 
 #ifdef __cplusplus
 }
