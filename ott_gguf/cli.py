@@ -37,8 +37,8 @@ _KV_KNOBS = {
     "clip": "clipped group ranges (1) or min-max (0)",
     "param_bits": "bits of a group's scale and min: 16 or 8",
     "key_axis": "key groups per channel (0) or per token along the head (1)",
-    "hi_k": "key tiers: of every 16 channels of a block (widest first), those coded with 4 bits",
-    "lo_k": "key tiers: of every 16 channels of a block, the narrowest ones coded with 1 bit",
+    "hi_k": "key tiers: of every 16 channels of a block, ranked by range x query scale, the first coded with 4 bits",
+    "lo_k": "key tiers: of every 16 channels of a block, the last ones coded with 1 bit",
 }
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}

@@ -36,6 +36,7 @@ class TensorDesc:
     type_name: str  # ggml type name, e.g. "q4_1"
     shape: tuple  # ggml ne, fastest-varying first, trailing 1s dropped
     n_bytes: int
+    file_offset: int  # where its data starts in the model file
 
 
 def _text(ptr) -> str:
@@ -80,5 +81,5 @@ def read_tensors(model_handle) -> list[TensorDesc]:
         shape = list(d.ne)
         while len(shape) > 1 and shape[-1] == 1:
             shape.pop()
-        out.append(TensorDesc(_text(d.name), _text(d.type_name), tuple(shape), d.n_bytes))
+        out.append(TensorDesc(_text(d.name), _text(d.type_name), tuple(shape), d.n_bytes, d.file_offset))
     return out

@@ -157,7 +157,10 @@ class Weights:
         (tier_scale.py), computed from the weights once."""
         if self._tier_scale is None:
             i = self.info
-            self._tier_scale = tier_scale(self.path, i.arch, i.n_head, i.n_head_kv, i.n_embd_head, i.rope_type)
+            n_rot = int(self.metadata.get(f"{i.arch}.rope.dimension_count", i.n_embd_head))
+            self._tier_scale = tier_scale(
+                self.path, self.tensors, i.n_layer, i.n_head, i.n_head_kv, i.n_embd_head, n_rot, i.rope_type
+            )
         return self._tier_scale
 
     def fingerprint(self) -> int:

@@ -23,52 +23,55 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ott_gguf.errors import InvalidArgumentError
+from ott_gguf.gguf_meta import TensorDesc
 
 GGML_ROPE_TYPE_NEOX = 2
 
 
-def _tensor(reader: GGUFReader, name: str) -> np.ndarray | None:
-    """A tensor by name, dequantized to float64 in row-major [rows, cols] (None if absent)."""
-    for t in reader.tensors:
-        if t.name == name:
-            shape = tuple(reversed([int(d) for d in t.shape]))
-            return dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float64)
-    return None
-
-
-def _field(reader: GGUFReader, key: str, default: int) -> int:
-    f = reader.fields.get(key)
-    return default if f is None else int(f.contents())
-
-
 def tier_scale(
-    path: str | os.PathLike, arch: str, n_head: int, n_head_kv: int, head_dim: int, rope_type: int
+    path: str | os.PathLike,
+    tensors: list[TensorDesc],
+    n_layer: int,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    n_rot: int,
+    rope_type: int,
 ) -> np.ndarray:
-    """u float32 [n_layer, n_head_kv, head_dim] of the GGUF model at path (module docstring)."""
-    reader = GGUFReader(path)
-    n_layer = _field(reader, f"{arch}.block_count", 0)
-    n_rot = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+    """u float32 [n_layer, n_head_kv, head_dim] of the GGUF model at path, whose tensor
+    table (ott_gguf.gguf_meta.read_tensors) is `tensors` (module docstring)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    by_name = {t.name: t for t in tensors}
+
+    def tensor(name: str) -> np.ndarray | None:
+        """A tensor dequantized to float64 [rows, cols] (None if absent)."""
+        t = by_name.get(name)
+        if t is None:
+            return None
+        raw = data[t.file_offset : t.file_offset + t.n_bytes]
+        return dequantize(raw, GGMLQuantizationType[t.type_name.upper()]).reshape(t.shape[::-1]).astype(np.float64)
+
     n_q = n_head * head_dim
     out = np.empty((n_layer, n_head_kv, head_dim), np.float32)
     for il in range(n_layer):
         p = f"blk.{il}."
-        wq = _tensor(reader, p + "attn_q.weight")
+        wq = tensor(p + "attn_q.weight")
         if wq is None:  # Q, K, V rows fused (phi3)
-            qkv = _tensor(reader, p + "attn_qkv.weight")
+            qkv = tensor(p + "attn_qkv.weight")
             if qkv is None:
                 raise InvalidArgumentError(f"{path}: layer {il} has no query weights (attn_q or attn_qkv)")
             wq = qkv[:n_q]
-        g = _tensor(reader, p + "attn_norm.weight")
+        g = tensor(p + "attn_norm.weight")
         e = ((wq * (1.0 if g is None else g)) ** 2).sum(axis=1)  # [n_q]
-        bq = _tensor(reader, p + "attn_q.bias")
+        bq = tensor(p + "attn_q.bias")
         if bq is not None:
             e = e + bq**2
         e = e.reshape(n_head, head_dim)
-        qn = _tensor(reader, p + "attn_q_norm.weight")
+        qn = tensor(p + "attn_q_norm.weight")
         if qn is not None:
             e = qn**2 * e / e.mean(axis=1, keepdims=True)
         e = e.reshape(n_head_kv, n_head // n_head_kv, head_dim).sum(axis=1)  # [n_head_kv, head_dim]

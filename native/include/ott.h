@@ -99,6 +99,7 @@ typedef struct {
     const char * type_name; /* ggml type name, e.g. "q4_1"                              */
     int64_t ne[4];          /* ggml shape                                               */
     int64_t n_bytes;
+    int64_t file_offset; /* where its data starts in the model file                  */
 } ott_tensor_desc;
 
 ott_status ott_model_tensor_count(const ott_model * model, int64_t * out);

@@ -69,6 +69,7 @@ extern "C" ott_status ott_model_tensor_get(const ott_model * m, int64_t i, ott_t
     out->name             = name;
     out->type_name        = ggml_type_name(gguf_get_tensor_type(m->gguf, i));
     for (int d = 0; d < 4; ++d) out->ne[d] = t ? t->ne[d] : 0;
-    out->n_bytes = (int64_t)gguf_get_tensor_size(m->gguf, i);
+    out->n_bytes     = (int64_t)gguf_get_tensor_size(m->gguf, i);
+    out->file_offset = (int64_t)(gguf_get_data_offset(m->gguf) + gguf_get_tensor_offset(m->gguf, i));
     return OTT_OK;
 }
