@@ -26,6 +26,7 @@ import pytest
 
 from ott_gguf.errors import InvalidArgumentError, UnsupportedError
 from ott_gguf.model import Model, cuda_device_count
+from ott_gguf.reference import preset
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
@@ -214,3 +215,14 @@ def test_cuda_kv_stats_count_quantized_bytes(random_llama):
     assert f16.kv_stats().bytes_per_token_layer == 2 * 64 * 2 * 2
     st = ott.kv_stats()
     assert st.n_tokens == 400 and 0 < st.bytes_per_token_layer < 0.6 * 512
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    "knobs, what", [(dict(key_axis=1, group_k=64), "key_axis=1"), (dict(hi_k=4, lo_k=8), "key tiers")]
+)
+def test_cpu_only_knobs_are_refused_with_one_line(random_llama, knobs, what):
+    """What the CUDA cache does not read yet is refused at context creation, naming it."""
+    with pytest.raises(UnsupportedError, match=f"kv config on CUDA: {what}.* run[s]? on the CPU only"):
+        Model(random_llama, n_ctx=256, kv=preset("ottr2").with_overrides(**knobs), device="cuda")
+    assert Model(random_llama, n_ctx=256, kv=preset("ottr2").with_overrides(**knobs), device="cpu").eval([1, 2, 3]).size
