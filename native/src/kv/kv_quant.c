@@ -206,11 +206,11 @@ static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bit
     }
 }
 
-/* Key tiers: the channels of keys fp16 [block][head_dim] by descending (f32(max) - f32(min))
- * * u_c (u = tier_scale, or 1 when NULL), ties by ascending channel (block.py), into
- * order[head_dim]. */
+/* Key tiers: the channels of keys fp16 [block][head_dim] by descending weight
+ * w_c = (f32(max) - f32(min)) times u_c (u = tier_scale, or 1 when NULL), ties by ascending
+ * channel (block.py), into order[head_dim]. */
 static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, const float * tier_scale, uint8_t * order) {
-    float width[256];
+    float width[256]; /* w_c */
     for (int32_t c = 0; c < g->head_dim; ++c) {
         float mn = ott_fp16_to_fp32_ref(k[c]), mx = mn;
         for (int32_t t = 1; t < g->block; ++t) {
@@ -220,7 +220,7 @@ static void rank_channels(const ott_kv_geom * g, const ott_fp16 * k, const float
         }
         width[c] = mx - mn;
         if (tier_scale) width[c] = width[c] * tier_scale[c];
-        int32_t j = c; /* insertion: after every channel of a range >= this one */
+        int32_t j = c; /* insertion: after every channel of a weight >= this one */
         while (j > 0 && width[order[j - 1]] < width[c]) {
             order[j] = order[j - 1];
             --j;
