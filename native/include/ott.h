@@ -162,7 +162,7 @@ typedef struct {
                                  (CPU only: the CUDA cache refuses them)                  */
     const float * tier_scale; /* key tiers: the query scale u that weighs each channel's
                                  range in the ranking, [n_layer][n_head_kv][head_dim],
-                                 finite and >= 0 (ott_gguf/tier_scale.py); NULL: all 1.
+                                 each in 0 .. 1e30 (ott_gguf/tier_scale.py); NULL: all 1.
                                  Read during ott_context_init only                       */
 } ott_kv_params;
 

@@ -46,8 +46,8 @@ class KVConfig:
     uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
     outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
     key_axis: int = 0  # key groups: 0 per channel (KIVI), 1 per token along the head dimension
-    hi_k: int = 0  # key tiers (block.py): of every 16 channels of a head-block, ranked by range,
-    # hi_k are coded with TIER_HI_BITS bits
+    hi_k: int = 0  # key tiers (block.py): of every 16 channels of a head-block, ranked by range
+    # times a query scale, the first hi_k are coded with TIER_HI_BITS bits
     lo_k: int = 0  # ... and the last lo_k with TIER_LO_BITS bits; the others with bits_k (2)
 
     def __post_init__(self) -> None:

@@ -165,7 +165,7 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
         cfg.tier_scale.assign(p.tier_scale, p.tier_scale + (size_t)shape.n_layer * shape.n_head_kv * hd);
         for (const float u : cfg.tier_scale) {
             if (!(u >= 0.0f && u <= 1e30f))
-                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: a key-tier query scale is negative or not finite");
+                return ott_fail(OTT_ERR_INVALID_ARG, "kv config: a key-tier query scale is outside 0 .. 1e30 (or NaN)");
         }
     }
     cfg.prefill_fp16 = p.prefill_fp16;

@@ -126,8 +126,8 @@ static inline OTT_HD int32_t ott_kv_k_row_bits(const ott_kv_geom * g, int32_t r)
 }
 /* Byte offset of key row r in k_codes (key_axis 0): the rows before it, back to back. */
 static inline OTT_HD uint32_t ott_kv_k_row_offset(const ott_kv_geom * g, int32_t r) {
-    const int32_t hi = r < g->n_hi ? r : g->n_hi, lo_start = g->head_dim - g->n_lo;
-    const int32_t mid = r < g->n_hi ? 0 : (r < lo_start ? r : lo_start) - g->n_hi, lo = r > lo_start ? r - lo_start : 0;
+    const int32_t lo_start = g->head_dim - g->n_lo;
+    const int32_t hi = r < g->n_hi ? r : g->n_hi, lo = r > lo_start ? r - lo_start : 0, mid = r - hi - lo;
     return (uint32_t)((hi * OTT_KV_HI_BITS + mid * g->bits_k + lo * OTT_KV_LO_BITS) * g->block / 8);
 }
 static inline OTT_HD uint32_t ott_kv_v_row_bytes(const ott_kv_geom * g) {
