@@ -12,8 +12,8 @@
 //                 Σ_t (p_t·scale_t)·code + Σ_t p_t·min_t per value group (docs/design.md §3)
 //   materialised  the tile is dequantised once into float keys (channel-major) and values,
 //                 then the same kernels as the fp16 stores run on it
-// Vectors are GCC/Clang vector extensions of VL floats (SSE2 … AVX-512 from one source);
-// on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the
+// Vectors are GCC/Clang vector extensions (SSE2 … AVX-512 from one source), VL floats as two
+// halves of 8 (v16f below); on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the
 // baseline, picked at load time. This file may reassociate float sums: attention is
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
@@ -38,45 +38,67 @@ constexpr int32_t LD         = KEY_TILE + VL;  // row stride of per-key buffers 
 constexpr int32_t RB_MAX     = 4;              // query rows whose accumulators stay in registers together
 constexpr int32_t FUSED_ROWS = 8;              // items with at most this many rows read codes directly
 
-typedef float v16f __attribute__((vector_size(VL * sizeof(float))));
-typedef uint32_t v16u __attribute__((vector_size(VL * sizeof(uint32_t))));
-typedef int32_t v16i __attribute__((vector_size(VL * sizeof(int32_t))));
-typedef uint8_t v16b __attribute__((vector_size(VL)));
+// A vector of VL floats is two halves of 8 floats. With one 64-byte vector type GCC kept the
+// register-blocked accumulators (arrays of vectors) on the stack in the AVX2 clone and moved
+// them through general registers on every update; halves of 32 bytes stay in registers there
+// (an AVX-512 clone runs each half as its own 256-bit operation).
+typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
+typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
+typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+struct v16f {
+    v8f lo, hi;
+};
+static_assert(VL == 16, "a v16f is VL floats");
 
+OTT_INLINE v16f operator+(v16f a, v16f b) { return { a.lo + b.lo, a.hi + b.hi }; }
+OTT_INLINE v16f operator+(v16f a, float b) { return { a.lo + b, a.hi + b }; }
+OTT_INLINE v16f operator*(float a, v16f b) { return { a * b.lo, a * b.hi }; }
+OTT_INLINE v16f & operator+=(v16f & a, v16f b) {
+    a.lo += b.lo;
+    a.hi += b.hi;
+    return a;
+}
 OTT_INLINE v16f load16(const float * p) {
     v16f v;
-    std::memcpy(&v, p, sizeof v);
+    std::memcpy(&v.lo, p, sizeof v.lo);
+    std::memcpy(&v.hi, p + 8, sizeof v.hi);
     return v;
 }
-OTT_INLINE void store16(float * p, v16f v) { std::memcpy(p, &v, sizeof v); }
-OTT_INLINE v16f splat(float x) { return (v16f) {} + x; }
+OTT_INLINE void store16(float * p, v16f v) {
+    std::memcpy(p, &v.lo, sizeof v.lo);
+    std::memcpy(p + 8, &v.hi, sizeof v.hi);
+}
+OTT_INLINE v16f splat(float x) { return { (v8f) {} + x, (v8f) {} + x }; }
+OTT_INLINE v8f to_float(v8u x) { return __builtin_convertvector((v8i)x, v8f); }
 
 // 16 consecutive codes of a packed row, from the first bit of byte p
-OTT_INLINE v16f codes16(const uint8_t * p, int32_t bits) {
-    if (bits == 1) {
-        const v16u sh = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+template <int BITS> OTT_INLINE v16f codes16(const uint8_t * p) {
+    static_assert(BITS == 1 || BITS == 2 || BITS == 4 || BITS == 8, "1, 2, 4 or 8 bits");
+    if constexpr (BITS == 1) {
+        const v8u sh = { 0, 1, 2, 3, 4, 5, 6, 7 };
         uint16_t h;
         std::memcpy(&h, p, 2);
-        const uint32_t w = h;
-        return __builtin_convertvector((v16i)((((v16u) {}) + w) >> sh & 1u), v16f);
-    }
-    if (bits == 2) {
-        const v16u sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
-        uint32_t w;
-        std::memcpy(&w, p, 4);
-        return __builtin_convertvector((v16i)((((v16u) {}) + w) >> sh & 3u), v16f);
-    }
-    if (bits == 4) {
-        const v16u sh = { 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28 };
+        const v8u w = (v8u) {} + (uint32_t)h;
+        return { to_float(w >> sh & 1u), to_float(w >> (sh + 8u) & 1u) };
+    } else if constexpr (BITS == 2) {
+        const v8u sh = { 0, 2, 4, 6, 8, 10, 12, 14 };
+        uint32_t x;
+        std::memcpy(&x, p, 4);
+        const v8u w = (v8u) {} + x;
+        return { to_float(w >> sh & 3u), to_float(w >> (sh + 16u) & 3u) };
+    } else if constexpr (BITS == 4) {
+        const v8u sh = { 0, 4, 8, 12, 16, 20, 24, 28 };
         uint32_t a, b;
         std::memcpy(&a, p, 4);
         std::memcpy(&b, p + 4, 4);
-        const v16u w = { a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b };
-        return __builtin_convertvector((v16i)(w >> sh & 15u), v16f);
+        return { to_float(((v8u) {} + a) >> sh & 15u), to_float(((v8u) {} + b) >> sh & 15u) };
+    } else {
+        v8b a, b;
+        std::memcpy(&a, p, sizeof a);
+        std::memcpy(&b, p + 8, sizeof b);
+        return { __builtin_convertvector(a, v8f), __builtin_convertvector(b, v8f) };
     }
-    v16b x;
-    std::memcpy(&x, p, sizeof x);
-    return __builtin_convertvector(x, v16f);
 }
 
 // ---- code unpacking for any length: byte -> its codes as floats, LSB-first ------------
@@ -227,7 +249,8 @@ attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t 
 template <int RB>
 OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float * kc, int32_t n_t, float * s) {
     for (int32_t t = 0; t < n_t; t += VL) {
-        v16f a[RB] = {};
+        v16f a[RB];
+        for (int r = 0; r < RB; ++r) a[r] = splat(0.0f);
         for (int32_t c = 0; c < hd; ++c) {
             const v16f k = load16(kc + (size_t)c * LD + t);
             for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
@@ -269,39 +292,62 @@ int32_t key_row_runs(const ott_kv_geom & g, const uint8_t * kcodes, key_rows * r
     return n;
 }
 
-// s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over
-// the key rows of the n_runs runs
-template <int RB>
-OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, const key_rows * runs, int32_t n_runs,
-                                int32_t ta, int32_t tb, float * s) {
+// s[r][t] (+)= Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over the
+// rows of one run of BITS-bit codes; the first run starts from qm[r], the others from s
+template <int RB, int BITS>
+OTT_INLINE void scores_run_rb(const float * qs, const float * qm, int32_t hdp, const key_rows & kr, bool first,
+                              int32_t ta, int32_t tb, float * s) {
     for (int32_t t = ta; t < tb; t += VL) {
         v16f a[RB];
-        for (int r = 0; r < RB; ++r) a[r] = splat(qm[r]);
-        for (int32_t i = 0; i < n_runs; ++i) {
-            const key_rows & kr = runs[i];
-            const uint8_t * col = kr.codes + (size_t)t * kr.bits / 8;
-            for (int32_t c = kr.r0; c < kr.r1; ++c) {
-                const v16f k = codes16(col + (c - kr.r0) * kr.row_bytes, kr.bits);
-                for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
-            }
+        for (int r = 0; r < RB; ++r) a[r] = first ? splat(qm[r]) : load16(s + (size_t)r * LD + (t - ta));
+        const uint8_t * col = kr.codes + (size_t)t * BITS / 8;
+        for (int32_t c = kr.r0; c < kr.r1; ++c) {
+            const v16f k = codes16<BITS>(col + (c - kr.r0) * kr.row_bytes);
+            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
         }
         for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + (t - ta), a[r]);
     }
 }
 
-// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the channels [ca, cb) of one value group
+// s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over
+// the key rows of the n_runs runs
 template <int RB>
-OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t bits,
-                                int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
+OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, const key_rows * runs, int32_t n_runs,
+                                int32_t ta, int32_t tb, float * s) {
+    for (int32_t i = 0; i < n_runs; ++i) {
+        switch (runs[i].bits) {
+            case 1:  scores_run_rb<RB, 1>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
+            case 2:  scores_run_rb<RB, 2>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
+            case 4:  scores_run_rb<RB, 4>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
+            default: scores_run_rb<RB, 8>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
+        }
+    }
+}
+
+// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the channels [ca, cb) of one value group
+template <int RB, int BITS>
+OTT_INLINE void values_run_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t n_t,
+                              int32_t ca, int32_t cb, int32_t hdp, float * acc) {
     for (int32_t c = ca; c < cb; c += VL) {
         v16f a[RB];
         for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t)r * hdp + c) + mt[r];
-        const uint8_t * col = vcodes + (size_t)c * bits / 8;
+        const uint8_t * col = vcodes + (size_t)c * BITS / 8;
         for (int32_t t = 0; t < n_t; ++t) {
-            const v16f v = codes16(col + t * vrow, bits);
+            const v16f v = codes16<BITS>(col + t * vrow);
             for (int r = 0; r < RB; ++r) a[r] += pw[(size_t)r * LD + t] * v;
         }
         for (int r = 0; r < RB; ++r) store16(acc + (size_t)r * hdp + c, a[r]);
+    }
+}
+
+template <int RB>
+OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t bits,
+                                int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
+    switch (bits) {
+        case 1:  values_run_rb<RB, 1>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
+        case 2:  values_run_rb<RB, 2>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
+        case 4:  values_run_rb<RB, 4>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
+        default: values_run_rb<RB, 8>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
     }
 }
 
