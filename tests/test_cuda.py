@@ -5,7 +5,7 @@
   native/tests/cuda_ops.cpp: appends and quantization events bit for bit against kv_quant.c,
   fused attention within 3e-4 (relative L2) of float64.
 - End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
-  CUDA, f16 and ott2 caches, 64 tokens after a 200-token prompt (so quantization events
+  CUDA, f16, ott2 and key-tiered ottr2 caches, 64 tokens after a 200-token prompt (so quantization events
   fire). The two backends round matmuls differently (ggml-cuda: fp16 activations in fp16
   GEMMs, TF32 in fp32 ones), and with a 2-bit cache a K/V value that lands on the other side
   of a rounding boundary changes a whole quantization step; so the logits agree within
@@ -35,8 +35,9 @@ CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
 SOURCE_DEFINES = {"attn_rows.cu": ["-DOTT_ATTN_HD=128", "-DOTT_ATTN_BK=2", "-DOTT_ATTN_BV=2"]}
 ARCHS = ("80", "86", "89", "90")
 N_GEN = 64
+TIERS = "ottr2:hi_k=4:lo_k=8"  # a mode with knobs, as bench/accuracy.py spells them
 # relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
-LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None)}
+LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None), TIERS: (0.15, None)}
 # The same over SmolLM2's 30 layers. With ott2 (teacher-forced on 64 tokens, H200): the GPU
 # alone differs by up to 0.23 (median 0.041) between the prompt fed whole and in ubatches of
 # 16, CPU and CUDA by up to 0.17 (median 0.015), and ott2 from the f16 cache by a median 0.29.
@@ -113,10 +114,17 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(b - a)
 
 
+def kv_mode(spec: str):
+    """A preset name, or name:knob=value:... as a KVConfig."""
+    name, *knobs = spec.split(":")
+    return preset(name).with_overrides(**{k: int(v) for k, v in (kn.split("=") for kn in knobs)}) if knobs else name
+
+
 def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tuple | None = None):
     worst, median = budget or LOGITS_BUDGET[kv]
-    cpu_tokens, cpu_logits = greedy(Model(path, n_ctx=n_ctx, n_threads=2, kv=kv, device="cpu"), prompt, N_GEN)
-    cuda_model = Model(path, n_ctx=n_ctx, kv=kv, device="cuda")
+    cpu_model = Model(path, n_ctx=n_ctx, n_threads=2, kv=kv_mode(kv), device="cpu")
+    cpu_tokens, cpu_logits = greedy(cpu_model, prompt, N_GEN)
+    cuda_model = Model(path, n_ctx=n_ctx, kv=kv_mode(kv), device="cuda")
     assert cuda_model.info.device == "cuda:0"
     cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
     diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
@@ -163,7 +171,7 @@ def random_llama(tmp_path_factory):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2"])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS])
 def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
@@ -192,9 +200,9 @@ def test_greedy_cpu_equals_cuda_smollm2(smollm2_f32, kv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2"])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS])
 def test_copied_sequence_continues_alike(random_llama, kv):
-    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=kv, device="cuda")
+    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=kv_mode(kv), device="cuda")
     prompt = np.random.default_rng(6).integers(0, 512, 170).tolist()
     model.eval(prompt, seq=0)
     model.copy_sequence(0, 1)
@@ -218,11 +226,9 @@ def test_cuda_kv_stats_count_quantized_bytes(random_llama):
 
 
 @needs_gpu
-@pytest.mark.parametrize(
-    "knobs, what", [(dict(key_axis=1, group_k=64), "key_axis=1"), (dict(hi_k=4, lo_k=8), "key tiers")]
-)
-def test_cpu_only_knobs_are_refused_with_one_line(random_llama, knobs, what):
+def test_cpu_only_knobs_are_refused_with_one_line(random_llama):
     """What the CUDA cache does not read yet is refused at context creation, naming it."""
-    with pytest.raises(UnsupportedError, match=f"kv config on CUDA: {what}.* run[s]? on the CPU only"):
+    knobs = dict(key_axis=1, group_k=64)
+    with pytest.raises(UnsupportedError, match="kv config on CUDA: key_axis=1.* runs on the CPU only"):
         Model(random_llama, n_ctx=256, kv=preset("ottr2").with_overrides(**knobs), device="cuda")
     assert Model(random_llama, n_ctx=256, kv=preset("ottr2").with_overrides(**knobs), device="cpu").eval([1, 2, 3]).size

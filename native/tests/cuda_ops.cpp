@@ -66,6 +66,7 @@ struct layer_store {
     std::vector<ott_fp16> sink_k, sink_v, win_k, win_v, pool_k, pool_v, extra_k, extra_v;
     std::vector<int32_t> pool_pos, extra_pos, n_pool, n_extra, tracing;
     std::vector<uint8_t> blocks;
+    std::vector<float> tier_scale;  // [H][head_dim] with key tiers, or empty (1)
     std::vector<void *> dev;
 
     layer_store(const ott_kv_geom & g, int32_t S_, int32_t H, int32_t sink, int32_t win_cap, int32_t pool,
@@ -105,20 +106,21 @@ struct layer_store {
     }
 
     void to_device() {
-        L.sink_k    = upload(sink_k);
-        L.sink_v    = upload(sink_v);
-        L.win_k     = upload(win_k);
-        L.win_v     = upload(win_v);
-        L.pool_k    = upload(pool_k);
-        L.pool_v    = upload(pool_v);
-        L.pool_pos  = upload(pool_pos);
-        L.extra_k   = upload(extra_k);
-        L.extra_v   = upload(extra_v);
-        L.extra_pos = upload(extra_pos);
-        L.n_pool    = upload(n_pool);
-        L.n_extra   = upload(n_extra);
-        L.tracing   = upload(tracing);
-        L.blocks    = upload(blocks);
+        L.sink_k     = upload(sink_k);
+        L.sink_v     = upload(sink_v);
+        L.win_k      = upload(win_k);
+        L.win_v      = upload(win_v);
+        L.pool_k     = upload(pool_k);
+        L.pool_v     = upload(pool_v);
+        L.pool_pos   = upload(pool_pos);
+        L.extra_k    = upload(extra_k);
+        L.extra_v    = upload(extra_v);
+        L.extra_pos  = upload(extra_pos);
+        L.n_pool     = upload(n_pool);
+        L.n_extra    = upload(n_extra);
+        L.tracing    = upload(tracing);
+        L.blocks     = upload(blocks);
+        L.tier_scale = tier_scale.empty() ? nullptr : upload(tier_scale);
     }
     void from_device() {
         download(sink_k, L.sink_k);
@@ -138,6 +140,16 @@ struct layer_store {
     }
     uint8_t * head_block(int32_t s, int32_t j, int32_t h) {
         return blocks.data() + (ott_cuda_head_block(L, s, j, h) - L.blocks);
+    }
+    const float * tier_scale_of(int32_t h) const {
+        return tier_scale.empty() ? nullptr : tier_scale.data() + (size_t)h * L.geom.head_dim;
+    }
+    // with key tiers, a query scale u in [0.01, 4) per channel (some tied), else none
+    void draw_tier_scale(rng_t & rng) {
+        if (!ott_kv_tiered(&L.geom)) return;
+        tier_scale.resize((size_t)L.n_head_kv * L.geom.head_dim);
+        for (size_t i = 0; i < tier_scale.size(); ++i)
+            tier_scale[i] = i % 9 == 4 ? 1.0f : 0.01f + (rng() % 400) / 100.0f;
     }
 };
 
@@ -168,6 +180,7 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     const ott_kv_geom & g = c.g;
     const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, win_cap = 2 * block;
     layer_store st(g, S, H, 0, win_cap, c.pool, c.extra, 2);
+    st.draw_tier_scale(rng);
     const int32_t row0[S] = { block, 0 }, bidx[S] = { 1, 0 }, pos0[S] = { 1000, 3 * block };
 
     for (int32_t s = 0; s < S; ++s) {
@@ -228,8 +241,8 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
                                   st.extra_pos.data() + sh * c.extra, st.n_extra[sh], c.extra };
             int32_t tracing   = st.tracing[sh];
             ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd,
-                             st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing, nullptr,
-                             st.head_block(s, bidx[s], h), scratch.data());
+                             st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing,
+                             st.tier_scale_of(h), st.head_block(s, bidx[s], h), scratch.data());
             st.n_pool[sh]  = c.pool ? pool.n : 0;
             st.n_extra[sh] = c.extra ? extra.n : 0;
             st.tracing[sh] = tracing;
@@ -450,6 +463,12 @@ double dequant_code(const ott_kv_geom & g, int code, const uint8_t * sc, const u
 
 double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+    if (key && ott_kv_tiered(&g)) {  // key row r: the channel of rank r, one group per block
+        const int32_t r    = (int32_t)(std::find(hb + L.k_order, hb + L.k_order + g.head_dim, c) - (hb + L.k_order));
+        const int32_t bits = ott_kv_k_row_bits(&g, r);
+        const uint8_t byte = hb[L.k_codes + ott_kv_k_row_offset(&g, r) + t * bits / 8];
+        return dequant_code(g, (byte >> ((t * bits) % 8)) & ((1 << bits) - 1), hb + L.k_scale, hb + L.k_min, r);
+    }
     if (key) {
         const uint8_t byte = hb[L.k_codes + (size_t)c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
         const int code     = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
@@ -469,6 +488,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     const int32_t win_cap    = ((c.n_win + block) / block + 1) * block;
     const bool traces        = c.pool > 0;
     layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, max_blocks);
+    st.draw_tier_scale(rng);
 
     // stores: blocks from the reference quantizer (random masks where tracing), fp16 rows
     std::vector<ott_fp16> bk((size_t)block * hd), bv(bk.size());
@@ -482,7 +502,8 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
                     bv[i] = rand_f16(rng, 1.0f);
                 }
                 for (int32_t t = 0; t < block; ++t) masked[t] = traces && (rng() % 13 == 0);
-                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), nullptr, st.head_block(s, j, h));
+                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), st.tier_scale_of(h),
+                                       st.head_block(s, j, h));
             }
             for (auto * vec : { &st.sink_k, &st.sink_v }) {
                 for (int32_t i = 0; i < c.sink * hd; ++i) (*vec)[sh * c.sink * hd + i] = rand_f16(rng, 1.0f);
@@ -647,7 +668,13 @@ int run_checks() {
     const ott_kv_geom p8_128 = { 128, 128, 2, 2, 128, 128, 0, 8 }, p8_64 = { 64, 16, 4, 4, 8, 16, 0, 8 };
     const ott_kv_geom k4v2_64 = { 64, 128, 4, 2, 128, 64, 0, 8 }, k4v2_128 = { 128, 128, 4, 2, 128, 128, 0, 16 };
     const ott_kv_geom clip_p8_128 = { 128, 128, 2, 2, 128, 128, 1, 8 }, clip_p8_64 = { 64, 16, 4, 4, 8, 16, 1, 8 };
-    const event_case events[] = {
+    // key tiers (ottr2:hi_k=4:lo_k=8 and others): n_hi rows of 4-bit codes, n_lo of 1-bit
+    const ott_kv_geom tier_64      = { 64, 128, 2, 2, 128, 64, 1, 8, 0, 16, 32 };
+    const ott_kv_geom tier_128     = { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64 };
+    const ott_kv_geom hi_only_128  = { 128, 128, 2, 2, 128, 64, 0, 16, 0, 32, 0 };
+    const ott_kv_geom lo_only_64   = { 64, 32, 2, 2, 32, 16, 1, 8, 0, 0, 16 };
+    const ott_kv_geom tier_b16_256 = { 256, 16, 2, 2, 16, 256, 1, 8, 0, 64, 64 };
+    const event_case events[]      = {
         { "ott2-hd128-first", ott2_128, 3, 32, 0, 0, false },
         { "ott2-hd128-pool-full", ott2_128, 3, 32, 3, 10, true },
         { "ott2-hd64-stop-rule", ott2_64, 3, 32, 3, 30, false },
@@ -664,6 +691,11 @@ int run_checks() {
         { "k4v2-hd64-pool-full", k4v2_64, 3, 32, 3, 10, true },
         { "clip-p8-hd128-pool-full", clip_p8_128, 3, 32, 3, 10, true },
         { "clip-p8-hd64-4bit-kivi", clip_p8_64, 0, 0, 0, 0, false },
+        { "tiers-hd64-pool-full", tier_64, 3, 32, 3, 10, true },
+        { "tiers-hd128-first", tier_128, 3, 32, 0, 0, false },
+        { "tiers-hi-only-hd128-fp16-params", hi_only_128, 3, 32, 3, 10, true },
+        { "tiers-lo-only-hd64-b32", lo_only_64, 0, 0, 0, 0, false },
+        { "tiers-hd256-b16", tier_b16_256, 2, 5, 2, 1, false },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);
@@ -691,6 +723,13 @@ int run_checks() {
         { "p8-hd64-rep3-chunk2", p8_64, 3, 2, { 9, 4 }, 2, 2, 5, 7, 2 },
         { "k4v2-hd64-rep3-decode", k4v2_64, 3, 1, { 7, 2 }, 0, 3, 32, 60, 2 },
         { "k4v2-hd128-rep1-chunk4", k4v2_128, 1, 4, { 5, 3 }, 0, 3, 32, 20, 3 },
+        { "tiers-hd64-rep3-decode", tier_64, 3, 1, { 9, 4 }, 0, 3, 32, 60, 2 },
+        { "tiers-hd64-rep3-chunk3", tier_64, 3, 3, { 5, 2 }, 0, 3, 32, 20, 3 },
+        { "tiers-hd128-rep1-decode", tier_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3 },
+        { "tiers-hd128-rep2-chunk2", tier_128, 2, 2, { 6, 3 }, 2, 3, 32, 30, 2 },
+        { "tiers-hi-only-hd128-decode", hi_only_128, 1, 1, { 5, 2 }, 0, 3, 32, 10, 1 },
+        { "tiers-lo-only-hd64-b32-rep7", lo_only_64, 7, 2, { 11, 5 }, 2, 0, 0, 7, 3 },
+        { "tiers-hd256-b16-decode", tier_b16_256, 1, 1, { 20, 3 }, 0, 2, 5, 5, 4 },
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
@@ -757,7 +796,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     CHECK_CUDA(cudaFree(dst));
 
     // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1): ott2,
-    // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block)
+    // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block),
+    // then ottr2 with key tiers (a quarter of the key rows at 4 bits, a half at 1 bit)
     struct perf_mode {
         const char * name;
         ott_kv_geom g;
@@ -765,7 +805,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
         bool variants;
     };
     const perf_mode modes[] = { { "ott2", { 128, 128, 2, 2, 128, 64, 0, 16 }, 32, true },
-                                { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false } };
+                                { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false },
+                                { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
         for (const auto & [ctx, only] : contexts) {

@@ -67,6 +67,8 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
         return "block*bits/32 must be a power of two up to 32";
     if (!pow2_upto_32(g.head_dim * g.bits_v / 32)) return "head_dim*bits/32 must be a power of two up to 32";
     if (g.group_k * g.bits_k % 8 || g.group_v * g.bits_v % 8) return "groups must fill whole bytes";
+    if (ott_kv_tiered(&g) && (g.bits_k != 2 || g.key_axis || g.group_k != g.block))
+        return "key tiers need bits_k 2 and one key group per block";
     if (dyn_smem(g, OTT_CUDA_ATTN_ROWS) > 96 * 1024) return "block is too large";
     return nullptr;
 }

@@ -52,21 +52,23 @@ __device__ __forceinline__ float2 param_at(const ott_kv_geom & g, const uint8_t 
     return make_float2(h2f(((const ott_fp16 *)sc)[i]), h2f(((const ott_fp16 *)mn)[i]));
 }
 
-// acc[u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the 32/BITS codes u of word w (i: u's
-// index in its byte, gi: the group of u's byte among the word's NGW groups, 1 or 4). Each
-// byte is shifted to bits 15..22; one AND-OR per code makes the float.
-template <int BITS, int NR, int NGW>
-__device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], float (&acc)[32 / BITS][NR]) {
+// acc[U0 + u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the NB·8/BITS codes u of the
+// first NB bytes of word w (i: u's index in its byte, gi: the group of u's byte among the
+// word's NGW groups, 1 or 4). Each byte is shifted to bits 15..22; one AND-OR per code makes
+// the float.
+template <int BITS, int NR, int NGW, int NB = 4, int U0 = 0, int N>
+__device__ __forceinline__ void fma_word(uint32_t w, const float (&s)[NGW][NR], float (&acc)[N][NR]) {
     constexpr int CPB = 8 / BITS;
+    static_assert(U0 + NB * CPB <= N, "codes past the accumulators");
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
+    for (int b = 0; b < NB; ++b) {
         const uint32_t ws = b * 8 <= 15 ? w << (15 - b * 8) : w >> (b * 8 - 15);
         const int gi      = NGW == 1 ? 0 : b;
 #pragma unroll
         for (int i = 0; i < CPB; ++i) {
             const float f = __uint_as_float(0x3F800000u | (ws & (((1u << BITS) - 1) << (15 + i * BITS))));
 #pragma unroll
-            for (int r = 0; r < NR; ++r) acc[b * CPB + i][r] = fmaf(s[gi][r], f, acc[b * CPB + i][r]);
+            for (int r = 0; r < NR; ++r) acc[U0 + b * CPB + i][r] = fmaf(s[gi][r], f, acc[U0 + b * CPB + i][r]);
         }
     }
 }
@@ -175,12 +177,118 @@ __device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & 
 // the decode kernel's choice is a launch argument (ott_cuda_attn_args::prefetch).
 
 // Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
-// head-block's scales and mins (its bytes before k_codes), staged with coalesced loads.
+// head-block's scales and mins (its bytes before k_codes) and, with key tiers, its k_order,
+// staged with coalesced loads.
 __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr) {
-    return (size_t)nr * g.block * sizeof(float) + L.k_codes;
+    return (size_t)nr * g.block * sizeof(float) + L.k_codes + (ott_kv_tiered(&g) ? g.head_dim : 0);
 }
 
-template <int HD, int BK, int BV, int NR, int NGW, int PF>
+// ---- key tiers ------------------------------------------------------------------------------
+// Tiered key rows (kv_layout.h: rows in rank order, runs of 4-bit, 2-bit and 1-bit codes, one
+// group of the block per row) in the lane mapping of 2-bit rows: lane (jk, phk) holds slots
+// jk*16 .. jk*16+15 of rows phk, phk + nphk, ... of each run, a lane-word of 8, 4 or 2 bytes.
+// A run's sums are reduced over the lanes of a slot set and added into p_s [NR][block].
+
+// The 16 codes of lane-word jk of a row of BITS-bit codes (x: the first 4 bytes, y: the rest).
+template <int BITS> __device__ __forceinline__ uint2 tier_word(const uint8_t * row, int jk) {
+    if constexpr (BITS == 4) return ((const uint2 *)row)[jk];
+    if constexpr (BITS == 2) return make_uint2(((const uint32_t *)row)[jk], 0u);
+    return make_uint2(((const uint16_t *)row)[jk], 0u);
+}
+
+// Key rows [r0, r1) of width BITS, starting at `codes`: p_s[r][t] (+)= q_r·k_t over them
+// (`first`: the first run written, then cleared).
+template <int BITS, int HD, int NR, int PF>
+__device__ __forceinline__ void
+tier_run(const ott_kv_geom & g, const uint8_t * codes, int r0, int r1, const uint8_t * ord, const uint8_t * ksc,
+         const uint8_t * kmn, const attn_smem<HD, NR> & S, int jk, int phk, int nphk, float * p_s, bool & first) {
+    if (r0 >= r1) return;
+    const size_t row_bytes = (size_t)g.block * BITS / 8;
+    const int n_mine       = max(0, (r1 - r0 - phk + nphk - 1) / nphk);  // rows r0 + phk + i·nphk
+    float acc[16][NR], off[1][NR], base[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        off[0][r] = base[r] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) acc[u][r] = 0.0f;
+    }
+#pragma unroll 1
+    for (int i0 = 0; i0 < n_mine; i0 += PF) {
+        uint2 w[PF];
+#pragma unroll
+        for (int i = 0; i < PF; ++i) {
+            const int row = r0 + phk + (i0 + i) * nphk;
+            w[i]          = i0 + i < n_mine ? tier_word<BITS>(codes + (size_t)(row - r0) * row_bytes, jk) : uint2 {};
+        }
+#pragma unroll
+        for (int i = 0; i < PF; ++i) {
+            if (i0 + i >= n_mine) break;
+            const int row = r0 + phk + (i0 + i) * nphk, c = ord[row];
+            const float2 kp = param_at(g, ksc, kmn, row);
+            float qs[1][NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                qs[0][r] = S.q[r][c] * kp.x;
+                off[0][r] += qs[0][r];
+                base[r] = fmaf(S.q[r][c], kp.y, base[r]);
+            }
+            if constexpr (BITS == 4) {
+                fma_word<4, NR, 1, 4, 0>(w[i].x, qs, acc);
+                fma_word<4, NR, 1, 4, 8>(w[i].y, qs, acc);
+            } else if constexpr (BITS == 2) {
+                fma_word<2, NR, 1>(w[i].x, qs, acc);
+            } else {
+                fma_word<1, NR, 1, 2>(w[i].x, qs, acc);
+            }
+        }
+    }
+    const int wk = 32 / nphk;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        warp_sum_from(off[0][r], wk);
+        warp_sum_from(base[r], wk);
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+            warp_sum_from(acc[u][r], wk);
+            const float x = (acc[u][r] - off[0][r]) * code_weight<BITS>(u) + base[r];
+            float & dst   = p_s[(size_t)r * g.block + jk * 16 + u];
+            if (phk == 0) dst = first ? x : dst + x;
+        }
+    }
+    __syncwarp();
+    first = false;
+}
+
+// s[u][r]: the score of slot jk*16 + u for row r of a tiered head-block (hb; its parameters
+// and k_order staged at ksc, kmn, ord), -inf where masked; p_s is scratch.
+template <int HD, int NR, int PF>
+__device__ __forceinline__ void tiered_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const uint8_t * ord,
+                                              const uint8_t * ksc, const uint8_t * kmn, const attn_smem<HD, NR> & S,
+                                              int jk, int phk, int nphk, float * p_s, float (&s)[16][NR]) {
+    const ott_kv_geom & g = a.L.geom;
+    const uint8_t * kc    = hb + a.L.layout.k_codes;
+    const int lo0         = HD - g.n_lo;
+    bool first            = true;
+    tier_run<4, HD, NR, PF>(g, kc, 0, g.n_hi, ord, ksc, kmn, S, jk, phk, nphk, p_s, first);
+    tier_run<2, HD, NR, PF>(g, kc + ott_kv_k_row_offset(&g, g.n_hi), g.n_hi, lo0, ord, ksc, kmn, S, jk, phk, nphk, p_s,
+                            first);
+    tier_run<1, HD, NR, PF>(g, kc + ott_kv_k_row_offset(&g, lo0), lo0, HD, ord, ksc, kmn, S, jk, phk, nphk, p_s, first);
+    const uint8_t * mask = hb + a.L.layout.mask;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+            const int t       = jk * 16 + u;
+            const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
+            s[u][r]           = masked ? -INFINITY : p_s[(size_t)r * g.block + t];
+        }
+    }
+    __syncwarp();  // p_s is read before it takes the probabilities
+}
+
+// TIERS: head-blocks with key tiers (tiered_scores; BK = 2), a kernel of its own so that the
+// others keep their registers.
+template <int HD, int BK, int BV, int NR, int NGW, int PF, bool TIERS>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                               uint8_t * dyn) {
     constexpr int TPK = 32 / BK, CPBK = 8 / BK;       // key codes per 32-bit word, per byte
@@ -200,13 +308,14 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
         gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
     }
-    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
-    float * p_s         = (float *)wsm;  // [NR][block] this warp's probabilities
-    uint8_t * sc_s      = wsm + (size_t)NR * block * sizeof(float);
-    const uint8_t * ksc = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
-    const uint8_t * kmn = sc_s + L.layout.k_min;
-    const uint8_t * vsc = sc_s + L.layout.v_scale;  // [block][n_gv]
-    const uint8_t * vmn = sc_s + L.layout.v_min;
+    uint8_t * wsm         = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
+    float * p_s           = (float *)wsm;  // [NR][block] this warp's probabilities
+    uint8_t * sc_s        = wsm + (size_t)NR * block * sizeof(float);
+    const uint8_t * ksc   = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
+    const uint8_t * kmn   = sc_s + L.layout.k_min;
+    const uint8_t * vsc   = sc_s + L.layout.v_scale;  // [block][n_gv]
+    const uint8_t * vmn   = sc_s + L.layout.v_min;
+    const uint8_t * ord_s = sc_s + L.layout.k_codes;  // [HD] k_order, with key tiers
 
     const int2 range = split_blocks(a, T);
     const int b0 = range.x, b1 = range.y;
@@ -229,59 +338,69 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         const uint32_t * vc = (const uint32_t *)(hb + L.layout.v_codes);  // [block][WV]
 
         // keys: scores of slots jk*TPK .. jk*TPK+TPK-1 over the lane's channels, in s
-        float s[TPK][NR], off[NGW][NR], base[NGW][NR];
+        float s[TPK][NR];
+        if constexpr (TIERS) {
+            static_assert(BK == 2, "key tiers keep bits_k = 2 for the middle rows");
+            __syncwarp();  // scales, mins and k_order of the head-block
+            for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+            for (int i = lane; i < HD / 16; i += 32) ((uint4 *)ord_s)[i] = ((const uint4 *)(hb + L.layout.k_order))[i];
+            __syncwarp();
+            tiered_scores<HD, NR, PF>(a, hb, ord_s, ksc, kmn, S, jk, phk, nphk, p_s, s);
+        } else {
+            float off[NGW][NR], base[NGW][NR];
 #pragma unroll
-        for (int r = 0; r < NR; ++r) {
+            for (int r = 0; r < NR; ++r) {
 #pragma unroll
-            for (int gi = 0; gi < NGW; ++gi) off[gi][r] = base[gi][r] = 0.0f;
+                for (int gi = 0; gi < NGW; ++gi) off[gi][r] = base[gi][r] = 0.0f;
 #pragma unroll
-            for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
-        }
-#pragma unroll 1
-        for (int c0 = 0; c0 < cplk; c0 += PF) {
-            uint32_t w[PF];
-#pragma unroll
-            for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
-            if (c0 == 0) {  // scales and mins of the head-block
-                __syncwarp();
-                for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32)
-                    ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
-                __syncwarp();
+                for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
             }
+#pragma unroll 1
+            for (int c0 = 0; c0 < cplk; c0 += PF) {
+                uint32_t w[PF];
 #pragma unroll
-            for (int i = 0; i < PF; ++i) {
-                if (c0 + i >= cplk) break;
-                const int c = c_first + c0 + i;
-                float qs[NGW][NR];
+                for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
+                if (c0 == 0) {  // scales and mins of the head-block
+                    __syncwarp();
+                    for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32)
+                        ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+                    __syncwarp();
+                }
+#pragma unroll
+                for (int i = 0; i < PF; ++i) {
+                    if (c0 + i >= cplk) break;
+                    const int c = c_first + c0 + i;
+                    float qs[NGW][NR];
+#pragma unroll
+                    for (int gi = 0; gi < NGW; ++gi) {
+                        const float2 kp = param_at(g, ksc, kmn, gk[gi] * HD + c);
+                        const float ks = kp.x, km = kp.y;
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            qs[gi][r] = S.q[r][c] * ks;
+                            off[gi][r] += qs[gi][r];
+                            base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
+                        }
+                    }
+                    fma_word<BK, NR, NGW>(w[i], qs, s);
+                }
+            }
+            const uint8_t * mask = hb + L.layout.mask;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
 #pragma unroll
                 for (int gi = 0; gi < NGW; ++gi) {
-                    const float2 kp = param_at(g, ksc, kmn, gk[gi] * HD + c);
-                    const float ks = kp.x, km = kp.y;
-#pragma unroll
-                    for (int r = 0; r < NR; ++r) {
-                        qs[gi][r] = S.q[r][c] * ks;
-                        off[gi][r] += qs[gi][r];
-                        base[gi][r] = fmaf(S.q[r][c], km, base[gi][r]);
-                    }
+                    warp_sum_from(off[gi][r], Wk);
+                    warp_sum_from(base[gi][r], Wk);
                 }
-                fma_word<BK, NR, NGW>(w[i], qs, s);
-            }
-        }
-        const uint8_t * mask = hb + L.layout.mask;
 #pragma unroll
-        for (int r = 0; r < NR; ++r) {
-#pragma unroll
-            for (int gi = 0; gi < NGW; ++gi) {
-                warp_sum_from(off[gi][r], Wk);
-                warp_sum_from(base[gi][r], Wk);
-            }
-#pragma unroll
-            for (int u = 0; u < TPK; ++u) {
-                const int gi = group_of_byte<NGW>(u / CPBK);
-                warp_sum_from(s[u][r], Wk);
-                const int t       = jk * TPK + u;
-                const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
-                s[u][r]           = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
+                for (int u = 0; u < TPK; ++u) {
+                    const int gi = group_of_byte<NGW>(u / CPBK);
+                    warp_sum_from(s[u][r], Wk);
+                    const int t       = jk * TPK + u;
+                    const bool masked = a.traces && ((mask[t >> 3] >> (t & 7)) & 1);
+                    s[u][r]           = masked ? -INFINITY : (s[u][r] - off[gi][r]) * code_weight<BK>(u) + base[gi][r];
+                }
             }
         }
 
@@ -563,7 +682,7 @@ __device__ __forceinline__ void wait_for_partials() {
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower.
-template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false>
 __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
@@ -593,7 +712,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     if constexpr (GKM > 0)
         attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
     else
-        attend_blocks<HD, BK, BV, NR, NGW, PF>(a, T, S, dyn);
+        attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     write_partial<HD, NR>(a, S, (const float *)dyn, fv, T);
 }
@@ -610,12 +729,12 @@ inline size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false)
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
-template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
     if constexpr (HD * BV > 32 * 32) {  // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM>;
+        const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS>;
         const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
         if (smem > 48 * 1024) {
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -629,8 +748,8 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
 
 // Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
 inline bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
-    return tensor_cores && g.head_dim == imma::HD && g.block == imma::BLOCK && g.bits_k == 2 && g.bits_v == 2 &&
-           nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
+    return tensor_cores && !ott_kv_tiered(&g) && g.head_dim == imma::HD && g.block == imma::BLOCK && g.bits_k == 2 &&
+           g.bits_v == 2 && nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
 }
 
 // The kernel's rows per tile for tiles of at most rows_per_tile rows: 1, 2 or 4.
@@ -644,6 +763,12 @@ inline int kernel_rows(int32_t rows_per_tile) {
 template <int HD, int BK, int BV, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
+    if constexpr (BK == 2 && BV == 2) {
+        if (ott_kv_tiered(&g)) {
+            return g.group_v * BV >= 32 ? launch_partial<HD, BK, BV, NR, 1, 8, 0, 0, true>(a, stream, occ)
+                                        : launch_partial<HD, BK, BV, NR, 4, 8, 0, 0, true>(a, stream, occ);
+        }
+    }
     if constexpr (HD == imma::HD && BK == 2 && BV == 2) {
         if (imma_applies(g, a.tensor_cores, NR)) {
             // one key row and up to two or four value rows (decode with the design's groups), else up to 8 each

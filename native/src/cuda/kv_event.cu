@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(EVENT_THREADS)
         ott_substitute_mean_ref(blk_v, block, hd, masked);
         __syncthreads();
     }
-    ott_quantize_block_ref(&L.geom, blk_k, blk_v, masked, out, S.codes);
+    const float * u = L.tier_scale ? L.tier_scale + (size_t)h * hd : nullptr;
+    ott_quantize_block_ref(&L.geom, blk_k, blk_v, masked, u, out, S.codes);
 }
 
 }  // namespace

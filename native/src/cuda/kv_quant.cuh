@@ -4,9 +4,10 @@
 // round-to-nearest intrinsic of that one operation (no contraction into FMA, whatever the
 // compiler flags); kv_event.cu is compiled with -fmad=false as well.
 //
-// Two functions loop over independent channels or slots in the reference; here the threads
+// Three functions loop over independent channels or slots in the reference; here the threads
 // of the calling block share those loops (ott_substitute_mean_ref over channels,
-// ott_quantize_block_ref over channels, then slots). Their bodies are unchanged.
+// ott_rank_channels_ref over channels for the weights, ott_quantize_block_ref over channels
+// or key rows, then slots). Their bodies are unchanged.
 #pragma once
 
 #include "kv/kv_clip.h"
@@ -196,25 +197,69 @@ static __device__ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t 
     }
 }
 
+// Key tiers: the weights w_c in parallel, then thread 0 sorts as the reference does (the
+// same insertion, so NaN weights land where they land on the CPU). Every thread must call it.
+static __device__ void ott_rank_channels_ref(const ott_kv_geom * g, const ott_fp16 * k, const float * tier_scale,
+                                             uint8_t * order) {
+    __shared__ float width[256]; /* w_c */
+    for (int32_t c = threadIdx.x; c < g->head_dim; c += blockDim.x) {
+        float mn = ott_fp16_to_fp32_ref(k[c]), mx = mn;
+        for (int32_t t = 1; t < g->block; ++t) {
+            const float x = ott_fp16_to_fp32_ref(k[(int64_t)t * g->head_dim + c]);
+            mn            = x < mn ? x : mn;
+            mx            = x > mx ? x : mx;
+        }
+        width[c] = __fsub_rn(mx, mn);
+        if (tier_scale) width[c] = __fmul_rn(width[c], tier_scale[c]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int32_t c = 0; c < g->head_dim; ++c) {
+            int32_t j = c; /* insertion: after every channel of a weight >= this one */
+            while (j > 0 && width[order[j - 1]] < width[c]) {
+                order[j] = order[j - 1];
+                --j;
+            }
+            order[j] = (uint8_t)c;
+        }
+    }
+    __syncthreads();
+}
+
 // Channels, then slots, shared by the block's threads; every thread must call it. codes:
 // shared memory of block*head_dim bytes (one unpacked row per thread's channel or slot).
+// tier_scale: with key tiers the query scale u [head_dim], or NULL (1).
 static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
-                                              const uint8_t * masked, uint8_t * out, uint8_t * codes) {
+                                              const uint8_t * masked, const float * tier_scale, uint8_t * out,
+                                              uint8_t * codes) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
     const uint32_t pb = ott_kv_param_bytes(g);
 
     for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
     __syncthreads();
-    /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
-    for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-        uint8_t * row = codes + (size_t)c * block;
-        for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-            const size_t at = ((size_t)gk * hd + c) * pb;
-            ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                   g->param_bits, row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+    if (ott_kv_tiered(g)) {
+        /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
+        const uint8_t * order = out + L.k_order;
+        ott_rank_channels_ref(g, k, tier_scale, out + L.k_order);
+        for (int32_t r = threadIdx.x; r < hd; r += blockDim.x) {
+            const int32_t bits = ott_kv_k_row_bits(g, r);
+            uint8_t * row      = codes + (size_t)r * block;
+            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, row,
+                                   out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
+            ott_pack_codes_ref(row, block, bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
         }
-        ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
+    } else {
+        /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
+        for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
+            uint8_t * row = codes + (size_t)c * block;
+            for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
+                const size_t at = ((size_t)gk * hd + c) * pb;
+                ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
+                                       g->param_bits, row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+            }
+            ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
+        }
     }
     __syncthreads();
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */

@@ -79,6 +79,7 @@ public:
             take(S * H * 4);
             take(S * H * 4);
             take(S * max_blocks * H * cfg.layout.size);
+            take(cfg.tier_scale.empty() ? 0 : H * hd * sizeof(float));
         }
         buf = ggml_backend_buft_alloc_buffer(sh.buft, total);
         if (!buf) {
@@ -114,6 +115,11 @@ public:
             L.n_extra    = (int32_t *)next();
             L.tracing    = (int32_t *)next();
             L.blocks     = next();
+            uint8_t * u  = next();
+            if (!cfg.tier_scale.empty()) {
+                L.tier_scale = (const float *)u;
+                OTT_CUDA_TRY(cudaMemcpy(u, cfg.tier_scale_of(il, 0), H * hd * sizeof(float), cudaMemcpyHostToDevice));
+            }
             layers.push_back(L);
         }
         for (int il = 0; il < sh.n_layer; ++il) {  // the buffer is zeroed: tracing flags on
@@ -456,9 +462,6 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
     if (cfg.geom.key_axis) {
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
-    }
-    if (ott_kv_tiered(&cfg.geom)) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: key tiers (hi_k, lo_k) run on the CPU only");
     }
     if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",

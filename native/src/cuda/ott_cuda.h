@@ -23,6 +23,7 @@
 //   pool_k/v   fp16  [n_seq_max][n_head_kv][pool_cap][head_dim], pool_pos int32 [..][pool_cap]
 //   extra_k/v  fp16  [n_seq_max][n_head_kv][extra_cap][head_dim], extra_pos int32 [..][extra_cap]
 //   n_pool, n_extra, tracing  int32 [n_seq_max][n_head_kv]
+//   tier_scale float [n_head_kv][head_dim], with key tiers (or null)
 //   blocks     head-blocks (kv_layout.h) [n_seq_max][max_blocks][n_head_kv], block j of a
 //              sequence = positions sink + j*block ..
 #pragma once
@@ -56,6 +57,7 @@ struct ott_cuda_kv_layer {
     int32_t * n_extra;
     int32_t * tracing;
     uint8_t * blocks;
+    const float * tier_scale;  // key tiers' query scale [n_head_kv][head_dim] (kv_quant.h), or null: 1
 };
 
 // Head-block j of KV head h of sequence s.
