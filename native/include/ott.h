@@ -159,7 +159,7 @@ typedef struct {
                                  of a head-block, ranked by range, hi_k are coded with 4 bits */
     int32_t lo_k;             /* ... and the last lo_k with 1 bit; needs bits_k 2, key_axis 0,
                                  group_k = block, head_dim a multiple of 16 up to 256
-                                 (CPU only: the CUDA cache refuses them)                  */
+                                 (both backends; the preset ottr2t uses 4 and 8)          */
     const float * tier_scale; /* key tiers: the query scale u that weighs each channel's
                                  range in the ranking, [n_layer][n_head_kv][head_dim],
                                  each in 0 .. 1e30 (ott_gguf/tier_scale.py); NULL: all 1.

@@ -13,8 +13,8 @@
 //   materialised  the tile is dequantised once into float keys (channel-major) and values,
 //                 then the same kernels as the fp16 stores run on it
 // Vectors are GCC/Clang vector extensions (SSE2 … AVX-512 from one source), VL floats as two
-// halves of 8 (v16f below); on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the
-// baseline, picked at load time. This file may reassociate float sums: attention is
+// halves of 8 (v16f below); on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512),
+// v3 (AVX2/FMA) and the baseline, picked at load time. This file may reassociate float sums: attention is
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
 #include "cpu/ott_ops_cpu.h"
@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #define OTT_INLINE inline __attribute__((always_inline))
 
@@ -292,6 +293,16 @@ int32_t key_row_runs(const ott_kv_geom & g, const uint8_t * kcodes, key_rows * r
     return n;
 }
 
+// f(std::integral_constant<int, B>) for the code width bits = B (1, 2, 4, else 8)
+template <typename F> OTT_INLINE void with_code_width(int32_t bits, F f) {
+    switch (bits) {
+        case 1:  f(std::integral_constant<int, 1>()); break;
+        case 2:  f(std::integral_constant<int, 2>()); break;
+        case 4:  f(std::integral_constant<int, 4>()); break;
+        default: f(std::integral_constant<int, 8>()); break;
+    }
+}
+
 // s[r][t] (+)= Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over the
 // rows of one run of BITS-bit codes; the first run starts from qm[r], the others from s
 template <int RB, int BITS>
@@ -315,12 +326,9 @@ template <int RB>
 OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, const key_rows * runs, int32_t n_runs,
                                 int32_t ta, int32_t tb, float * s) {
     for (int32_t i = 0; i < n_runs; ++i) {
-        switch (runs[i].bits) {
-            case 1:  scores_run_rb<RB, 1>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
-            case 2:  scores_run_rb<RB, 2>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
-            case 4:  scores_run_rb<RB, 4>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
-            default: scores_run_rb<RB, 8>(qs, qm, hdp, runs[i], i == 0, ta, tb, s); break;
-        }
+        with_code_width(runs[i].bits, [&](auto B) __attribute__((always_inline)) {
+            scores_run_rb<RB, B>(qs, qm, hdp, runs[i], i == 0, ta, tb, s);
+        });
     }
 }
 
@@ -340,15 +348,13 @@ OTT_INLINE void values_run_rb(const float * pw, const float * mt, const uint8_t 
     }
 }
 
+// values_run_rb for codes of `bits` bits
 template <int RB>
 OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t bits,
                                 int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
-    switch (bits) {
-        case 1:  values_run_rb<RB, 1>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
-        case 2:  values_run_rb<RB, 2>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
-        case 4:  values_run_rb<RB, 4>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
-        default: values_run_rb<RB, 8>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc); break;
-    }
+    with_code_width(bits, [&](auto B) __attribute__((always_inline)) {
+        values_run_rb<RB, B>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc);
+    });
 }
 
 // Run kernel K<RB> over the rows in blocks of RB_MAX: f(rb_kernel, first row).
