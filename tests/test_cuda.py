@@ -38,6 +38,9 @@ N_GEN = 64
 TIERS = "ottr2:hi_k=4:lo_k=8"  # a mode with knobs, as bench/accuracy.py spells them
 # relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
 LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None), TIERS: (0.15, None)}
+# KVQuant's cache (tables of a made-up sidecar): keys before RoPE, and after it
+KVQ = ["kvquant2", "kvquant3:pre_rope=0"]
+LOGITS_BUDGET.update({kv: (0.15, None) for kv in KVQ})
 # The same over SmolLM2's 30 layers. With ott2 (teacher-forced on 64 tokens, H200): the GPU
 # alone differs by up to 0.23 (median 0.041) between the prompt fed whole and in ubatches of
 # 16, CPU and CUDA by up to 0.17 (median 0.015), and ott2 from the f16 cache by a median 0.29.
@@ -120,11 +123,11 @@ def kv_mode(spec: str):
     return preset(name).with_overrides(**{k: int(v) for k, v in (kn.split("=") for kn in knobs)}) if knobs else name
 
 
-def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tuple | None = None):
+def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tuple | None = None, kv_calib=None):
     worst, median = budget or LOGITS_BUDGET[kv]
-    cpu_model = Model(path, n_ctx=n_ctx, n_threads=2, kv=kv_mode(kv), device="cpu")
+    cpu_model = Model(path, n_ctx=n_ctx, n_threads=2, kv=kv_mode(kv), kv_calib=kv_calib, device="cpu")
     cpu_tokens, cpu_logits = greedy(cpu_model, prompt, N_GEN)
-    cuda_model = Model(path, n_ctx=n_ctx, kv=kv_mode(kv), device="cuda")
+    cuda_model = Model(path, n_ctx=n_ctx, kv=kv_mode(kv), kv_calib=kv_calib, device="cuda")
     assert cuda_model.info.device == "cuda:0"
     cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
     diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
@@ -175,6 +178,31 @@ def random_llama(tmp_path_factory):
 def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
+
+
+@pytest.fixture(scope="module")
+def random_llama_kvcalib(random_llama, tmp_path_factory):
+    """KVQuant tables for random_llama (made up: the caches must follow whatever they are given)."""
+    from make_gguf import write_kvq_sidecar
+
+    return write_kvq_sidecar(random_llama, tmp_path_factory.mktemp("kvq") / "llama-hd64.kvcalib.gguf")
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", KVQ)
+def test_kvquant_greedy_cpu_equals_cuda(random_llama, random_llama_kvcalib, kv):
+    """Prompt chunks and decoding across many events (blocks of 32), every store on the device."""
+    prompt = np.random.default_rng(8).integers(0, 512, 200).tolist()
+    assert_same_greedy(random_llama, kv, prompt, n_ctx=512, kv_calib=random_llama_kvcalib)
+
+
+@needs_gpu
+def test_kvquant_copied_sequence_continues_alike(random_llama, random_llama_kvcalib):
+    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv="kvquant2", kv_calib=random_llama_kvcalib, device="cuda")
+    prompt = np.random.default_rng(9).integers(0, 512, 170).tolist()
+    model.eval(prompt, seq=0)
+    model.copy_sequence(0, 1)
+    np.testing.assert_array_equal(model.eval([7], seq=0), model.eval([7], seq=1))
 
 
 SMOL_TEXT = (

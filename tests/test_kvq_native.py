@@ -3,9 +3,9 @@
 - quantization (native/src/kv/kv_kvq.c): every byte of a head-block — codes, per-token value
   ranges, sparse indices and values — equal to the spec's arrays, for 2, 3 and 4 bits, with
   outlier shares 0, 1 and 2.5 %, on data full of ties (equal scores, values on midpoints);
-- attention (native/src/cpu/kvq_attn_cpu.cpp): codebook lookup and RoPE at each key's
-  position, within ATTN_BUDGET of the float64 spec over blocks, sink and window, on keys and
-  values of SmolLM2's own layers.
+- attention (kvq_attn_cpu.h, in native/src/cpu/ott_ops_cpu.cpp): codebook lookup and RoPE at
+  each key's position, within ATTN_BUDGET of the float64 spec over blocks, sink and window, on
+  keys and values of SmolLM2's own layers.
 
 These ops are internal (not in ott.h), so they are called directly from the libott.so beside
 the loaded binding (cffi in ABI mode, the declarations below copied from kv_layout.h, kv_kvq.h

@@ -21,8 +21,8 @@
 
 namespace {
 
-constexpr int32_t QUERY_TILE      = 32;  // chunk tokens per attention item
-constexpr int32_t BLOCKS_PER_PART = 4;   // quantized blocks per attention item
+constexpr int32_t QUERY_TILE  = 32;   // chunk tokens per attention item
+constexpr int32_t PART_TOKENS = 512;  // quantized tokens per attention item (whole blocks, at least one)
 
 class kv_quant_cpu final : public ott_kv_cache {
 public:
@@ -82,12 +82,6 @@ public:
         const int64_t hd = cfg.geom.head_dim, n_tokens = q->ne[2];
 
         ggml_tensor * args[3] = { q, k, v };
-        if (cfg.kvq) {
-            ggml_tensor * out = ggml_custom_4d(gctx, GGML_TYPE_F32, hd * q->ne[1], n_tokens, 1, 1, args, 3,
-                                               ott_cpu_kvq_attn_op, GGML_N_TASKS_MAX, ud);
-            ggml_format_name(out, "kqv-%d", il);
-            return append(gctx, gf, il, k, v, out);
-        }
         ggml_tensor * part =
             ggml_custom_4d(gctx, GGML_TYPE_F32, ott_attn_partial_row((int32_t)hd), step.rows_max,
                            (int64_t)step.items.size(), 1, args, 3, ott_cpu_attn_partial, GGML_N_TASKS_MAX, ud);
@@ -300,7 +294,7 @@ private:
     }
 
     // Attention items: per sequence, KV head and tile of QUERY_TILE chunk tokens, the
-    // quantized blocks split in parts of BLOCKS_PER_PART; the last part also reads the fp16
+    // quantized blocks split in parts of PART_TOKENS; the last part also reads the fp16
     // stores and the chunk. Items of one query tile are consecutive (one merge group).
     void plan_items() {
         step.items.clear();
@@ -309,7 +303,7 @@ private:
         for (int32_t sq = 0; sq < (int32_t)step.plan.seqs.size(); ++sq) {
             const ott_kv_step_seq & S = step.plan.seqs[sq];
             const int32_t n_blocks    = S.before.n_blocks;
-            const int32_t per_part    = cfg.kvq ? std::max(1, n_blocks) : BLOCKS_PER_PART;  // KVQuant: one part
+            const int32_t per_part    = std::max(1, PART_TOKENS / cfg.geom.block);
             const int32_t n_parts     = std::max(1, (n_blocks + per_part - 1) / per_part);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                 for (int32_t i0 = 0; i0 < S.n_new; i0 += QUERY_TILE) {
@@ -335,7 +329,7 @@ private:
     std::vector<std::vector<uint8_t>> scratch;  // [OTT_MAX_THREADS]
     ott_kv_step step;
     int32_t max_q = 1;           // most chunk tokens of one attention item this step
-    std::vector<float> rope_cs;  // KVQuant keys before RoPE: [n_ctx][n_rot/2][2] cos, sin
+    std::vector<float> rope_cs;  // KVQuant keys before RoPE: [2][n_rot/2][n_ctx] cos, sin
     ott_rope_table rope {};
 };
 

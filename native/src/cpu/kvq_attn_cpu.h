@@ -1,12 +1,15 @@
 // kvq_attn_cpu.h — attention of one KV head's queries over its KVQuant stores, on the CPU
 // (DESIGN §8; ott_gguf/reference/attention.py with cfg.kvq is the float64 specification).
+// Implemented in ott_ops_cpu.cpp with the tiles of the other caches' attention, which the
+// runtime's step runs as well (ott_cpu_attn_partial), so this entry point is what the tests and
+// the CUDA check (tests/cuda_ops.cpp) compare with.
 //
-// Keys are cached before RoPE. Per tile (one head-block, or up to TILE fp16 rows) each key is
-// dequantized from its codes — level L_k[code] of the layer's codebook times its channel's
-// calibrated scale plus zero, the sparse entries put back exactly — then rotated by RoPE at
-// its own position and scored against the queries (already rotated at theirs): exact up to
-// float32 rounding, and the whole cache is never dequantized at once. Values likewise, per
-// token. One online softmax per query row over every store.
+// Keys are cached before RoPE. Per tile (up to 128 keys of a head-block, or of the fp16 rows)
+// each key is dequantized from its codes — level L_k[code] of the layer's codebook times its
+// channel's calibrated scale plus zero, the sparse entries put back exactly — then rotated by
+// RoPE at its own position and scored against the queries (already rotated at theirs): exact
+// up to float32 rounding, and the whole cache is never dequantized at once. Values likewise,
+// per token. One online softmax per query row over every store.
 //
 // Why the key and not the query is rotated per position: both cost n_rot/2 rotations per
 // key, but a rotated key serves every query row of the group (GQA heads, chunk tokens).

@@ -18,6 +18,7 @@
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
 #include "cpu/ott_ops_cpu.h"
+#include "cpu/kvq_attn_cpu.h"
 
 #include "kv/kv_kvq.h"
 #include "kv/kv_quant.h"
@@ -194,54 +195,66 @@ struct attn_ws {
     float * kmn;      // [KEY_TILE][head_dim] key mins
     float * vsc;      // [KEY_TILE][n_gv] value scales of a tile's slots
     float * vmn;      // [KEY_TILE][n_gv]
+    float * rc;       // [KEY_TILE] RoPE: cos of one pair at each key of a tile (gathered)
+    float * rs;       // [KEY_TILE] sin
     int32_t * lim;    // [rows] causal limit of each row inside a tile of the chunk
     uint8_t * dead;   // [KEY_TILE] 1: masked slot
 };
 
-attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t rows) {
-    attn_ws w;
+// The arrays of an attn_ws laid out in mem (NULL: sizes only, no array); returns their bytes.
+size_t workspace_layout(void * mem, int32_t hd, int32_t n_gv, int32_t rows, attn_ws & w) {
     w.hd           = hd;
     w.hdp          = (hd + VL - 1) / VL * VL;
     const size_t T = KEY_TILE, R = rows, H = w.hdp;
-    const size_t n_f   = hd * (size_t)LD + 2 * T * H + 2 * R * LD + 4 * R * H + 4 * R + 2 * T * hd + 2 * T * n_gv;
-    const size_t bytes = n_f * sizeof(float) + R * sizeof(int32_t) + T;
-    if (mem.size() < bytes) mem.assign(bytes, 0);  // zero: padding lanes stay finite
-    float * f = (float *)mem.data();
-    w.kc      = f;
-    f += hd * (size_t)LD;
-    w.vc = f;
-    f += T * H;
-    w.tmp = f;
-    f += T * H;
-    w.s = f;
-    f += R * LD;
-    w.pw = f;
-    f += R * LD;
-    w.q = f;
-    f += R * H;
-    w.qs = f;
-    f += R * H;
-    w.acc = f;
-    f += R * H;
-    w.m = f;
-    f += R;
-    w.l = f;
-    f += R;
-    w.qm = f;
-    f += R;
-    w.mt = f;
-    f += R;
-    w.ksc = f;
-    f += T * hd;
-    w.kmn = f;
-    f += T * hd;
-    w.vsc = f;
-    f += T * n_gv;
-    w.vmn = f;
-    f += T * n_gv;
-    w.lim  = (int32_t *)f;
-    w.dead = (uint8_t *)(w.lim + R);
+    size_t off = 0;
+    auto take  = [mem, &off](size_t n, size_t size) {
+        void * p = mem ? (uint8_t *)mem + off : nullptr;
+        off += n * size;
+        return p;
+    };
+    auto floats = [&take](size_t n) { return (float *)take(n, sizeof(float)); };
+    w.kc        = floats(hd * (size_t)LD);
+    w.vc        = floats(T * H);
+    w.tmp       = floats(T * H);
+    w.s         = floats(R * LD);
+    w.pw        = floats(R * LD);
+    w.q         = floats(R * H);
+    w.qs        = floats(R * H);
+    w.acc       = floats(R * H);
+    w.m         = floats(R);
+    w.l         = floats(R);
+    w.qm        = floats(R);
+    w.mt        = floats(R);
+    w.ksc       = floats(T * hd);
+    w.kmn       = floats(T * hd);
+    w.vsc       = floats(T * n_gv);
+    w.vmn       = floats(T * n_gv);
+    w.rc        = floats(T);
+    w.rs        = floats(T);
+    w.lim       = (int32_t *)take(R, sizeof(int32_t));
+    w.dead      = (uint8_t *)take(T, 1);
+    return off;
+}
+
+size_t workspace_bytes(int32_t hd, int32_t n_gv, int32_t rows) {
+    attn_ws w;
+    return workspace_layout(nullptr, hd, n_gv, rows, w);
+}
+
+// A thread's attn_ws in mem, grown as needed (zeroed: padding lanes stay finite).
+attn_ws workspace(std::vector<uint8_t> & mem, int32_t hd, int32_t n_gv, int32_t rows) {
+    const size_t bytes = workspace_bytes(hd, n_gv, rows);
+    if (mem.size() < bytes) mem.assign(bytes, 0);
+    attn_ws w;
+    workspace_layout(mem.data(), hd, n_gv, rows, w);
     return w;
+}
+
+// An empty softmax state for rows query rows.
+void start_rows(const attn_ws & w, int32_t rows) {
+    std::fill(w.m, w.m + rows, -INFINITY);
+    std::fill(w.l, w.l + rows, 0.0f);
+    std::fill(w.acc, w.acc + (size_t)rows * w.hdp, 0.0f);
 }
 
 // ---- register-blocked kernels over RB query rows -----------------------------------------
@@ -573,11 +586,222 @@ void chunk_tile(const ggml_tensor * k, const ggml_tensor * v, int32_t tok0, int3
     keys_from_tmp(n_t, w);
 }
 
-// Every tile of an fp16 store of n rows.
-void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n) {
+// ---- KVQuant tiles (kv/kv_layout.h: KVQuant head-blocks; kvq_attn_cpu.h) ---------------
+
+// Keys of a tile (w.kc, n_t keys) rotated by RoPE, key t at position pos[t] (pos0 + t when
+// pos is NULL, the table's rows read in place); each pair rotated along t.
+OTT_CLONES void rope_tile(const ott_rope_table & R, const int32_t * pos, int32_t pos0, int32_t n_t, const attn_ws & w) {
+    const int32_t half = R.n_rot / 2;
+    for (int32_t i = 0; i < half; ++i) {
+        const float * cos_i = R.cs + (size_t)i * R.n_pos;
+        const float * sin_i = R.cs + (size_t)(half + i) * R.n_pos;
+        const float *co = cos_i + pos0, *si = sin_i + pos0;
+        if (pos) {  // gathered
+            for (int32_t t = 0; t < n_t; ++t) {
+                w.rc[t] = cos_i[pos[t]];
+                w.rs[t] = sin_i[pos[t]];
+            }
+            co = w.rc;
+            si = w.rs;
+        }
+        float * a = w.kc + (size_t)(R.neox ? i : 2 * i) * LD;
+        float * b = w.kc + (size_t)(R.neox ? i + half : 2 * i + 1) * LD;
+        for (int32_t t = 0; t < n_t; ++t) {
+            const float x = a[t], y = b[t];
+            a[t] = x * co[t] - y * si[t];
+            b[t] = x * si[t] + y * co[t];
+        }
+    }
+}
+
+// 8 consecutive codes of a packed row (LSB-first bit stream), from the first bit of byte p
+template <int BITS> OTT_INLINE v8u codes8(const uint8_t * p) {
+    uint32_t x;  // the BITS bytes, read whole (a narrower copy into a wider word stalls the load)
+    if constexpr (BITS == 4) {
+        std::memcpy(&x, p, 4);
+    } else {
+        uint16_t lo;
+        std::memcpy(&lo, p, 2);
+        x = BITS == 3 ? (uint32_t)lo | (uint32_t)p[2] << 16 : lo;
+    }
+    const v8u sh = { 0, BITS, 2 * BITS, 3 * BITS, 4 * BITS, 5 * BITS, 6 * BITS, 7 * BITS };
+    return ((v8u) {} + x) >> sh & (uint32_t)((1 << BITS) - 1);
+}
+
+// Entries code[j] of a table of 2^BITS floats held in lo (levels 0..7) and hi (8..15)
+template <int BITS> OTT_INLINE v8f lookup(v8f lo, v8f hi, v8u code) {
+    if constexpr (BITS <= 3) return __builtin_shuffle(lo, (v8i)code);
+    return __builtin_shuffle(lo, hi, (v8i)code);
+}
+
+// A codebook of 2^BITS levels in two vectors of 8 (levels 0..7, 8..15; unused lanes 0)
+template <int BITS> OTT_INLINE void load_levels(const float * levels, v8f & lo, v8f & hi) {
+    lo = hi = (v8f) {};
+    std::memcpy(&lo, levels, sizeof(float) * std::min(8, 1 << BITS));
+    if constexpr (BITS == 4) std::memcpy(&hi, levels + 8, sizeof hi);
+}
+
+// Code i of a packed row (LSB-first bit stream), the row of row_bytes bytes
+inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, size_t row_bytes) {
+    const int32_t at = i * bits;
+    uint32_t x       = row[at / 8];
+    if ((size_t)(at / 8 + 1) < row_bytes) x |= (uint32_t)row[at / 8 + 1] << 8;
+    return (x >> (at % 8)) & ((1u << bits) - 1);
+}
+
+// Slots t0 .. t0+n_t-1 of a KVQuant head-block dequantised into keys kc [head_dim][LD]
+// (channel-major) and values vc [n_t][hdp]: the codebook
+// level of each code times its scale plus zero, the sparse entries put back. With rope (keys
+// cached before RoPE) the keys come out rotated at their positions pos0 + t: each pair of
+// channels is dequantised and rotated at once, and a sparse key corrects its pair by its
+// rotated difference to the code's level. n_t a multiple of 8.
+template <int BK, int BV>
+OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, const ott_rope_table * rope,
+                            const uint8_t * hb, int32_t t0, int32_t pos0, int32_t n_t, float * kc, float * vc,
+                            int32_t hdp) {
+    const ott_kvq_block_layout L = ott_kvq_block_layout_of(&g);
+    const int32_t hd = g.head_dim, hd8 = hd / 8 * 8, half = rope ? rope->n_rot / 2 : 0;
+    const size_t k_row = (size_t)g.block * BK / 8, v_row = (size_t)hd * BV / 8;
+    v8f lk_lo, lk_hi, lv_lo, lv_hi;
+    load_levels<BK>(tab.levels_k, lk_lo, lk_hi);
+    load_levels<BV>(tab.levels_v, lv_lo, lv_hi);
+    auto k_codes = [&](int32_t c) { return hb + L.k_codes + (size_t)c * k_row + (size_t)t0 * BK / 8; };
+    auto pair_of = [&](int32_t i, int32_t & ca, int32_t & cb) {
+        ca = rope->neox ? i : 2 * i;
+        cb = rope->neox ? i + half : 2 * i + 1;
+    };
+    for (int32_t i = 0; i < half; ++i) {  // rotated pairs
+        int32_t ca, cb;
+        pair_of(i, ca, cb);
+        const v8f a_lo = lk_lo * tab.k_scale[ca] + tab.k_zero[ca], a_hi = lk_hi * tab.k_scale[ca] + tab.k_zero[ca];
+        const v8f b_lo = lk_lo * tab.k_scale[cb] + tab.k_zero[cb], b_hi = lk_hi * tab.k_scale[cb] + tab.k_zero[cb];
+        const uint8_t *ra = k_codes(ca), *rb = k_codes(cb);
+        // the angle at pos0 + t as the angle at pos0 plus the one at t: the table's first rows,
+        // which every tile reads, and one entry at pos0 (float32 rounding; the table's rows
+        // at pos0 + t would be read from far apart)
+        const float * co = rope->cs + (size_t)i * rope->n_pos;
+        const float * si = rope->cs + (size_t)(half + i) * rope->n_pos;
+        const float c0 = co[pos0], s0 = si[pos0];
+        float *ka = kc + (size_t)ca * LD, *kb = kc + (size_t)cb * LD;
+        for (int32_t t = 0; t < n_t; t += 8) {
+            const v8f a = lookup<BK>(a_lo, a_hi, codes8<BK>(ra + t * BK / 8));
+            const v8f b = lookup<BK>(b_lo, b_hi, codes8<BK>(rb + t * BK / 8));
+            v8f ct, st;
+            std::memcpy(&ct, co + t, sizeof ct);
+            std::memcpy(&st, si + t, sizeof st);
+            const v8f c = c0 * ct - s0 * st, sn = s0 * ct + c0 * st;
+            const v8f x = a * c - b * sn, y = a * sn + b * c;
+            std::memcpy(ka + t, &x, sizeof x);
+            std::memcpy(kb + t, &y, sizeof y);
+        }
+    }
+    for (int32_t c = 2 * half; c < hd; ++c) {  // channels not rotated: the levels as keys of channel c
+        const v8f lo = lk_lo * tab.k_scale[c] + tab.k_zero[c], hi = lk_hi * tab.k_scale[c] + tab.k_zero[c];
+        const uint8_t * row = k_codes(c);
+        float * kt          = kc + (size_t)c * LD;
+        for (int32_t t = 0; t < n_t; t += 8) {
+            const v8f x = lookup<BK>(lo, hi, codes8<BK>(row + t * BK / 8));
+            std::memcpy(kt + t, &x, sizeof x);
+        }
+    }
+    for (int32_t t = 0; t < n_t; ++t) {
+        ott_fp16 z16, s16;
+        std::memcpy(&z16, hb + L.v_zero + 2 * (size_t)(t0 + t), 2);
+        std::memcpy(&s16, hb + L.v_scale + 2 * (size_t)(t0 + t), 2);
+        const float sc = ott_fp16_to_fp32_ref(s16), z = ott_fp16_to_fp32_ref(z16);
+        const v8f lo = lv_lo * sc + z, hi = lv_hi * sc + z;
+        const uint8_t * row = hb + L.v_codes + (size_t)(t0 + t) * v_row;
+        float * vt          = vc + (size_t)t * hdp;
+        for (int32_t c = 0; c < hd8; c += 8) {
+            const v8f x = lookup<BV>(lo, hi, codes8<BV>(row + c * BV / 8));
+            std::memcpy(vt + c, &x, sizeof x);
+        }
+        if (hd8 < hd) {  // head_dim not a multiple of 8: the last codes one by one
+            float table[16];
+            std::memcpy(table, &lo, sizeof lo);
+            std::memcpy(table + 8, &hi, sizeof hi);
+            for (int32_t c = hd8; c < hd; ++c) vt[c] = table[code_at(row, c, BV, v_row)];
+        }
+    }
+    const int32_t first = t0 * hd, end = (t0 + n_t) * hd;  // sparse indices t·head_dim + c in the tile
+    for (int32_t j = 0; j < g.n_out; ++j) {
+        uint16_t ik, iv;
+        ott_fp16 xk, xv;
+        std::memcpy(&ik, hb + L.k_out_idx + 2 * (size_t)j, 2);
+        std::memcpy(&xk, hb + L.k_out_val + 2 * (size_t)j, 2);
+        std::memcpy(&iv, hb + L.v_out_idx + 2 * (size_t)j, 2);
+        std::memcpy(&xv, hb + L.v_out_val + 2 * (size_t)j, 2);
+        if (ik >= first && ik < end) {
+            const int32_t c = ik % hd, t = ik / hd - t0;
+            if (c >= 2 * half) {
+                kc[(size_t)c * LD + t] = ott_fp16_to_fp32_ref(xk);
+            } else {  // the pair of channel c, rotated: add the rotated difference to the code's level
+                const int32_t i = rope->neox ? c % half : c / 2;
+                int32_t ca, cb;
+                pair_of(i, ca, cb);
+                const float lev =
+                    tab.levels_k[code_at(k_codes(c), t, BK, k_row - (size_t)t0 * BK / 8)] * tab.k_scale[c] +
+                    tab.k_zero[c];
+                const float d  = ott_fp16_to_fp32_ref(xk) - lev;
+                const float co = rope->cs[(size_t)i * rope->n_pos + pos0 + t];
+                const float si = rope->cs[(size_t)(half + i) * rope->n_pos + pos0 + t];
+                kc[(size_t)ca * LD + t] += c == ca ? d * co : -d * si;
+                kc[(size_t)cb * LD + t] += c == ca ? d * si : d * co;
+            }
+        }
+        if (iv >= first && iv < end) vc[(size_t)(iv / hd - t0) * hdp + iv % hd] = ott_fp16_to_fp32_ref(xv);
+    }
+}
+
+// f(std::integral_constant<int, B>) for a KVQuant code width bits = B (2, 3 or 4)
+template <typename F> OTT_INLINE void with_kvq_width(int32_t bits, F f) {
+    switch (bits) {
+        case 2:  f(std::integral_constant<int, 2>()); break;
+        case 3:  f(std::integral_constant<int, 3>()); break;
+        default: f(std::integral_constant<int, 4>()); break;
+    }
+}
+
+// n KVQuant head-blocks hbs[0..n) of consecutive slots, slot 0 of the first at position pos0:
+// dequantised (keys rotated when rope is non-NULL: keys cached before RoPE) as many blocks
+// to a tile as it holds, or a block in several tiles, each tile then attended by every row.
+OTT_CLONES void attend_kvq_blocks(const ott_kvq_geom & g, const ott_kvq_tables & tab, const ott_rope_table * rope,
+                                  const uint8_t * const * hbs, int32_t n, int32_t pos0, const attn_ws & w,
+                                  int32_t rows) {
+    auto dequant = [&](const uint8_t * hb, int32_t t0, int32_t pos, int32_t n_t,
+                       int32_t col) __attribute__((always_inline)) {
+        with_kvq_width(g.bits_k, [&](auto BK) __attribute__((always_inline)) {
+            with_kvq_width(g.bits_v, [&](auto BV) __attribute__((always_inline)) {
+                kvq_dequant<BK, BV>(g, tab, rope, hb, t0, pos, n_t, w.kc + col, w.vc + (size_t)col * w.hdp, w.hdp);
+            });
+        });
+    };
+    const int32_t per_tile = std::max(1, KEY_TILE / g.block);
+    for (int32_t b = 0; b < n;) {
+        if (g.block > KEY_TILE) {
+            for (int32_t t0 = 0; t0 < g.block; t0 += KEY_TILE) {
+                const int32_t n_t = std::min(KEY_TILE, g.block - t0);
+                dequant(hbs[b], t0, pos0 + b * g.block + t0, n_t, 0);
+                attend_tile(w, rows, n_t, nullptr, false);
+            }
+            ++b;
+            continue;
+        }
+        const int32_t k = std::min(per_tile, n - b);
+        for (int32_t j = 0; j < k; ++j) dequant(hbs[b + j], 0, pos0 + (b + j) * g.block, g.block, j * g.block);
+        attend_tile(w, rows, k * g.block, nullptr, false);
+        b += k;
+    }
+}
+
+// Every tile of an fp16 store of n rows, row i at position pos0 + i (keys rotated by RoPE
+// there when rope is non-NULL).
+void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n,
+                      const ott_rope_table * rope = nullptr, int32_t pos0 = 0) {
     for (int32_t t0 = 0; t0 < n; t0 += KEY_TILE) {
         const int32_t n_t = std::min(KEY_TILE, n - t0);
         f16_tile(k + (size_t)t0 * w.hd, v + (size_t)t0 * w.hd, n_t, w);
+        if (rope) rope_tile(*rope, nullptr, pos0 + t0, n_t, w);
         attend_tile(w, rows, n_t, nullptr, false);
     }
 }
@@ -610,12 +834,19 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                 for (int32_t c = 0; c < hd; ++c) qr[c] = src[c] * st.kq_scale;
             }
         }
-        std::fill(w.m, w.m + rows, -INFINITY);
-        std::fill(w.l, w.l + rows, 0.0f);
-        std::fill(w.acc, w.acc + (size_t)rows * w.hdp, 0.0f);
+        start_rows(w, rows);
 
         // quantized blocks, masked slots excluded
-        for (int32_t b = I.b0; b < I.b1; ++b) {
+        if (cfg.kvq && I.b1 > I.b0) {  // KVQuant: slot 0 of block b at position n_sink + b·block
+            const uint8_t * hbs[KEY_TILE / 8];
+            for (int32_t b0 = I.b0; b0 < I.b1; b0 += KEY_TILE / 8) {
+                const int32_t n = std::min(KEY_TILE / 8, I.b1 - b0);
+                for (int32_t j = 0; j < n; ++j) hbs[j] = ott_kv_head_block(ls.blocks[b0 + j], &cfg.layout, I.head);
+                attend_kvq_blocks(cfg.kvq_geom, cfg.kvq_tables(op.il, I.head), st.rope, hbs, n,
+                                  S.before.n_sink + b0 * block, w, rows);
+            }
+        }
+        for (int32_t b = I.b0; b < I.b1 && !cfg.kvq; ++b) {
             const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
             for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                 const int32_t n_t = std::min(KEY_TILE, block - t0);
@@ -640,7 +871,7 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             const int32_t h = I.head;
             const size_t pc = cfg.pool_cap(op.il), ec = cfg.extra_cap(op.il);
             attend_f16_store(w, rows, ls.sink_k.data() + (size_t)h * cfg.sink * hd,
-                             ls.sink_v.data() + (size_t)h * cfg.sink * hd, S.before.n_sink);
+                             ls.sink_v.data() + (size_t)h * cfg.sink * hd, S.before.n_sink, st.rope, 0);
             if (pc) {
                 attend_f16_store(w, rows, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
             }
@@ -649,16 +880,17 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                                  ls.n_extra[h]);
             }
             // the window ring: its rows from the oldest window position, wrapping once
-            const int32_t cap = st.win_cap[S.seq], n_win = S.before.n_win;
-            const int32_t r0 = ott_kv_win_row(cfg, cap, S.before.win_pos0(cfg)), n_first = std::min(n_win, cap - r0);
+            const int32_t cap = st.win_cap[S.seq], n_win = S.before.n_win, p0 = S.before.win_pos0(cfg);
+            const int32_t r0 = ott_kv_win_row(cfg, cap, p0), n_first = std::min(n_win, cap - r0);
             const ott_fp16 *wk = ls.win_k.data() + (size_t)h * cap * hd, *wv = ls.win_v.data() + (size_t)h * cap * hd;
-            attend_f16_store(w, rows, wk + (size_t)r0 * hd, wv + (size_t)r0 * hd, n_first);
-            attend_f16_store(w, rows, wk, wv, n_win - n_first);
+            attend_f16_store(w, rows, wk + (size_t)r0 * hd, wv + (size_t)r0 * hd, n_first, st.rope, p0);
+            attend_f16_store(w, rows, wk, wv, n_win - n_first, st.rope, p0 + n_first);
             // the chunk itself, causally: query token i sees chunk tokens j <= i
             const int32_t n_own = I.i0 + I.n_q;
             for (int32_t j0 = 0; j0 < n_own; j0 += KEY_TILE) {
                 const int32_t n_t = std::min(KEY_TILE, n_own - j0);
                 chunk_tile(k, v, S.t0 + j0, h, n_t, w);
+                if (st.rope) rope_tile(*st.rope, nullptr, S.before.n_tokens + j0, n_t, w);
                 for (int32_t qi = 0; qi < I.n_q; ++qi) {
                     for (int32_t r = 0; r < n_rep; ++r) w.lim[qi * n_rep + r] = I.i0 + qi + 1 - j0;
                 }
@@ -709,6 +941,48 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
                 for (int32_t c = 0; c < hd; ++c) o[c] *= inv;
             }
         }
+    }
+}
+
+void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs) {
+    const int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; ++i) {
+        for (int32_t p = 0; p < n_pos; ++p) {
+            const double theta                 = (double)p * freq_scale * std::pow(freq_base, -(double)(2 * i) / n_rot);
+            cs[(size_t)i * n_pos + p]          = (float)std::cos(theta);
+            cs[(size_t)(half + i) * n_pos + p] = (float)std::sin(theta);
+        }
+    }
+}
+
+size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q) {
+    return (workspace_bytes(g->head_dim, 1, n_q) + sizeof(float) - 1) / sizeof(float);
+}
+
+void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
+                      const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
+                      float kq_scale, float * out, float * scratch) {
+    const int32_t hd = g->head_dim;
+    std::memset(scratch, 0, ott_cpu_kvq_attn_scratch(g, n_q) * sizeof(float));
+    attn_ws w;
+    workspace_layout(scratch, hd, 1, n_q, w);
+    for (int32_t r = 0; r < n_q; ++r) {
+        for (int32_t c = 0; c < hd; ++c) w.q[(size_t)r * w.hdp + c] = q[(size_t)r * hd + c] * kq_scale;
+    }
+    start_rows(w, n_q);
+    for (int32_t j = 0; j < st->n_blocks; ++j) {
+        const uint8_t * b = st->block_list ? st->block_list[j] : st->blocks + (size_t)j * st->block_stride;
+        attend_kvq_blocks(*g, *tab, rope, &b, 1, st->pos0 + j * g->block, w, n_q);
+    }
+    for (int32_t t0 = 0; t0 < st->n; t0 += KEY_TILE) {
+        const int32_t n_t = std::min(KEY_TILE, st->n - t0);
+        f16_tile(st->k + (size_t)t0 * hd, st->v + (size_t)t0 * hd, n_t, w);
+        if (rope) rope_tile(*rope, st->pos + t0, 0, n_t, w);
+        for (int32_t r = 0; n_visible && r < n_q; ++r) w.lim[r] = n_visible[r] - t0;
+        attend_tile(w, n_q, n_t, nullptr, n_visible != nullptr);
+    }
+    for (int32_t r = 0; r < n_q; ++r) {
+        for (int32_t c = 0; c < hd; ++c) out[(size_t)r * hd + c] = w.acc[(size_t)r * w.hdp + c] / w.l[r];
     }
 }
 

@@ -4,13 +4,13 @@
 //   ott_cpu_attn_partial  fused attention of a ubatch's queries over sink, quantized blocks
 //                         (minus masked slots), outlier pool, extra pool, fp16 window and the
 //                         chunk itself (causal, its K/V rounded to fp16); one partial softmax
-//                         (max, sum, weighted values) per work item
+//                         (max, sum, weighted values) per work item. KVQuant head-blocks are
+//                         dequantised tile by tile and, with keys cached before RoPE, every
+//                         key is rotated at its position (kvq_attn_cpu.h)
 //   ott_cpu_attn_merge    merges the partials of each query row into the attention output
 //   ott_cpu_kv_append     appends the chunk's K/V (fp16) and runs the quantization events
 //                         on the way (kv_quant.h: OTT selection, pools, block quantization;
 //                         kv_kvq.h for the KVQuant scheme)
-//   ott_cpu_kvq_attn_op   the KVQuant scheme's attention (kvq_attn_cpu.h), in place of the
-//                         two attention ops above (kvq_ops_cpu.cpp)
 //
 // The cache (kv_quant_cpu.cpp) owns the state below and hands the ops a step (ott_kv_step:
 // the core's plan, kv/kv_schedule.h, and the attention items); the ops read the state as it
@@ -89,17 +89,13 @@ constexpr int OTT_MAX_THREADS = 512;
 // Floats of one item's partial result per query row: max, sum, then head_dim weighted values.
 inline int64_t ott_attn_partial_row(int32_t head_dim) { return head_dim + 2; }
 
-// dst: F32 [head_dim+2, rows_max, n_items]; src: q F32 [head_dim, n_head, n_tokens],
-// k, v F32 [head_dim, n_head_kv, n_tokens]
+// dst: F32 [head_dim+2, rows_max, n_items]; src: q F32 [head_dim, n_head, n_tokens] (after
+// RoPE), k, v F32 [head_dim, n_head_kv, n_tokens] (k before RoPE when step.rope)
 void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata);
 // dst: F32 [head_dim*n_head, n_tokens]; src: the partials
 void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata);
 // dst: F32 [1] (ordering only); src: k, v F32 [head_dim, n_head_kv, n_tokens], attention output
 void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata);
-// dst: F32 [head_dim*n_head, n_tokens]; src: q F32 [head_dim, n_head, n_tokens] (after RoPE),
-// k, v F32 [head_dim, n_head_kv, n_tokens] (k before RoPE when step.rope); one item per group
-void ott_cpu_kvq_attn_op(ggml_tensor * dst, int ith, int nth, void * userdata);
-
 // Quantization event e in KV head h of one layer of its sequence (kv_quant.h's
 // ott_kv_event_ref on the block's window rows, or kv_kvq.h's ott_kvq_quantize_block_ref);
 // its head-blocks must be allocated already.

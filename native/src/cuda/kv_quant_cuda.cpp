@@ -1,6 +1,7 @@
-// kv_quant_cuda.cpp — the quantized KV cache (KIVI and OTT modes) in the memory of a CUDA
-// device: the core's rules (kv/kv_config.h, kv/kv_schedule.h, kv/kv_report.h) executed by our
-// kernels (cuda/ott_cuda.h).
+// kv_quant_cuda.cpp — the quantized KV cache (KIVI, OTT and KVQuant modes) in the memory of a
+// CUDA device: the core's rules (kv/kv_config.h, kv/kv_schedule.h, kv/kv_report.h) executed by
+// our kernels (cuda/ott_cuda.h; cuda/kvq_cuda.h for KVQuant's events and attention, which
+// writes the layer's output itself: no partials).
 //
 // Execution (docs/design.md §1): ggml-cuda has no custom ops, so the attention is external
 // (kv_cache.h): build_attn ends a graph segment (q, k, v are that segment's outputs) and
@@ -15,7 +16,9 @@
 // the rows of a block being quantized are then contiguous, as the event kernel reads them.
 #include "kv/kv_cache.h"
 #include "kv/kv_report.h"
+#include "cuda/kvq_cuda.h"
 #include "cuda/ott_cuda.h"
+#include "cpu/kvq_attn_cpu.h"
 
 #include <algorithm>
 #include <cstring>
@@ -81,6 +84,15 @@ public:
             take(S * max_blocks * H * cfg.layout.size);
             take(cfg.tier_scale.empty() ? 0 : H * hd * sizeof(float));
         }
+        // KVQuant: the calibrated tables, their ott_kvq_tables [n_layer][n_head_kv], the RoPE
+        // table of keys cached before it, the events' scratch
+        const size_t n_lev = cfg.kvq ? cfg.kvq_levels.size() / sh.n_layer : 0;
+        const size_t n_cs  = cfg.kvq && cfg.pre_rope ? (size_t)sh.n_ctx * cfg.rope_n_rot : 0;
+        take(cfg.kvq_keys.size() * sizeof(float));
+        take(cfg.kvq_levels.size() * sizeof(float));
+        take(cfg.kvq ? (size_t)sh.n_layer * H * sizeof(ott_kvq_tables) : 0);
+        take(n_cs * sizeof(float));
+        take(cfg.kvq ? S * H * ott_cuda_kvq_event_scratch(cfg.kvq_geom) : 0);
         buf = ggml_backend_buft_alloc_buffer(sh.buft, total);
         if (!buf) {
             return ott_fail(OTT_ERR_ALLOC,
@@ -122,6 +134,33 @@ public:
             }
             layers.push_back(L);
         }
+        if (cfg.kvq) {
+            float * keys   = (float *)next();
+            float * levels = (float *)next();
+            kvq_tabs       = (ott_kvq_tables *)next();
+            float * cs     = (float *)next();
+            kvq_scratch    = next();
+            std::vector<ott_kvq_tables> tabs((size_t)sh.n_layer * H);
+            for (int il = 0; il < sh.n_layer; ++il) {
+                for (size_t h = 0; h < H; ++h) {
+                    const size_t k0  = ((size_t)il * H + h) * 2 * hd;
+                    const float * lv = levels + (size_t)il * n_lev;
+                    tabs[il * H + h] = { keys + k0, keys + k0 + hd, lv, lv + (1 << cfg.kvq_geom.bits_k) };
+                }
+            }
+            OTT_CUDA_TRY(
+                cudaMemcpy(keys, cfg.kvq_keys.data(), cfg.kvq_keys.size() * sizeof(float), cudaMemcpyHostToDevice));
+            OTT_CUDA_TRY(cudaMemcpy(levels, cfg.kvq_levels.data(), cfg.kvq_levels.size() * sizeof(float),
+                                    cudaMemcpyHostToDevice));
+            OTT_CUDA_TRY(
+                cudaMemcpy(kvq_tabs, tabs.data(), tabs.size() * sizeof(ott_kvq_tables), cudaMemcpyHostToDevice));
+            if (n_cs) {
+                std::vector<float> host(n_cs);
+                ott_rope_table_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, sh.n_ctx, host.data());
+                OTT_CUDA_TRY(cudaMemcpy(cs, host.data(), n_cs * sizeof(float), cudaMemcpyHostToDevice));
+                kvq_rope = { cfg.rope_n_rot, cfg.rope_neox, sh.n_ctx, cs };
+            }
+        }
         for (int il = 0; il < sh.n_layer; ++il) {  // the buffer is zeroed: tracing flags on
             if (!cfg.traces(il)) continue;
             const std::vector<int32_t> on((size_t)sh.n_seq_max * sh.n_head_kv, 1);
@@ -162,6 +201,7 @@ public:
     }
 
     bool external_attention() const override { return true; }
+    bool keys_before_rope(int) const override { return cfg.kvq && cfg.pre_rope; }
     int segment_end(int il) const override { return io[il].cut; }
 
     ott_status prepare_step(cudaStream_t exec_stream) override {
@@ -171,7 +211,8 @@ public:
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
         const size_t parts =
-            tiles.size() * (size_t)n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
+            cfg.kvq ? 0
+                    : tiles.size() * (size_t)n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
             partials_cap = parts * 2;
@@ -184,9 +225,27 @@ public:
     // Layer il's kernels on the executor's stream.
     ott_status run_layer(int il, cudaStream_t exec_stream) override {
         const ott_cuda_kv_layer & L = layers[il];
-        for (const span & s : pre_spans) OTT_CUDA_TRY(ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, exec_stream));
+        const ott_kvq_tables * tabs = cfg.kvq ? kvq_tabs + (size_t)il * sh.n_head_kv : nullptr;  // KVQuant
+        auto events                 = [&](const span & s) {
+            return cfg.kvq ? ott_cuda_kvq_layer_event(cfg.kvq_geom, L, tabs, items<ott_cuda_event>(s), s.n, kvq_scratch,
+                                                      exec_stream)
+                           : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, exec_stream);
+        };
+        for (const span & s : pre_spans) OTT_CUDA_TRY(events(s));
 
         const layer_io & x = io[il];
+        if (cfg.kvq) {
+            OTT_CUDA_TRY(ott_cuda_kvq_layer_attn(cfg.kvq_geom, L, tabs, kvq_rope, view_of(x.q), view_of(x.k),
+                                                 view_of(x.v), n_rep(), items<ott_cuda_attn_tile>(tiles_span),
+                                                 tiles_span.n, rows_per_tile, kq_scale, (float *)x.out->data,
+                                                 (int64_t)(x.out->nb[1] / sizeof(float)), exec_stream));
+            for (const auto & r : round_spans) {
+                OTT_CUDA_TRY(ott_cuda_kv_append(L, view_of(x.k), view_of(x.v), items<ott_cuda_append>(r.first),
+                                                r.first.n, exec_stream));
+                OTT_CUDA_TRY(events(r.second));
+            }
+            return OTT_OK;
+        }
         ott_cuda_attn_args a {};
         a.L             = L;
         a.q             = view_of(x.q);
@@ -207,7 +266,7 @@ public:
 
         for (const auto & r : round_spans) {
             OTT_CUDA_TRY(ott_cuda_kv_append(L, a.k, a.v, items<ott_cuda_append>(r.first), r.first.n, exec_stream));
-            OTT_CUDA_TRY(ott_cuda_kv_event(L, items<ott_cuda_event>(r.second), r.second.n, exec_stream));
+            OTT_CUDA_TRY(events(r.second));
         }
         return OTT_OK;
     }
@@ -368,9 +427,9 @@ private:
             const int32_t rows      = S.n_new * n_rep();
             max_rows                = std::max(max_rows, rows);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
-                for (int32_t row0 = 0; row0 < rows; row0 += OTT_CUDA_ATTN_ROWS) {
-                    tiles.push_back({ S.seq, h, S.t0, S.n_new, row0, std::min(OTT_CUDA_ATTN_ROWS, rows - row0),
-                                      sc.n_sink, sc.n_blocks, sc.n_win, sc.win_pos0(cfg) });
+                for (int32_t row0 = 0; row0 < rows; row0 += max_tile_rows()) {
+                    tiles.push_back({ S.seq, h, S.t0, S.n_new, row0, std::min(max_tile_rows(), rows - row0), sc.n_sink,
+                                      sc.n_blocks, sc.n_win, sc.win_pos0(cfg) });
                 }
             }
             int32_t n_pre = 0, round = 0, j = 0;
@@ -388,12 +447,13 @@ private:
         while (!pre.empty() && pre.back().empty()) pre.pop_back();
         while (!app.empty() && app.back().empty() && ev[app.size() - 1].empty()) app.pop_back();
         // tiles of fewer rows when every tile has fewer (decode: n_rep rows)
-        rows_per_tile = std::min(OTT_CUDA_ATTN_ROWS, max_rows);
-        if (rows_per_tile < OTT_CUDA_ATTN_ROWS) {
+        rows_per_tile = std::min(max_tile_rows(), max_rows);
+        if (rows_per_tile < max_tile_rows()) {
             for (ott_cuda_attn_tile & t : tiles) t.n_rows = std::min(t.n_rows, rows_per_tile);
         }
-        n_splits =
-            ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t)tiles.size(), n_sm, plan.max_blocks);
+        n_splits = cfg.kvq ? 1
+                           : ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t)tiles.size(), n_sm,
+                                                  plan.max_blocks);
 
         // pack: tiles | pre rounds | (app, ev) rounds
         packed.clear();
@@ -419,6 +479,9 @@ private:
     }
 
     int32_t n_rep() const { return std::max(1, n_head / sh.n_head_kv); }
+
+    // Query rows of an attention tile, at most (KVQuant's kernel: one thread block a tile).
+    int32_t max_tile_rows() const { return cfg.kvq ? OTT_CUDA_KVQ_ROWS : OTT_CUDA_ATTN_ROWS; }
 
     static ott_cuda_f32_3d view_of(const ggml_tensor * t) {
         return { (const float *)t->data, (int64_t)(t->nb[1] / sizeof(float)), (int64_t)(t->nb[2] / sizeof(float)) };
@@ -453,6 +516,12 @@ private:
     size_t plan_cap     = 0;
     float * d_partials  = nullptr;
     size_t partials_cap = 0;  // floats
+
+    // KVQuant (in buf): tables [n_layer][n_head_kv], the RoPE table (cs null: keys cached after
+    // RoPE), event scratch for n_seq_max x n_head_kv blocks
+    ott_kvq_tables * kvq_tabs = nullptr;
+    ott_rope_table kvq_rope {};
+    uint8_t * kvq_scratch = nullptr;
 };
 
 }  // namespace
@@ -463,7 +532,8 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
     }
-    if (const char * why = ott_cuda_attn_unsupported(cfg.geom)) {
+    const char * why = cfg.kvq ? nullptr : ott_cuda_attn_unsupported(cfg.geom);  // KVQuant: any geometry
+    if (why) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",
                         why, cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k,
                         cfg.geom.group_v);

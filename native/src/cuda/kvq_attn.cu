@@ -1,8 +1,12 @@
-// kvq_attn.cu — attention over KVQuant stores on the GPU, the steps of cpu/kvq_attn_cpu.cpp:
-// one thread block per query group (the query rows of one KV head of one sequence); per tile
-// of KT keys the threads dequantize keys and values from their codes into shared memory
-// (codebook level times scale plus zero, sparse entries put back), rotate the keys by RoPE at
-// their positions, score every row, and fold the tile into each row's online softmax.
+// kvq_attn.cu — attention over KVQuant stores on the GPU, the steps of the CPU's
+// (cpu/kvq_attn_cpu.h): one thread block per query group (up to OTT_CUDA_KVQ_ROWS query rows
+// of one KV head of one sequence); per tile of KT keys the threads dequantize keys and values
+// from their codes into shared memory (codebook level times scale plus zero, sparse entries
+// put back), rotate the keys by RoPE at their positions, score every row, and fold the tile
+// into each row's online softmax. Two kinds of group read their inputs differently and share
+// that body: the packed groups of ott_cuda_kvq_attn (tests/cuda_ops.cpp compares them with the
+// CPU) and the runtime cache's tiles (ott_cuda_kvq_layer_attn: sink, window ring and the
+// chunk's own keys, causally).
 #include "cuda/kvq_cuda.h"
 
 #include <cuda_fp16.h>
@@ -24,6 +28,97 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int3
     return (w >> (at % 8)) & ((1u << bits) - 1);
 }
 
+// One group of ott_cuda_kvq_attn: rows q, out [n_q][head_dim], stores st (positions given).
+struct packed_group {
+    ott_kvq_tables tab;
+    ott_kvq_head_stores st;
+    const float * q;
+    float * out;
+    int32_t n_q, hd;
+
+    __device__ int32_t rows() const { return n_q; }
+    __device__ const float * query(int32_t r) const { return q + (size_t)r * hd; }
+    __device__ float * output(int32_t r) const { return out + (size_t)r * hd; }
+    __device__ int32_t n_blocks() const { return st.n_blocks; }
+    __device__ const uint8_t * block(int32_t j) const { return st.blocks + (size_t)j * st.block_stride; }
+    __device__ int32_t pos0() const { return st.pos0; }
+    __device__ int32_t n_fp() const { return st.n; }
+    __device__ float fp_k(int32_t t, int32_t c) const { return f16(st.k[(size_t)t * hd + c]); }
+    __device__ float fp_v(int32_t t, int32_t c) const { return f16(st.v[(size_t)t * hd + c]); }
+    __device__ int32_t fp_pos(int32_t t) const { return st.pos[t]; }
+    __device__ int32_t visible(int32_t) const { return st.n; }
+};
+
+struct packed_groups {
+    const ott_kvq_tables * tabs;
+    const ott_kvq_head_stores * stores;
+    const float * q;
+    float * out;
+    int32_t n_q;
+
+    __device__ packed_group at(int32_t i, int32_t hd) const {
+        return { tabs[i], stores[i], q + (size_t)i * n_q * hd, out + (size_t)i * n_q * hd, n_q, hd };
+    }
+};
+
+// One tile of the runtime cache (ott_cuda_attn_tile): its rows' queries in the step's q, its
+// stores in layer L — the sink, the window ring from win_pos0, then the chunk's own K/V
+// (rounded to fp16 as the appends will store them), row rho seeing the chunk up to its token.
+struct cache_tile {
+    const ott_cuda_kv_layer * L;
+    ott_cuda_attn_tile t;
+    ott_kvq_tables tab;
+    ott_cuda_f32_3d q, k, v;
+    float * out;
+    int64_t out_nb1;
+    int32_t n_rep, hd;
+
+    __device__ int32_t rows() const { return t.n_rows; }
+    __device__ int32_t token(int32_t r) const { return (t.row0 + r) / n_rep; }  // chunk token of row r
+    __device__ int32_t q_head(int32_t r) const { return t.head * n_rep + (t.row0 + r) % n_rep; }
+    __device__ const float * query(int32_t r) const {
+        return q.data + (size_t)(t.t0 + token(r)) * q.nb2 + (size_t)q_head(r) * q.nb1;
+    }
+    __device__ float * output(int32_t r) const {
+        return out + (size_t)(t.t0 + token(r)) * out_nb1 + (size_t)q_head(r) * hd;
+    }
+    __device__ int32_t n_blocks() const { return t.n_blocks; }
+    __device__ const uint8_t * block(int32_t j) const { return ott_cuda_head_block(*L, t.seq, j, t.head); }
+    __device__ int32_t pos0() const { return t.n_sink; }
+    __device__ int32_t n_fp() const { return t.n_sink + t.n_win + t.n_q; }
+    __device__ size_t sh() const { return (size_t)t.seq * L->n_head_kv + t.head; }
+    __device__ float fp(const ott_fp16 * sink, const ott_fp16 * win, const ott_cuda_f32_3d & x, int32_t i,
+                        int32_t c) const {
+        if (i < t.n_sink) return f16(sink[(sh() * L->sink + i) * hd + c]);
+        i -= t.n_sink;
+        if (i < t.n_win) {
+            const int32_t row = (t.win_pos0 + i - L->sink) % L->win_cap;
+            return f16(win[(sh() * L->win_cap + row) * hd + c]);
+        }
+        i -= t.n_win;
+        return __half2float(__float2half_rn(x.data[(size_t)(t.t0 + i) * x.nb2 + (size_t)t.head * x.nb1 + c]));
+    }
+    __device__ float fp_k(int32_t i, int32_t c) const { return fp(L->sink_k, L->win_k, k, i, c); }
+    __device__ float fp_v(int32_t i, int32_t c) const { return fp(L->sink_v, L->win_v, v, i, c); }
+    __device__ int32_t fp_pos(int32_t i) const { return i < t.n_sink ? i : t.win_pos0 + i - t.n_sink; }
+    __device__ int32_t visible(int32_t r) const { return t.n_sink + t.n_win + token(r) + 1; }
+};
+
+struct cache_tiles {
+    ott_cuda_kv_layer L;
+    const ott_kvq_tables * tabs;  // [n_head_kv]
+    const ott_cuda_attn_tile * tiles;
+    ott_cuda_f32_3d q, k, v;
+    float * out;
+    int64_t out_nb1;
+    int32_t n_rep;
+
+    __device__ cache_tile at(int32_t i, int32_t hd) const {
+        const ott_cuda_attn_tile t = tiles[i];
+        return { &L, t, tabs[t.head], q, k, v, out, out_nb1, n_rep, hd };
+    }
+};
+
 struct tile_smem {
     float * kt;     // [KT][hd]
     float * vt;     // [KT][hd]
@@ -32,38 +127,46 @@ struct tile_smem {
     float * m;      // [n_q]
     float * l;      // [n_q]
     float * corr;   // [n_q]
+    float * q;      // [n_q][hd] the rows' queries
     int32_t * pos;  // [KT]
+    int32_t * lim;  // [n_q] keys of the tile each row sees
 };
 
 __host__ __device__ size_t smem_bytes(int32_t hd, int32_t n_q) {
-    return ((size_t)2 * KT * hd + (size_t)n_q * KT + (size_t)n_q * hd + 3 * (size_t)n_q) * 4 + KT * 4;
+    return ((size_t)2 * KT * hd + (size_t)n_q * KT + 2 * (size_t)n_q * hd + 3 * (size_t)n_q) * 4 + KT * 4 + n_q * 4;
 }
 
-// Rotate the n keys of the tile at their positions, then fold them into every row.
+// Rotate the n keys of the tile at their positions, then fold them into every row (row r
+// takes the first S.lim[r] keys).
 __device__ void fold_tile(const tile_smem & S, int32_t n, int32_t hd, int32_t n_q, const ott_rope_table & R,
-                          const float * q, float kq_scale) {
+                          float kq_scale) {
     const int32_t half = R.n_rot / 2;
-    for (int32_t e = threadIdx.x; e < n * half; e += blockDim.x) {
+    for (int32_t e = threadIdx.x; R.cs && e < n * half; e += blockDim.x) {
         const int32_t t = e / half, i = e % half;
         const int32_t ia = R.neox ? i : 2 * i, ib = R.neox ? i + half : 2 * i + 1;
-        const float * cs = R.cs + ((size_t)S.pos[t] * half + i) * 2;
-        float * y        = S.kt + (size_t)t * hd;
+        const float c = R.cs[(size_t)i * R.n_pos + S.pos[t]], s = R.cs[(size_t)(half + i) * R.n_pos + S.pos[t]];
+        float * y     = S.kt + (size_t)t * hd;
         const float a = y[ia], b = y[ib];
-        y[ia] = a * cs[0] - b * cs[1];
-        y[ib] = a * cs[1] + b * cs[0];
+        y[ia] = a * c - b * s;
+        y[ib] = a * s + b * c;
     }
     __syncthreads();
     for (int32_t e = threadIdx.x; e < n_q * n; e += blockDim.x) {
         const int32_t r = e / n, t = e % n;
-        const float *qr = q + (size_t)r * hd, *kr = S.kt + (size_t)t * hd;
+        const float *qr = S.q + (size_t)r * hd, *kr = S.kt + (size_t)t * hd;
         float d = 0.0f;
         for (int32_t c = 0; c < hd; ++c) d += qr[c] * kr[c];
-        S.s[r * KT + t] = d * kq_scale;
+        S.s[r * KT + t] = t < S.lim[r] ? d * kq_scale : -INFINITY;
     }
     __syncthreads();
     for (int32_t r = threadIdx.x; r < n_q; r += blockDim.x) {
         float mt = -INFINITY;
         for (int32_t t = 0; t < n; ++t) mt = fmaxf(mt, S.s[r * KT + t]);
+        if (mt == -INFINITY) {  // nothing of this tile is visible to row r
+            S.corr[r] = 1.0f;
+            for (int32_t t = 0; t < n; ++t) S.s[r * KT + t] = 0.0f;
+            continue;
+        }
         const float m_new = fmaxf(S.m[r], mt);
         S.corr[r]         = expf(S.m[r] - m_new);
         float l           = S.l[r] * S.corr[r];
@@ -85,47 +188,52 @@ __device__ void fold_tile(const tile_smem & S, int32_t n, int32_t hd, int32_t n_
     __syncthreads();
 }
 
-// grid: n_groups
+// grid: the groups of `groups` (packed_groups or cache_tiles)
+template <typename Groups>
 __global__ void __launch_bounds__(ATTN_THREADS)
-    kvq_attn_kernel(const ott_kvq_geom g, const ott_kvq_tables * tabs, const ott_kvq_head_stores * stores,
-                    const ott_rope_table R, const float * q_all, int32_t n_q, float kq_scale, float * out_all) {
+    kvq_attn_kernel(const ott_kvq_geom g, const Groups groups, const ott_rope_table R, float kq_scale) {
     extern __shared__ __align__(16) float smem[];
-    const int32_t hd             = g.head_dim;
-    const ott_kvq_tables tab     = tabs[blockIdx.x];
-    const ott_kvq_head_stores st = stores[blockIdx.x];
-    const float * q              = q_all + (size_t)blockIdx.x * n_q * hd;
+    const int32_t hd = g.head_dim;
+    const auto G     = groups.at(blockIdx.x, hd);
+    const int32_t nq = G.rows();
     tile_smem S;
     S.kt   = smem;
     S.vt   = S.kt + KT * hd;
     S.s    = S.vt + KT * hd;
-    S.acc  = S.s + n_q * KT;
-    S.m    = S.acc + n_q * hd;
-    S.l    = S.m + n_q;
-    S.corr = S.l + n_q;
-    S.pos  = (int32_t *)(S.corr + n_q);
-    for (int32_t e = threadIdx.x; e < n_q * hd; e += blockDim.x) S.acc[e] = 0.0f;
-    for (int32_t r = threadIdx.x; r < n_q; r += blockDim.x) {
-        S.m[r] = -INFINITY;
-        S.l[r] = 0.0f;
+    S.acc  = S.s + nq * KT;
+    S.q    = S.acc + nq * hd;
+    S.m    = S.q + nq * hd;
+    S.l    = S.m + nq;
+    S.corr = S.l + nq;
+    S.pos  = (int32_t *)(S.corr + nq);
+    S.lim  = S.pos + KT;
+    for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
+        S.acc[e] = 0.0f;
+        S.q[e]   = G.query(e / hd)[e % hd];
+    }
+    for (int32_t r = threadIdx.x; r < nq; r += blockDim.x) {
+        S.m[r]   = -INFINITY;
+        S.l[r]   = 0.0f;
+        S.lim[r] = KT;
     }
     __syncthreads();
 
     const ott_kvq_block_layout L = ott_kvq_block_layout_of(&g);
     const int32_t k_row = g.block * g.bits_k / 8, v_row = hd * g.bits_v / 8;
-    for (int32_t j = 0; j < st.n_blocks; ++j) {
-        const uint8_t * b = st.blocks + (size_t)j * st.block_stride;
+    for (int32_t j = 0; j < G.n_blocks(); ++j) {
+        const uint8_t * b = G.block(j);
         for (int32_t t0 = 0; t0 < g.block; t0 += KT) {
             const int32_t n = min(KT, g.block - t0);
             for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
                 const int32_t t = e / hd, c = e % hd, slot = t0 + t;
-                S.kt[e] =
-                    tab.levels_k[code_at(b + L.k_codes + (size_t)c * k_row, slot, g.bits_k, k_row)] * tab.k_scale[c] +
-                    tab.k_zero[c];
-                S.vt[e] = tab.levels_v[code_at(b + L.v_codes + (size_t)slot * v_row, c, g.bits_v, v_row)] *
+                S.kt[e] = G.tab.levels_k[code_at(b + L.k_codes + (size_t)c * k_row, slot, g.bits_k, k_row)] *
+                              G.tab.k_scale[c] +
+                          G.tab.k_zero[c];
+                S.vt[e] = G.tab.levels_v[code_at(b + L.v_codes + (size_t)slot * v_row, c, g.bits_v, v_row)] *
                               f16(load16(b + L.v_scale + 2 * slot)) +
                           f16(load16(b + L.v_zero + 2 * slot));
             }
-            for (int32_t t = threadIdx.x; t < n; t += blockDim.x) S.pos[t] = st.pos0 + j * g.block + t0 + t;
+            for (int32_t t = threadIdx.x; t < n; t += blockDim.x) S.pos[t] = G.pos0() + j * g.block + t0 + t;
             __syncthreads();
             for (int32_t e = threadIdx.x; e < g.n_out; e += blockDim.x) {
                 const int32_t ik = load16(b + L.k_out_idx + 2 * e) - t0 * hd,
@@ -134,21 +242,36 @@ __global__ void __launch_bounds__(ATTN_THREADS)
                 if (iv >= 0 && iv < n * hd) S.vt[iv] = f16(load16(b + L.v_out_val + 2 * e));
             }
             __syncthreads();
-            fold_tile(S, n, hd, n_q, R, q, kq_scale);
+            fold_tile(S, n, hd, nq, R, kq_scale);
         }
     }
-    for (int32_t t0 = 0; t0 < st.n; t0 += KT) {
-        const int32_t n = min(KT, st.n - t0);
+    for (int32_t t0 = 0; t0 < G.n_fp(); t0 += KT) {
+        const int32_t n = min(KT, G.n_fp() - t0);
         for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
-            S.kt[e] = f16(st.k[(size_t)t0 * hd + e]);
-            S.vt[e] = f16(st.v[(size_t)t0 * hd + e]);
+            S.kt[e] = G.fp_k(t0 + e / hd, e % hd);
+            S.vt[e] = G.fp_v(t0 + e / hd, e % hd);
         }
-        for (int32_t t = threadIdx.x; t < n; t += blockDim.x) S.pos[t] = st.pos[t0 + t];
+        for (int32_t t = threadIdx.x; t < n; t += blockDim.x) S.pos[t] = G.fp_pos(t0 + t);
+        for (int32_t r = threadIdx.x; r < nq; r += blockDim.x) S.lim[r] = G.visible(r) - t0;
         __syncthreads();
-        fold_tile(S, n, hd, n_q, R, q, kq_scale);
+        fold_tile(S, n, hd, nq, R, kq_scale);
     }
-    float * out = out_all + (size_t)blockIdx.x * n_q * hd;
-    for (int32_t e = threadIdx.x; e < n_q * hd; e += blockDim.x) out[e] = S.acc[e] / S.l[e / hd];
+    for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) G.output(e / hd)[e % hd] = S.acc[e] / S.l[e / hd];
+}
+
+template <typename Groups>
+cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
+                   const ott_rope_table & rope, float kq_scale, cudaStream_t stream) {
+    if (n_groups <= 0) return cudaSuccess;
+    if (max_rows <= 0 || max_rows > OTT_CUDA_KVQ_ROWS) return cudaErrorInvalidValue;
+    const size_t smem = smem_bytes(g.head_dim, max_rows);
+    if (smem > 48 * 1024) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kvq_attn_kernel<Groups>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    kvq_attn_kernel<<<n_groups, ATTN_THREADS, smem, stream>>>(g, groups, rope, kq_scale);
+    return cudaGetLastError();
 }
 
 }  // namespace
@@ -156,14 +279,14 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 cudaError_t ott_cuda_kvq_attn(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_kvq_head_stores * st,
                               int32_t n_groups, const ott_rope_table & rope, const float * q, int32_t n_q,
                               float kq_scale, float * out, cudaStream_t stream) {
-    if (n_groups <= 0) return cudaSuccess;
-    if (n_q <= 0 || n_q > OTT_CUDA_KVQ_ROWS) return cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(g.head_dim, n_q);
-    if (smem > 48 * 1024) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(kvq_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-    }
-    kvq_attn_kernel<<<n_groups, ATTN_THREADS, smem, stream>>>(g, tabs, st, rope, q, n_q, kq_scale, out);
-    return cudaGetLastError();
+    return launch(g, packed_groups { tabs, st, q, out, n_q }, n_groups, n_q, rope, kq_scale, stream);
+}
+
+cudaError_t ott_cuda_kvq_layer_attn(const ott_kvq_geom & g, const ott_cuda_kv_layer & L, const ott_kvq_tables * tabs,
+                                    const ott_rope_table & rope, ott_cuda_f32_3d q, ott_cuda_f32_3d k,
+                                    ott_cuda_f32_3d v, int32_t n_rep, const ott_cuda_attn_tile * tiles, int32_t n_tiles,
+                                    int32_t max_rows, float kq_scale, float * out, int64_t out_nb1,
+                                    cudaStream_t stream) {
+    return launch(g, cache_tiles { L, tabs, tiles, q, k, v, out, out_nb1, n_rep }, n_tiles, max_rows, rope, kq_scale,
+                  stream);
 }

@@ -1,14 +1,17 @@
-// kvq_cuda.h — CUDA kernels of the KVQuant cache, as seen by host code (tests/cuda_ops.cpp;
-// the runtime's KVQuant cache is still to come). One op per .cu file; each launcher takes
-// the stream and returns the launch status:
+// kvq_cuda.h — CUDA kernels of the KVQuant cache, as seen by host code (kv_quant_cuda.cpp,
+// tests/cuda_ops.cpp). One op per .cu file; each launcher takes the stream and returns the
+// launch status:
 //
-//   ott_cuda_kvq_event  kvq_event.cu  quantization of blocks into KVQuant head-blocks, bit for
-//                                     bit ott_kvq_quantize_block_ref (kv/kv_kvq.h)
-//   ott_cuda_kvq_attn   kvq_attn.cu   attention of one KV head's query rows over its stores:
-//                                     codebook lookup and RoPE at each key's position, as
-//                                     cpu/kvq_attn_cpu.h (same arguments, device pointers)
+//   kvq_event.cu  quantization of blocks into KVQuant head-blocks, bit for bit
+//                 ott_kvq_quantize_block_ref (kv/kv_kvq.h): ott_cuda_kvq_event on packed
+//                 blocks, ott_cuda_kvq_layer_event on the window rows of a cache layer
+//   kvq_attn.cu   attention of one KV head's query rows over its stores: codebook lookup and
+//                 RoPE at each key's position, as cpu/kvq_attn_cpu.h: ott_cuda_kvq_attn on
+//                 packed groups (same arguments, device pointers), ott_cuda_kvq_layer_attn on
+//                 a cache layer's tiles
 #pragma once
 
+#include "cuda/ott_cuda.h"
 #include "kv/kvq_types.h"
 
 #include <cuda_runtime.h>
@@ -27,3 +30,18 @@ constexpr int OTT_CUDA_KVQ_ROWS = 16;
 cudaError_t ott_cuda_kvq_attn(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_kvq_head_stores * st,
                               int32_t n_groups, const ott_rope_table & rope, const float * q, int32_t n_q,
                               float kq_scale, float * out, cudaStream_t stream);
+
+// The runtime cache (cuda/ott_cuda.h's stores, head-blocks of ott_kvq_block_layout_of(g).size
+// bytes): events of one layer in every KV head, tables tabs [n_head_kv] (device), scratch of
+// n_events·n_head_kv·ott_cuda_kvq_event_scratch(g) bytes; at most one event per sequence.
+cudaError_t ott_cuda_kvq_layer_event(const ott_kvq_geom & g, const ott_cuda_kv_layer & L, const ott_kvq_tables * tabs,
+                                     const ott_cuda_event * events, int32_t n_events, uint8_t * scratch,
+                                     cudaStream_t stream);
+// Attention of n_tiles tiles (each at most max_rows <= OTT_CUDA_KVQ_ROWS rows) over layer L's
+// stores and the chunk's k, v (keys before RoPE when rope.cs is non-null, else none rotated):
+// writes the tiles' rows of out F32 [head_dim*n_head, n_tokens] (row stride out_nb1 floats).
+cudaError_t ott_cuda_kvq_layer_attn(const ott_kvq_geom & g, const ott_cuda_kv_layer & L, const ott_kvq_tables * tabs,
+                                    const ott_rope_table & rope, ott_cuda_f32_3d q, ott_cuda_f32_3d k,
+                                    ott_cuda_f32_3d v, int32_t n_rep, const ott_cuda_attn_tile * tiles, int32_t n_tiles,
+                                    int32_t max_rows, float kq_scale, float * out, int64_t out_nb1,
+                                    cudaStream_t stream);

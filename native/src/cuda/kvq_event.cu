@@ -24,7 +24,28 @@ __global__ void __launch_bounds__(EVENT_THREADS)
                                out + (size_t)i * ott_kvq_block_layout_of(&g).size, scratch + i * scratch_bytes(g));
 }
 
+// grid: (n_events, n_head_kv); the block of event e in KV head h is rows row0 .. of its ring
+__global__ void __launch_bounds__(EVENT_THREADS)
+    kvq_layer_event_kernel(const ott_kvq_geom g, const ott_cuda_kv_layer L, const ott_kvq_tables * tabs,
+                           const ott_cuda_event * events, uint8_t * scratch) {
+    const ott_cuda_event e   = events[blockIdx.x];
+    const int32_t h          = blockIdx.y;
+    const ott_kvq_tables tab = tabs[h];
+    const size_t rows        = ((size_t)e.seq * L.n_head_kv + h) * L.win_cap + e.row0;
+    ott_kvq_quantize_block_ref(&g, tab.k_zero, tab.k_scale, tab.levels_k, tab.levels_v, L.win_k + rows * g.head_dim,
+                               L.win_v + rows * g.head_dim, ott_cuda_head_block(L, e.seq, e.block_idx, h),
+                               scratch + ((size_t)blockIdx.x * gridDim.y + h) * scratch_bytes(g));
+}
+
 }  // namespace
+
+cudaError_t ott_cuda_kvq_layer_event(const ott_kvq_geom & g, const ott_cuda_kv_layer & L, const ott_kvq_tables * tabs,
+                                     const ott_cuda_event * events, int32_t n_events, uint8_t * scratch,
+                                     cudaStream_t stream) {
+    if (n_events <= 0) return cudaSuccess;
+    kvq_layer_event_kernel<<<dim3(n_events, L.n_head_kv), EVENT_THREADS, 0, stream>>>(g, L, tabs, events, scratch);
+    return cudaGetLastError();
+}
 
 cudaError_t ott_cuda_kvq_event(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_fp16 * k,
                                const ott_fp16 * v, int32_t n, uint8_t * out, uint8_t * scratch, cudaStream_t stream) {

@@ -37,10 +37,6 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
     if (params.type == OTT_KV_F16) return ott_kv_f16_create(shape, out);
     ott_kv_config cfg;
     OTT_TRY(ott_kv_config_resolve(params, shape, cfg));
-    if (cfg.kvq && shape.cuda_device >= 0) {
-        return ott_fail(OTT_ERR_UNSUPPORTED,
-                        "the KVQuant cache runs on the CPU only for now (its CUDA kernels are not in the runtime yet)");
-    }
 #ifdef OTT_USE_CUDA
     if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
 #endif

@@ -18,13 +18,15 @@ typedef struct {
     const float * levels_v; /* [2^bits_v] ascending             */
 } ott_kvq_tables;
 
-/* cos and sin of every (position, pair): cs[(p·n_rot/2 + i)·2 + {0, 1}] for p < n_pos, from
- * θ = p · freq_scale · freq_base^(-2i/n_rot) in double (ott_gguf/reference/rope.py). */
+/* cos and sin of every (pair, position), pair-major so that a pair's angles at consecutive
+ * positions are consecutive: cos at cs[i·n_pos + p], sin at cs[(n_rot/2 + i)·n_pos + p] for
+ * p < n_pos, from θ = p · freq_scale · freq_base^(-2i/n_rot) in double
+ * (ott_gguf/reference/rope.py). */
 typedef struct {
     int32_t n_rot;    /* rotated channels                                   */
     int32_t neox;     /* pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])   */
     int32_t n_pos;    /* positions covered                                  */
-    const float * cs; /* [n_pos][n_rot/2][2]                                */
+    const float * cs; /* [2][n_rot/2][n_pos]                                */
 } ott_rope_table;
 
 /* The stores of one KV head of one sequence. */
