@@ -7,8 +7,9 @@
 //                              attention must be within ATTN_BUDGET of a float64 reference
 //                              (relative L2 error over the output).
 //   ott-cuda-ops perf [ctx[:batch] ..]  copy bandwidth of the card, then the attention
-//                              kernel (7B shape: 32 KV heads of 128, ott2) at each context
-//                              and batch (1..64, or the one given): one JSON object per line.
+//                              kernels (7B shape: 32 KV heads of 128; ott2, ottr2, ottr2 with
+//                              key tiers, kvquant2) at each context and batch (1..64, or the
+//                              one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cpu/kvq_attn_cpu.h"
 #include "cuda/kvq_cuda.h"
@@ -777,6 +778,75 @@ template <typename F, typename B> float time_ms(F fn, int reps, B before) {
     return t[t.size() / 2];
 }
 
+// KVQuant's attention (kvquant2, keys before RoPE, 1 % outliers) over one layer of the same
+// 7B shape: ctx tokens per sequence in blocks of 32 (the last partial block's rows in fp16),
+// B sequences; head-blocks quantized from random keys and values, then repeated.
+void perf_kvq(int ctx, int B, double copy_gbs) {
+    const int32_t H = 32, hd = 128, block = 32, n_blocks = ctx / block, n_fp = ctx - n_blocks * block + 1;
+    const ott_kvq_geom g         = { hd, block, 2, 2, ott_kvq_n_out(100, block, hd) };
+    const ott_kvq_block_layout L = ott_kvq_block_layout_of(&g);
+    const int32_t n_src          = 64;  // distinct head-blocks
+    std::vector<void *> mem;
+    rng_t rng(13);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto normal_f16 = [&](size_t n) {
+        std::vector<ott_fp16> x(n);
+        for (ott_fp16 & h : x) h = ott_fp32_to_fp16_ref(nd(rng));
+        return x;
+    };
+    std::vector<float> zero(hd, 0.0f), scale(hd, 2.0f), lev = { -1.0f, -0.3f, 0.3f, 1.0f };
+    const ott_kvq_tables tab = { upload_to(mem, zero), upload_to(mem, scale), upload_to(mem, lev),
+                                 upload_to(mem, lev) };
+    const std::vector<ott_kvq_tables> tabs((size_t)B * H, tab);
+    uint8_t * src = upload_to(mem, std::vector<uint8_t>((size_t)n_src * L.size, 0));
+    CHECK_CUDA(ott_cuda_kvq_event(
+        g, upload_to(mem, std::vector<ott_kvq_tables>(n_src, tab)),
+        upload_to(mem, normal_f16((size_t)n_src * block * hd)), upload_to(mem, normal_f16((size_t)n_src * block * hd)),
+        n_src, src, upload_to(mem, std::vector<uint8_t>(ott_cuda_kvq_event_scratch(g) * n_src, 0)), nullptr));
+    const size_t n_hb = (size_t)B * H * n_blocks;
+    auto layer        = [&]() {  // head-blocks, fp16 rows and stores of one layer
+        uint8_t * blocks = upload_to(mem, std::vector<uint8_t>(std::max<size_t>(n_hb * L.size, 1), 0));
+        for (size_t i = 0; i < n_hb; ++i)
+            CHECK_CUDA(cudaMemcpy(blocks + i * L.size, src + (i % n_src) * L.size, L.size, cudaMemcpyDeviceToDevice));
+        const ott_fp16 * fk = upload_to(mem, normal_f16((size_t)B * H * n_fp * hd));
+        std::vector<int32_t> pos((size_t)n_fp);
+        for (int32_t i = 0; i < n_fp; ++i) pos[i] = i == 0 ? 0 : 1 + n_blocks * block + i - 1;
+        const int32_t * d_pos = upload_to(mem, pos);
+        std::vector<ott_kvq_head_stores> st((size_t)B * H);
+        for (size_t i = 0; i < st.size(); ++i)
+            st[i] = { blocks + i * n_blocks * L.size,
+                      n_blocks,
+                      (int64_t)L.size,
+                      1,
+                      fk + i * n_fp * hd,
+                      fk + i * n_fp * hd,
+                      d_pos,
+                      n_fp };
+        return upload_to(mem, st);
+    };
+    const ott_kvq_head_stores *a = layer(), *prev = layer();
+    std::vector<float> cs((size_t)(ctx + block) * hd);
+    ott_rope_table_fill(hd, 10000.0, 1.0, ctx + block, cs.data());
+    const ott_rope_table rope     = { hd, 1, ctx + block, upload_to(mem, cs) };
+    const ott_kvq_tables * d_tabs = upload_to(mem, tabs);
+    std::vector<float> q((size_t)B * H * hd);
+    for (float & x : q) x = nd(rng);
+    const float * d_q = upload_to(mem, q);
+    float * d_out     = upload_to(mem, q);
+    auto attend       = [&](const ott_kvq_head_stores * st) {
+        CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), d_out, nullptr));
+    };
+    const float ms     = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
+    const double bytes = (double)n_hb * ott_kvq_block_data_bytes(&g) + (double)B * H * n_fp * hd * 4 + q.size() * 4.0;
+    const double gbs   = bytes / (ms * 1e-3) / 1e9;
+    printf(
+        "{\"op\": \"attn\", \"mode\": \"kvquant2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
+        "\"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
+        ctx, B, H, hd, bytes, ms, gbs, gbs / copy_gbs);
+    fflush(stdout);
+    for (void * p : mem) CHECK_CUDA(cudaFree(p));
+}
+
 // contexts: (context, batch); batch 0 = every batch of the table
 int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     cudaDeviceProp prop;
@@ -942,6 +1012,9 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 for (void * p : mem) CHECK_CUDA(cudaFree(p));
             }
         }
+    for (const auto & [ctx, only] : contexts)
+        for (int B : { 1, 4, 8, 16, 32, 64 })
+            if (!only || B == only) perf_kvq(ctx, B, copy_gbs);
     return 0;
 }
 
