@@ -650,11 +650,11 @@ inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, size_t row
 }
 
 // Slots t0 .. t0+n_t-1 of a KVQuant head-block dequantised into keys kc [head_dim][LD]
-// (channel-major) and values vc [n_t][hdp]: the codebook
-// level of each code times its scale plus zero, the sparse entries put back. With rope (keys
-// cached before RoPE) the keys come out rotated at their positions pos0 + t: each pair of
-// channels is dequantised and rotated at once, and a sparse key corrects its pair by its
-// rotated difference to the code's level. n_t a multiple of 8.
+// (channel-major) and values vc [n_t][hdp]: the codebook level of each code times its scale
+// plus zero, the sparse entries put back. With rope (keys cached before RoPE) the keys come
+// out rotated at their positions pos0 + t: each pair of channels is dequantised and rotated
+// at once, and a sparse key corrects its pair by its rotated difference to the code's level.
+// n_t a multiple of 8, and at most the table's positions.
 template <int BK, int BV>
 OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, const ott_rope_table * rope,
                             const uint8_t * hb, int32_t t0, int32_t pos0, int32_t n_t, float * kc, float * vc,
