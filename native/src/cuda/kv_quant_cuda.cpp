@@ -233,39 +233,35 @@ public:
         };
         for (const span & s : pre_spans) OTT_CUDA_TRY(events(s));
 
-        const layer_io & x = io[il];
+        const layer_io & x      = io[il];
+        const ott_cuda_f32_3d k = view_of(x.k), v = view_of(x.v);
+        float * out           = (float *)x.out->data;
+        const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
         if (cfg.kvq) {
-            OTT_CUDA_TRY(ott_cuda_kvq_layer_attn(cfg.kvq_geom, L, tabs, kvq_rope, view_of(x.q), view_of(x.k),
-                                                 view_of(x.v), n_rep(), items<ott_cuda_attn_tile>(tiles_span),
-                                                 tiles_span.n, rows_per_tile, kq_scale, (float *)x.out->data,
-                                                 (int64_t)(x.out->nb[1] / sizeof(float)), exec_stream));
-            for (const auto & r : round_spans) {
-                OTT_CUDA_TRY(ott_cuda_kv_append(L, view_of(x.k), view_of(x.v), items<ott_cuda_append>(r.first),
-                                                r.first.n, exec_stream));
-                OTT_CUDA_TRY(events(r.second));
-            }
-            return OTT_OK;
+            OTT_CUDA_TRY(ott_cuda_kvq_layer_attn(cfg.kvq_geom, L, tabs, kvq_rope, view_of(x.q), k, v, n_rep(),
+                                                 items<ott_cuda_attn_tile>(tiles_span), tiles_span.n, rows_per_tile,
+                                                 kq_scale, out, out_nb1, exec_stream));
+        } else {
+            ott_cuda_attn_args a {};
+            a.L             = L;
+            a.q             = view_of(x.q);
+            a.k             = k;
+            a.v             = v;
+            a.n_rep         = n_rep();
+            a.kq_scale      = kq_scale;
+            a.traces        = cfg.traces(il) ? 1 : 0;
+            a.tiles         = items<ott_cuda_attn_tile>(tiles_span);
+            a.n_tiles       = tiles_span.n;
+            a.rows_per_tile = rows_per_tile;
+            a.n_splits      = n_splits;
+            a.tensor_cores  = tensor_cores;
+            a.partials      = d_partials;
+            OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
+            OTT_CUDA_TRY(ott_cuda_attn_merge(a, out, out_nb1, exec_stream));
         }
-        ott_cuda_attn_args a {};
-        a.L             = L;
-        a.q             = view_of(x.q);
-        a.k             = view_of(x.k);
-        a.v             = view_of(x.v);
-        a.n_rep         = n_rep();
-        a.kq_scale      = kq_scale;
-        a.traces        = cfg.traces(il) ? 1 : 0;
-        a.tiles         = items<ott_cuda_attn_tile>(tiles_span);
-        a.n_tiles       = tiles_span.n;
-        a.rows_per_tile = rows_per_tile;
-        a.n_splits      = n_splits;
-        a.tensor_cores  = tensor_cores;
-        a.partials      = d_partials;
-        OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
-        OTT_CUDA_TRY(
-            ott_cuda_attn_merge(a, (float *)x.out->data, (int64_t)(x.out->nb[1] / sizeof(float)), exec_stream));
 
         for (const auto & r : round_spans) {
-            OTT_CUDA_TRY(ott_cuda_kv_append(L, a.k, a.v, items<ott_cuda_append>(r.first), r.first.n, exec_stream));
+            OTT_CUDA_TRY(ott_cuda_kv_append(L, k, v, items<ott_cuda_append>(r.first), r.first.n, exec_stream));
             OTT_CUDA_TRY(events(r.second));
         }
         return OTT_OK;
