@@ -641,14 +641,6 @@ template <int BITS> OTT_INLINE void load_levels(const float * levels, v8f & lo, 
     if constexpr (BITS == 4) std::memcpy(&hi, levels + 8, sizeof hi);
 }
 
-// Code i of a packed row (LSB-first bit stream), the row of row_bytes bytes
-inline uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, size_t row_bytes) {
-    const int32_t at = i * bits;
-    uint32_t x       = row[at / 8];
-    if ((size_t)(at / 8 + 1) < row_bytes) x |= (uint32_t)row[at / 8 + 1] << 8;
-    return (x >> (at % 8)) & ((1u << bits) - 1);
-}
-
 // Slots t0 .. t0+n_t-1 of a KVQuant head-block dequantised into keys kc [head_dim][LD]
 // (channel-major) and values vc [n_t][hdp]: the codebook level of each code times its scale
 // plus zero, the sparse entries put back. With rope (keys cached before RoPE) the keys come
@@ -720,7 +712,7 @@ OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, 
             float table[16];
             std::memcpy(table, &lo, sizeof lo);
             std::memcpy(table + 8, &hi, sizeof hi);
-            for (int32_t c = hd8; c < hd; ++c) vt[c] = table[code_at(row, c, BV, v_row)];
+            for (int32_t c = hd8; c < hd; ++c) vt[c] = table[ott_kvq_code_at(row, c, BV, v_row)];
         }
     }
     const int32_t first = t0 * hd, end = (t0 + n_t) * hd;  // sparse indices t·head_dim + c in the tile
@@ -740,7 +732,7 @@ OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, 
                 int32_t ca, cb;
                 pair_of(i, ca, cb);
                 const float lev =
-                    tab.levels_k[code_at(k_codes(c), t, BK, k_row - (size_t)t0 * BK / 8)] * tab.k_scale[c] +
+                    tab.levels_k[ott_kvq_code_at(k_codes(c), t, BK, k_row - (size_t)t0 * BK / 8)] * tab.k_scale[c] +
                     tab.k_zero[c];
                 const float d  = ott_fp16_to_fp32_ref(xk) - lev;
                 const float co = rope->cs[(size_t)i * rope->n_pos + pos0 + t];
@@ -794,6 +786,19 @@ OTT_CLONES void attend_kvq_blocks(const ott_kvq_geom & g, const ott_kvq_tables &
     }
 }
 
+// Head-blocks 0 .. n-1 of a KVQuant store (head_block(j): block j's bytes), slot 0 of block 0
+// at position pos0, through attend_kvq_blocks in runs of consecutive blocks.
+template <typename F>
+void attend_kvq_store(const ott_kvq_geom & g, const ott_kvq_tables & tab, const ott_rope_table * rope, int32_t n,
+                      int32_t pos0, const attn_ws & w, int32_t rows, F head_block) {
+    const uint8_t * hbs[KEY_TILE / 8];
+    for (int32_t b0 = 0; b0 < n; b0 += KEY_TILE / 8) {
+        const int32_t k = std::min(KEY_TILE / 8, n - b0);
+        for (int32_t j = 0; j < k; ++j) hbs[j] = head_block(b0 + j);
+        attend_kvq_blocks(g, tab, rope, hbs, k, pos0 + b0 * g.block, w, rows);
+    }
+}
+
 // Every tile of an fp16 store of n rows, row i at position pos0 + i (keys rotated by RoPE
 // there when rope is non-NULL).
 void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n,
@@ -837,32 +842,30 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
         start_rows(w, rows);
 
         // quantized blocks, masked slots excluded
-        if (cfg.kvq && I.b1 > I.b0) {  // KVQuant: slot 0 of block b at position n_sink + b·block
-            const uint8_t * hbs[KEY_TILE / 8];
-            for (int32_t b0 = I.b0; b0 < I.b1; b0 += KEY_TILE / 8) {
-                const int32_t n = std::min(KEY_TILE / 8, I.b1 - b0);
-                for (int32_t j = 0; j < n; ++j) hbs[j] = ott_kv_head_block(ls.blocks[b0 + j], &cfg.layout, I.head);
-                attend_kvq_blocks(cfg.kvq_geom, cfg.kvq_tables(op.il, I.head), st.rope, hbs, n,
-                                  S.before.n_sink + b0 * block, w, rows);
-            }
-        }
-        for (int32_t b = I.b0; b < I.b1 && !cfg.kvq; ++b) {
-            const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
-            for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
-                const int32_t n_t = std::min(KEY_TILE, block - t0);
-                bool any_dead     = false;
-                if (traces) {
-                    const uint8_t * mask = hb + cfg.layout.mask;
-                    for (int32_t t = 0; t < n_t; ++t) {
-                        w.dead[t] = (mask[(t0 + t) >> 3] >> ((t0 + t) & 7)) & 1;
-                        any_dead |= w.dead[t] != 0;
+        if (cfg.kvq) {  // KVQuant: slot 0 of block b at position n_sink + b·block
+            attend_kvq_store(cfg.kvq_geom, cfg.kvq_tables(op.il, I.head), st.rope, I.b1 - I.b0,
+                             S.before.n_sink + I.b0 * block, w, rows, [&](int32_t j) {
+                                 return (const uint8_t *)ott_kv_head_block(ls.blocks[I.b0 + j], &cfg.layout, I.head);
+                             });
+        } else {
+            for (int32_t b = I.b0; b < I.b1; ++b) {
+                const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
+                for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
+                    const int32_t n_t = std::min(KEY_TILE, block - t0);
+                    bool any_dead     = false;
+                    if (traces) {
+                        const uint8_t * mask = hb + cfg.layout.mask;
+                        for (int32_t t = 0; t < n_t; ++t) {
+                            w.dead[t] = (mask[(t0 + t) >> 3] >> ((t0 + t) & 7)) & 1;
+                            any_dead |= w.dead[t] != 0;
+                        }
                     }
-                }
-                if (fused) {
-                    attend_codes(cfg, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
-                } else {
-                    dequant_tile(cfg, hb, t0, n_t, w);
-                    attend_tile(w, rows, n_t, any_dead ? w.dead : nullptr, false);
+                    if (fused) {
+                        attend_codes(cfg, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
+                    } else {
+                        dequant_tile(cfg, hb, t0, n_t, w);
+                        attend_tile(w, rows, n_t, any_dead ? w.dead : nullptr, false);
+                    }
                 }
             }
         }
@@ -970,10 +973,9 @@ void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const 
         for (int32_t c = 0; c < hd; ++c) w.q[(size_t)r * w.hdp + c] = q[(size_t)r * hd + c] * kq_scale;
     }
     start_rows(w, n_q);
-    for (int32_t j = 0; j < st->n_blocks; ++j) {
-        const uint8_t * b = st->block_list ? st->block_list[j] : st->blocks + (size_t)j * st->block_stride;
-        attend_kvq_blocks(*g, *tab, rope, &b, 1, st->pos0 + j * g->block, w, n_q);
-    }
+    attend_kvq_store(*g, *tab, rope, st->n_blocks, st->pos0, w, n_q, [st](int32_t j) {
+        return st->block_list ? st->block_list[j] : st->blocks + (size_t)j * st->block_stride;
+    });
     for (int32_t t0 = 0; t0 < st->n; t0 += KEY_TILE) {
         const int32_t n_t = std::min(KEY_TILE, st->n - t0);
         f16_tile(st->k + (size_t)t0 * hd, st->v + (size_t)t0 * hd, n_t, w);

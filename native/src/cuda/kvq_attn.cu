@@ -20,14 +20,6 @@ __device__ __forceinline__ float f16(ott_fp16 h) { return __half2float(__ushort_
 
 __device__ __forceinline__ ott_fp16 load16(const uint8_t * p) { return (ott_fp16)(p[0] | p[1] << 8); }
 
-// Code i of a packed row of row_bytes bytes (LSB-first bit stream).
-__device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits, int32_t row_bytes) {
-    const int32_t at = i * bits, b = at / 8;
-    uint32_t w = row[b];
-    if (b + 1 < row_bytes) w |= (uint32_t)row[b + 1] << 8;
-    return (w >> (at % 8)) & ((1u << bits) - 1);
-}
-
 // One group of ott_cuda_kvq_attn: rows q, out [n_q][head_dim], stores st (positions given).
 struct packed_group {
     ott_kvq_tables tab;
@@ -226,10 +218,10 @@ __global__ void __launch_bounds__(ATTN_THREADS)
             const int32_t n = min(KT, g.block - t0);
             for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
                 const int32_t t = e / hd, c = e % hd, slot = t0 + t;
-                S.kt[e] = G.tab.levels_k[code_at(b + L.k_codes + (size_t)c * k_row, slot, g.bits_k, k_row)] *
+                S.kt[e] = G.tab.levels_k[ott_kvq_code_at(b + L.k_codes + (size_t)c * k_row, slot, g.bits_k, k_row)] *
                               G.tab.k_scale[c] +
                           G.tab.k_zero[c];
-                S.vt[e] = G.tab.levels_v[code_at(b + L.v_codes + (size_t)slot * v_row, c, g.bits_v, v_row)] *
+                S.vt[e] = G.tab.levels_v[ott_kvq_code_at(b + L.v_codes + (size_t)slot * v_row, c, g.bits_v, v_row)] *
                               f16(load16(b + L.v_scale + 2 * slot)) +
                           f16(load16(b + L.v_zero + 2 * slot));
             }

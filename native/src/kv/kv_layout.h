@@ -251,6 +251,14 @@ static inline OTT_HD ott_kvq_block_layout ott_kvq_block_layout_of(const ott_kvq_
     return L;
 }
 
+/* Code i of a packed row of row_bytes bytes (one LSB-first bit stream of `bits`-bit codes). */
+static inline OTT_HD uint32_t ott_kvq_code_at(const uint8_t * row, int32_t i, int32_t bits, size_t row_bytes) {
+    const int32_t at = i * bits;
+    uint32_t x       = row[at / 8];
+    if ((size_t)(at / 8 + 1) < row_bytes) x |= (uint32_t)row[at / 8 + 1] << 8;
+    return (x >> (at % 8)) & ((1u << bits) - 1);
+}
+
 #ifdef __cplusplus
 }
 #endif
