@@ -379,8 +379,13 @@ void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
     ott_rope_table drope = rope;
     drope.cs             = upload_to(mem, cs);
     float * d_out        = upload_to(mem, std::vector<float>(q.size(), NAN));
+    int n_sm             = 1;
+    CHECK_CUDA(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    const int32_t n_splits = ott_cuda_kvq_attn_splits(g, G, c.n_q, (int64_t)NB * g.block + c.n_fp, n_sm);
+    float * d_parts =
+        upload_to(mem, std::vector<float>(std::max<size_t>(1, ott_cuda_kvq_partial_floats(g, G, n_splits))));
     CHECK_CUDA(ott_cuda_kvq_attn(g, upload_to(mem, dtab), upload_to(mem, dst), G, drope, upload_to(mem, q), c.n_q,
-                                 kq_scale, d_out, nullptr));
+                                 kq_scale, n_splits, d_parts, d_out, nullptr));
     CHECK_CUDA(cudaMemcpy(got_o.data(), d_out, got_o.size() * 4, cudaMemcpyDeviceToHost));
     double e2 = 0, w2 = 0;
     for (size_t i = 0; i < q.size(); ++i) {
@@ -389,7 +394,7 @@ void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
     }
     const double err = std::sqrt(e2 / std::max(w2, 1e-300));
     char detail[64];
-    snprintf(detail, sizeof(detail), "rel err %.2e (budget %.0e)", err, KVQ_ATTN_BUDGET);
+    snprintf(detail, sizeof(detail), "rel err %.2e (budget %.0e), %d split(s)", err, KVQ_ATTN_BUDGET, n_splits);
     report(std::string("kvq-attn/") + c.name, err < KVQ_ATTN_BUDGET, detail, n_fail);
     for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }
@@ -745,6 +750,9 @@ int run_checks() {
         { "kvquant4-hd128-b32-2.5pct", { 128, 32, 4, 4, 0 }, 250, 2, 3, 5, 1, 0 },
         { "kvquant2-hd128-b64-0pct", { 128, 64, 2, 2, 0 }, 0, 4, 2, 2, 16, 1 },
         { "kvquant3-hd64-b16-k3v2", { 64, 16, 3, 2, 0 }, 100, 2, 6, 40, 2, 0 },
+        { "kvquant2-hd128-b32-splits", { 128, 32, 2, 2, 0 }, 100, 3, 48, 21, 1, 1 },
+        { "kvquant3-hd256-b32-splits-5rows", { 256, 32, 3, 3, 0 }, 100, 2, 40, 37, 5, 0 },
+        { "kvquant4-hd64-b96-splits-gqa", { 64, 96, 4, 4, 0 }, 200, 2, 12, 70, 16, 1 },
     };
     for (const kvq_case & c : kvqs) check_kvq(c, seed++, n_fail);
     printf("%d case(s) failed\n", n_fail);
@@ -833,16 +841,22 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
     for (float & x : q) x = nd(rng);
     const float * d_q = upload_to(mem, q);
     float * d_out     = upload_to(mem, q);
-    auto attend       = [&](const ott_kvq_head_stores * st) {
-        CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), d_out, nullptr));
+    int n_sm          = 1;
+    CHECK_CUDA(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    const int32_t n_splits = ott_cuda_kvq_attn_splits(g, B * H, 1, ctx, n_sm);
+    float * d_parts =
+        upload_to(mem, std::vector<float>(std::max<size_t>(1, ott_cuda_kvq_partial_floats(g, B * H, n_splits))));
+    auto attend = [&](const ott_kvq_head_stores * st) {
+        CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), n_splits, d_parts,
+                                     d_out, nullptr));
     };
     const float ms     = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
     const double bytes = (double)n_hb * ott_kvq_block_data_bytes(&g) + (double)B * H * n_fp * hd * 4 + q.size() * 4.0;
     const double gbs   = bytes / (ms * 1e-3) / 1e9;
     printf(
         "{\"op\": \"attn\", \"mode\": \"kvquant2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-        "\"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-        ctx, B, H, hd, bytes, ms, gbs, gbs / copy_gbs);
+        "\"splits\": %d, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
+        ctx, B, H, hd, n_splits, bytes, ms, gbs, gbs / copy_gbs);
     fflush(stdout);
     for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }

@@ -211,7 +211,7 @@ public:
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
         const size_t parts =
-            cfg.kvq ? 0
+            cfg.kvq ? ott_cuda_kvq_partial_floats(cfg.kvq_geom, (int32_t)tiles.size(), n_splits)
                     : tiles.size() * (size_t)n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
@@ -240,7 +240,7 @@ public:
         if (cfg.kvq) {
             OTT_CUDA_TRY(ott_cuda_kvq_layer_attn(cfg.kvq_geom, L, tabs, kvq_rope, view_of(x.q), k, v, n_rep(),
                                                  items<ott_cuda_attn_tile>(tiles_span), tiles_span.n, rows_per_tile,
-                                                 kq_scale, out, out_nb1, exec_stream));
+                                                 kq_scale, n_splits, d_partials, out, out_nb1, exec_stream));
         } else {
             ott_cuda_attn_args a {};
             a.L             = L;
@@ -418,10 +418,13 @@ private:
         std::vector<std::vector<ott_cuda_event>> pre(plan.max_events), ev(plan.max_events + 1);
         std::vector<std::vector<ott_cuda_append>> app(plan.max_events + 1);
         int32_t max_rows = 1;
+        int64_t max_keys = 0;  // keys a KVQuant tile reads: head-block slots, sink, window, chunk
         for (const ott_kv_step_seq & S : plan.seqs) {
             const ott_kv_sched & sc = S.before;
             const int32_t rows      = S.n_new * n_rep();
             max_rows                = std::max(max_rows, rows);
+            max_keys =
+                std::max<int64_t>(max_keys, (int64_t)sc.n_blocks * cfg.kvq_geom.block + sc.n_sink + sc.n_win + S.n_new);
             for (int32_t h = 0; h < sh.n_head_kv; ++h) {
                 for (int32_t row0 = 0; row0 < rows; row0 += max_tile_rows()) {
                     tiles.push_back({ S.seq, h, S.t0, S.n_new, row0, std::min(max_tile_rows(), rows - row0), sc.n_sink,
@@ -447,9 +450,10 @@ private:
         if (rows_per_tile < max_tile_rows()) {
             for (ott_cuda_attn_tile & t : tiles) t.n_rows = std::min(t.n_rows, rows_per_tile);
         }
-        n_splits = cfg.kvq ? 1
-                           : ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t)tiles.size(), n_sm,
-                                                  plan.max_blocks);
+        n_splits = cfg.kvq
+                       ? ott_cuda_kvq_attn_splits(cfg.kvq_geom, (int32_t)tiles.size(), rows_per_tile, max_keys, n_sm)
+                       : ott_cuda_attn_splits(cfg.geom, rows_per_tile, tensor_cores, (int32_t)tiles.size(), n_sm,
+                                              plan.max_blocks);
 
         // pack: tiles | pre rounds | (app, ev) rounds
         packed.clear();
@@ -476,7 +480,7 @@ private:
 
     int32_t n_rep() const { return std::max(1, n_head / sh.n_head_kv); }
 
-    // Query rows of an attention tile, at most (KVQuant's kernel: one thread block a tile).
+    // Query rows of an attention tile, at most (KVQuant's: its kernels take groups of up to 16).
     int32_t max_tile_rows() const { return cfg.kvq ? OTT_CUDA_KVQ_ROWS : OTT_CUDA_ATTN_ROWS; }
 
     static ott_cuda_f32_3d view_of(const ggml_tensor * t) {

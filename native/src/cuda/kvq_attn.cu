@@ -1,115 +1,20 @@
-// kvq_attn.cu — attention over KVQuant stores on the GPU, the steps of the CPU's
-// (cpu/kvq_attn_cpu.h): one thread block per query group (up to OTT_CUDA_KVQ_ROWS query rows
-// of one KV head of one sequence); per tile of KT keys the threads dequantize keys and values
-// from their codes into shared memory (codebook level times scale plus zero, sparse entries
-// put back), rotate the keys by RoPE at their positions, score every row, and fold the tile
-// into each row's online softmax. Two kinds of group read their inputs differently and share
-// that body: the packed groups of ott_cuda_kvq_attn (tests/cuda_ops.cpp compares them with the
-// CPU) and the runtime cache's tiles (ott_cuda_kvq_layer_attn: sink, window ring and the
-// chunk's own keys, causally).
-#include "cuda/kvq_cuda.h"
+// kvq_attn.cu — attention over KVQuant stores on the GPU: which kernel serves a geometry, how
+// many splits, the launches. The split kernel (kvq_attn_split.cuh) serves head sizes 64, 128
+// and 256 with blocks of a multiple of 32 tokens and equal key and value widths; the tile
+// kernel below serves every other geometry, the steps of the CPU's (cpu/kvq_attn_cpu.h):
+// one thread block per query group (up to OTT_CUDA_KVQ_ROWS query rows of one KV head of one
+// sequence); per tile of KT keys the threads dequantize keys and values from their codes into
+// shared memory (codebook level times scale plus zero, sparse entries put back), rotate the
+// keys by RoPE at their positions, score every row, and fold the tile into each row's online
+// softmax. Both read the two kinds of group of kvq_attn_groups.cuh.
+#include "cuda/kvq_attn_split.cuh"
 
-#include <cuda_fp16.h>
+#include <algorithm>
 
 namespace {
 
 constexpr int ATTN_THREADS = 128;
 constexpr int KT           = 32;  // keys per tile
-
-__device__ __forceinline__ float f16(ott_fp16 h) { return __half2float(__ushort_as_half(h)); }
-
-__device__ __forceinline__ ott_fp16 load16(const uint8_t * p) { return (ott_fp16)(p[0] | p[1] << 8); }
-
-// One group of ott_cuda_kvq_attn: rows q, out [n_q][head_dim], stores st (positions given).
-struct packed_group {
-    ott_kvq_tables tab;
-    ott_kvq_head_stores st;
-    const float * q;
-    float * out;
-    int32_t n_q, hd;
-
-    __device__ int32_t rows() const { return n_q; }
-    __device__ const float * query(int32_t r) const { return q + (size_t)r * hd; }
-    __device__ float * output(int32_t r) const { return out + (size_t)r * hd; }
-    __device__ int32_t n_blocks() const { return st.n_blocks; }
-    __device__ const uint8_t * block(int32_t j) const { return st.blocks + (size_t)j * st.block_stride; }
-    __device__ int32_t pos0() const { return st.pos0; }
-    __device__ int32_t n_fp() const { return st.n; }
-    __device__ float fp_k(int32_t t, int32_t c) const { return f16(st.k[(size_t)t * hd + c]); }
-    __device__ float fp_v(int32_t t, int32_t c) const { return f16(st.v[(size_t)t * hd + c]); }
-    __device__ int32_t fp_pos(int32_t t) const { return st.pos[t]; }
-    __device__ int32_t visible(int32_t) const { return st.n; }
-};
-
-struct packed_groups {
-    const ott_kvq_tables * tabs;
-    const ott_kvq_head_stores * stores;
-    const float * q;
-    float * out;
-    int32_t n_q;
-
-    __device__ packed_group at(int32_t i, int32_t hd) const {
-        return { tabs[i], stores[i], q + (size_t)i * n_q * hd, out + (size_t)i * n_q * hd, n_q, hd };
-    }
-};
-
-// One tile of the runtime cache (ott_cuda_attn_tile): its rows' queries in the step's q, its
-// stores in layer L — the sink, the window ring from win_pos0, then the chunk's own K/V
-// (rounded to fp16 as the appends will store them), row rho seeing the chunk up to its token.
-struct cache_tile {
-    const ott_cuda_kv_layer * L;
-    ott_cuda_attn_tile t;
-    ott_kvq_tables tab;
-    ott_cuda_f32_3d q, k, v;
-    float * out;
-    int64_t out_nb1;
-    int32_t n_rep, hd;
-
-    __device__ int32_t rows() const { return t.n_rows; }
-    __device__ int32_t token(int32_t r) const { return (t.row0 + r) / n_rep; }  // chunk token of row r
-    __device__ int32_t q_head(int32_t r) const { return t.head * n_rep + (t.row0 + r) % n_rep; }
-    __device__ const float * query(int32_t r) const {
-        return q.data + (size_t)(t.t0 + token(r)) * q.nb2 + (size_t)q_head(r) * q.nb1;
-    }
-    __device__ float * output(int32_t r) const {
-        return out + (size_t)(t.t0 + token(r)) * out_nb1 + (size_t)q_head(r) * hd;
-    }
-    __device__ int32_t n_blocks() const { return t.n_blocks; }
-    __device__ const uint8_t * block(int32_t j) const { return ott_cuda_head_block(*L, t.seq, j, t.head); }
-    __device__ int32_t pos0() const { return t.n_sink; }
-    __device__ int32_t n_fp() const { return t.n_sink + t.n_win + t.n_q; }
-    __device__ size_t sh() const { return (size_t)t.seq * L->n_head_kv + t.head; }
-    __device__ float fp(const ott_fp16 * sink, const ott_fp16 * win, const ott_cuda_f32_3d & x, int32_t i,
-                        int32_t c) const {
-        if (i < t.n_sink) return f16(sink[(sh() * L->sink + i) * hd + c]);
-        i -= t.n_sink;
-        if (i < t.n_win) {
-            const int32_t row = (t.win_pos0 + i - L->sink) % L->win_cap;
-            return f16(win[(sh() * L->win_cap + row) * hd + c]);
-        }
-        i -= t.n_win;
-        return __half2float(__float2half_rn(x.data[(size_t)(t.t0 + i) * x.nb2 + (size_t)t.head * x.nb1 + c]));
-    }
-    __device__ float fp_k(int32_t i, int32_t c) const { return fp(L->sink_k, L->win_k, k, i, c); }
-    __device__ float fp_v(int32_t i, int32_t c) const { return fp(L->sink_v, L->win_v, v, i, c); }
-    __device__ int32_t fp_pos(int32_t i) const { return i < t.n_sink ? i : t.win_pos0 + i - t.n_sink; }
-    __device__ int32_t visible(int32_t r) const { return t.n_sink + t.n_win + token(r) + 1; }
-};
-
-struct cache_tiles {
-    ott_cuda_kv_layer L;
-    const ott_kvq_tables * tabs;  // [n_head_kv]
-    const ott_cuda_attn_tile * tiles;
-    ott_cuda_f32_3d q, k, v;
-    float * out;
-    int64_t out_nb1;
-    int32_t n_rep;
-
-    __device__ cache_tile at(int32_t i, int32_t hd) const {
-        const ott_cuda_attn_tile t = tiles[i];
-        return { &L, t, tabs[t.head], q, k, v, out, out_nb1, n_rep, hd };
-    }
-};
 
 struct tile_smem {
     float * kt;     // [KT][hd]
@@ -251,11 +156,52 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     for (int32_t e = threadIdx.x; e < nq * hd; e += blockDim.x) G.output(e / hd)[e % hd] = S.acc[e] / S.l[e / hd];
 }
 
+bool split_serves(const ott_kvq_geom & g) {
+    return (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && g.block % split::UNIT == 0 &&
+           g.bits_k == g.bits_v;
+}
+
+template <int HD, int BITS, int NR, typename Groups>
+cudaError_t launch_split(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
+                         const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
+                         cudaStream_t stream) {
+    const dim3 grid(n_groups, n_splits, (max_rows + NR - 1) / NR);
+    split::kvq_split_kernel<HD, BITS, NR>
+        <<<grid, split::WARPS * 32, 0, stream>>>(g, groups, rope, kq_scale, n_splits, partials);
+    split::kvq_merge_kernel<<<n_groups, 128, 0, stream>>>(groups, HD, n_splits, partials);
+    return cudaGetLastError();
+}
+
+template <int HD, typename Groups>
+cudaError_t launch_bits(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
+                        const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
+                        cudaStream_t stream) {
+#define OTT_KVQ_SPLIT(B, NR)                                                                                           \
+    launch_split<HD, B, NR>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream)
+    const bool one = max_rows == 1;
+    switch (g.bits_k) {
+        case 2:  return one ? OTT_KVQ_SPLIT(2, 1) : OTT_KVQ_SPLIT(2, 4);
+        case 3:  return one ? OTT_KVQ_SPLIT(3, 1) : OTT_KVQ_SPLIT(3, 4);
+        default: return one ? OTT_KVQ_SPLIT(4, 1) : OTT_KVQ_SPLIT(4, 4);
+    }
+#undef OTT_KVQ_SPLIT
+}
+
 template <typename Groups>
 cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
-                   const ott_rope_table & rope, float kq_scale, cudaStream_t stream) {
+                   const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
+                   cudaStream_t stream) {
     if (n_groups <= 0) return cudaSuccess;
-    if (max_rows <= 0 || max_rows > OTT_CUDA_KVQ_ROWS) return cudaErrorInvalidValue;
+    if (max_rows <= 0 || max_rows > OTT_CUDA_KVQ_ROWS || n_splits <= 0) return cudaErrorInvalidValue;
+    if (split_serves(g)) {
+        if (!partials) return cudaErrorInvalidValue;
+        switch (g.head_dim) {
+            case 64: return launch_bits<64>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
+            case 128:
+                return launch_bits<128>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
+            default: return launch_bits<256>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
+        }
+    }
     const size_t smem = smem_bytes(g.head_dim, max_rows);
     if (smem > 48 * 1024) {
         const cudaError_t e =
@@ -268,17 +214,33 @@ cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_grou
 
 }  // namespace
 
+int32_t ott_cuda_kvq_attn_splits(const ott_kvq_geom & g, int32_t n_groups, int32_t max_rows, int64_t max_keys,
+                                 int32_t n_sm) {
+    if (!split_serves(g) || n_groups <= 0) return 1;
+    const int64_t chunks = max_rows == 1 ? 1 : (max_rows + 3) / 4;
+    const int64_t units  = (max_keys + split::UNIT - 1) / split::UNIT;
+    const int64_t most   = std::max<int64_t>(1, std::min<int64_t>(64, units / (2 * split::WARPS)));  // 2 units a warp
+    const int64_t want   = (16 * (int64_t)n_sm + n_groups * chunks - 1) / (n_groups * chunks);       // ~16 blocks an SM
+    return (int32_t)std::max<int64_t>(1, std::min(want, most));
+}
+
+size_t ott_cuda_kvq_partial_floats(const ott_kvq_geom & g, int32_t n_groups, int32_t n_splits) {
+    if (!split_serves(g)) return 0;
+    return (size_t)n_groups * n_splits * OTT_CUDA_KVQ_ROWS * ott_cuda_partial_row(g.head_dim);
+}
+
 cudaError_t ott_cuda_kvq_attn(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_kvq_head_stores * st,
                               int32_t n_groups, const ott_rope_table & rope, const float * q, int32_t n_q,
-                              float kq_scale, float * out, cudaStream_t stream) {
-    return launch(g, packed_groups { tabs, st, q, out, n_q }, n_groups, n_q, rope, kq_scale, stream);
+                              float kq_scale, int32_t n_splits, float * partials, float * out, cudaStream_t stream) {
+    return launch(g, packed_groups { tabs, st, q, out, n_q }, n_groups, n_q, rope, kq_scale, n_splits, partials,
+                  stream);
 }
 
 cudaError_t ott_cuda_kvq_layer_attn(const ott_kvq_geom & g, const ott_cuda_kv_layer & L, const ott_kvq_tables * tabs,
                                     const ott_rope_table & rope, ott_cuda_f32_3d q, ott_cuda_f32_3d k,
                                     ott_cuda_f32_3d v, int32_t n_rep, const ott_cuda_attn_tile * tiles, int32_t n_tiles,
-                                    int32_t max_rows, float kq_scale, float * out, int64_t out_nb1,
-                                    cudaStream_t stream) {
+                                    int32_t max_rows, float kq_scale, int32_t n_splits, float * partials, float * out,
+                                    int64_t out_nb1, cudaStream_t stream) {
     return launch(g, cache_tiles { L, tabs, tiles, q, k, v, out, out_nb1, n_rep }, n_tiles, max_rows, rope, kq_scale,
-                  stream);
+                  n_splits, partials, stream);
 }

@@ -1,0 +1,406 @@
+// kvq_attn_split.cuh — KVQuant's attention for head sizes 64, 128 and 256, blocks of a
+// multiple of 32 tokens and equal key and value widths (kvq_attn.cu: split_serves),
+// flash-decoding style.
+//
+// Grid (n_groups, n_splits, row chunks), WARPS warps per block. A block serves NR rows of a
+// group (rows NR·blockIdx.z ..) over split y's share of the group's units: the 32-key units
+// of its head-blocks, then those of its fp16 rows. The warps take the split's units in turn,
+// each with its own online softmax per row (log2 domain: q is scaled by kq_scale·log2 e); the
+// block combines them into its partial (max, sum, weighted values per row) and
+// kvq_merge_kernel a group's partials.
+//
+// A unit of a head-block (slots t0 .. t0+31, positions P0 + t):
+//  - keys: lane (sg, ps) = (lane / 8, lane % 8) holds slots 8·sg .. 8·sg+7 of the channel
+//    pairs ps, ps+8, ..: one BITS-byte load per channel gives its 8 codes; each is dequantized
+//    (2 bits: a cubic through the codebook's 4 levels, with the channel's scale and zero
+//    folded in, at u = code/4 - 3/8 made from the code's bits without a conversion; 3 and 4
+//    bits: the level, held by lane `code`, by shuffle, times scale plus zero); each pair is
+//    rotated by RoPE at its slot's position (the table's angle at the lane's first slot,
+//    stepped by the angle at position 1) and q·k accumulated per row. The 8 pair lanes' sums
+//    are reduce-scattered so that lane t holds slot t's scores. Sparse keys add (exact -
+//    dense) times the query rotated to their position to their slot's score.
+//  - values: lane (sv, cg) holds channels 8·cg .. 8·cg+7 of slots sv, sv+SVN, ..: the level
+//    times p·scale of its slot, summed per channel in registers; the zeros' share Σ p·zero is
+//    one sum per row. Sparse values add p·(exact - dense) to a per-warp correction in shared
+//    memory, which the online softmax rescales with the registers.
+// fp16 units: lane t scores fp16 row t (rotated at its position, causally per row); values
+// as above from the fp16 rows.
+#pragma once
+
+#include "cuda/kvq_attn_groups.cuh"
+
+namespace {
+
+namespace split {
+
+constexpr int WARPS     = 4;
+constexpr int UNIT      = 32;  // keys of a unit
+constexpr float LOG2E   = 1.4426950408889634f;
+constexpr unsigned FULL = 0xffffffffu;
+
+// The 8 codes of BITS bits from byte `at` of p (4-byte aligned), in the low 8·BITS bits.
+template <int BITS> __device__ __forceinline__ uint32_t codes8(const uint8_t * p, uint32_t at) {
+    if constexpr (BITS == 2) {
+        return *(const uint16_t *)(p + at);
+    } else if constexpr (BITS == 4) {
+        return *(const uint32_t *)(p + at);
+    } else {
+        const uint32_t * w = (const uint32_t *)(p + (at & ~3u));
+        const uint32_t sh  = (at & 3u) * 8;
+        return __funnelshift_r(w[0], sh > 8 ? w[1] : 0u, sh) & 0xffffffu;
+    }
+}
+
+// u = code/4 - 3/8 of the 2-bit code j of x: 1 + code/4 as a float from its bits, less 1.375.
+__device__ __forceinline__ float u2(uint32_t x, int j) {
+    return __uint_as_float(0x3F800000u | ((x << (21 - 2 * j)) & (3u << 21))) - 1.375f;
+}
+
+__device__ __forceinline__ float cubic(const float4 & a, float u) {
+    return fmaf(fmaf(fmaf(a.w, u, a.z), u, a.y), u, a.x);
+}
+
+// Coefficients (of u^0 .. u^3) of the cubic through levels lv[k] at u = k/4 - 3/8, scaled by
+// s, plus z: Newton's divided differences, expanded (double).
+__device__ float4 cubic_through(const float * lv, double s, double z) {
+    constexpr double h = 0.25, u0 = -0.375;
+    double d[4] = { lv[0], lv[1], lv[2], lv[3] };
+    for (int k = 1; k < 4; ++k)
+        for (int i = 3; i >= k; --i) d[i] = (d[i] - d[i - 1]) / (k * h);
+    double a[4] = { d[3], 0.0, 0.0, 0.0 };
+    for (int i = 2; i >= 0; --i) {  // a = a·(u - u_i) + d_i
+        const double ui = u0 + i * h;
+        for (int k = 3; k >= 1; --k) a[k] = a[k - 1] - ui * a[k];
+        a[0] = -ui * a[0] + d[i];
+    }
+    return make_float4((float)(s * a[0] + z), (float)(s * a[1]), (float)(s * a[2]), (float)(s * a[3]));
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+    return x;
+}
+
+// Channels (a, b) of pair i and whether RoPE rotates them (pairs past n_rot/2: channels
+// n_rot + 2(i - n_rot/2) and the next, unrotated; half = 0: none rotated).
+struct pair_ch {
+    int a, b;
+    bool rot;
+};
+
+__device__ __forceinline__ pair_ch pair_of(int i, int half, int neox) {
+    if (i < half) return { neox ? i : 2 * i, neox ? i + half : 2 * i + 1, true };
+    return { 2 * i, 2 * i + 1, false };
+}
+
+// cos and sin of pair i at position p.
+__device__ __forceinline__ float2 angle(const ott_rope_table & R, int i, int p) {
+    const int half = R.n_rot / 2;
+    return make_float2(R.cs[(size_t)i * R.n_pos + p], R.cs[(size_t)(half + i) * R.n_pos + p]);
+}
+
+template <int HD, int NR> struct smem_t {
+    float q[NR][HD];            // the rows' queries times kq_scale·log2 e
+    float4 kc[HD];              // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
+    float s[WARPS][NR][UNIT];   // a unit's scores
+    float p[WARPS][NR][UNIT];   // their probabilities
+    float pw[WARPS][NR][UNIT];  // the probabilities times their slot's value scale (fp16 rows: 1)
+    float vc[WARPS][NR][HD];    // sparse values' corrections; at the end each warp's weighted values
+    float m[WARPS][NR];
+    float l[WARPS][NR];
+};
+
+// One warp's online softmax of NR rows, its value sums (acc: 8 channels of its lane), the
+// zeros' share and the lane's part of the sums.
+template <int NR> struct warp_rows {
+    float m[NR], l[NR], zs[NR];
+    float acc[8][NR];
+
+    // Fold scores s (this lane's key) into the rows: p the key's probability per row; the
+    // sums so far rescaled, in registers and in vc (the warp's corrections [NR][HD]).
+    template <int HD> __device__ void fold(const float (&s)[NR], float (&p)[NR], float (*vc)[HD]) {
+        float corr[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const float mn = fmaxf(m[r], warp_max(s[r]));
+            if (mn == -INFINITY) {  // nothing visible to row r yet
+                corr[r] = 1.0f;
+                p[r]    = 0.0f;
+                continue;
+            }
+            corr[r] = exp2f(m[r] - mn);
+            p[r]    = exp2f(s[r] - mn);
+            l[r]    = fmaf(l[r], corr[r], p[r]);
+            zs[r] *= corr[r];
+            m[r] = mn;
+#pragma unroll
+            for (int ch = 0; ch < 8; ++ch) acc[ch][r] *= corr[r];
+        }
+        for (int e = threadIdx.x % 32; e < NR * HD; e += 32) vc[e / HD][e % HD] *= corr[e / HD];
+    }
+};
+
+template <int HD, int BITS, int NR, typename Groups>
+__global__ void __launch_bounds__(WARPS * 32)
+    kvq_split_kernel(const ott_kvq_geom g, const Groups groups, const ott_rope_table R, float kq_scale,
+                     int32_t n_splits, float * partials) {
+    constexpr int CG = HD / 8, SVN = 32 / CG;  // value lanes: channel groups, slots in parallel
+    constexpr uint32_t MASK = (1u << BITS) - 1;
+    __shared__ smem_t<HD, NR> S;
+    const auto G     = groups.at(blockIdx.x, HD);
+    const int32_t r0 = blockIdx.z * NR, nr = min(NR, G.rows() - r0);
+    if (nr <= 0) return;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    for (int e = threadIdx.x; e < NR * HD; e += blockDim.x) {
+        const int r    = e / HD;
+        S.q[r][e % HD] = r < nr ? G.query(r0 + r)[e % HD] * (kq_scale * LOG2E) : 0.0f;
+        for (int ww = 0; ww < WARPS; ++ww) S.vc[ww][r][e % HD] = 0.0f;
+    }
+    for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+        const float sc = G.tab.k_scale[c], z = G.tab.k_zero[c];
+        S.kc[c] = BITS == 2 ? cubic_through(G.tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
+    }
+    // levels: 2 bits the values' cubic; else lane j holds level j (of keys, of values)
+    const float4 va = BITS == 2 ? cubic_through(G.tab.levels_v, 1.0, 0.0) : make_float4(1.0f, 0.0f, 0.0f, 0.0f);
+    const float lk  = BITS == 2 ? 0.0f : G.tab.levels_k[lane & MASK];
+    const float lv  = BITS == 2 ? 0.0f : G.tab.levels_v[lane & MASK];
+    __syncthreads();
+
+    auto deq = [&](uint32_t x, int j, const float4 & a, float lev_lane) {  // level j of x, scaled
+        if constexpr (BITS == 2)
+            return cubic(a, u2(x, j));
+        else
+            return fmaf(a.x, __shfl_sync(FULL, lev_lane, (x >> (j * BITS)) & MASK), a.y);
+    };
+    auto level_at = [&](uint32_t code, const float4 & a, const float * levels) {  // deq of one code
+        if constexpr (BITS == 2)
+            return cubic(a, (float)code * 0.25f - 0.375f);
+        else
+            return fmaf(a.x, levels[code], a.y);
+    };
+
+    warp_rows<NR> W;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        W.m[r] = -INFINITY;
+        W.l[r] = W.zs[r] = 0.0f;
+#pragma unroll
+        for (int ch = 0; ch < 8; ++ch) W.acc[ch][r] = 0.0f;
+    }
+    const int half                = R.cs ? R.n_rot / 2 : 0;
+    const ott_kvq_block_layout Lb = ott_kvq_block_layout_of(&g);
+    const uint32_t k_row = (uint32_t)g.block * BITS / 8, v_row = HD * BITS / 8;
+    const int sg = lane / 8, ps = lane % 8, cg = lane % CG, sv = lane / CG;
+    const int32_t upb = g.block / UNIT, n_qu = G.n_blocks() * upb;
+    const int32_t n_u = n_qu + (G.n_fp() + UNIT - 1) / UNIT, per = (n_u + n_splits - 1) / n_splits;
+    const int32_t u_end = min(n_u, (int32_t)(blockIdx.y + 1) * per);
+    float s[NR], p[NR];
+
+    for (int32_t u = blockIdx.y * per + w; u < u_end; u += WARPS) {
+        if (u < n_qu) {
+            const int32_t jb = u / upb, t0 = (u % upb) * UNIT, P0 = G.pos0() + jb * g.block + t0;
+            const uint8_t * b      = G.block(jb);
+            const uint8_t * kcodes = b + Lb.k_codes;
+            // keys: this lane's 8 slots over its pairs
+            float sc[8][NR];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int r = 0; r < NR; ++r) sc[j][r] = 0.0f;
+            const uint32_t at = (uint32_t)(t0 + 8 * sg) * BITS / 8;
+#pragma unroll 2
+            for (int i = ps; i < HD / 2; i += 8) {
+                const pair_ch c   = pair_of(i, half, R.neox);
+                const uint32_t xa = codes8<BITS>(kcodes, c.a * k_row + at), xb = codes8<BITS>(kcodes, c.b * k_row + at);
+                const float4 A = S.kc[c.a], B = S.kc[c.b];
+                float2 cs = make_float2(1.0f, 0.0f), step = cs;
+                if (c.rot) {
+                    cs   = angle(R, i, P0 + 8 * sg);
+                    step = angle(R, i, 1);
+                }
+                float qa[NR], qb[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    qa[r] = S.q[r][c.a];
+                    qb[r] = S.q[r][c.b];
+                }
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float ka = deq(xa, j, A, lk), kb = deq(xb, j, B, lk);
+                    const float ra = ka * cs.x - kb * cs.y, rb = ka * cs.y + kb * cs.x;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) sc[j][r] = fmaf(qa[r], ra, fmaf(qb[r], rb, sc[j][r]));
+                    cs = make_float2(cs.x * step.x - cs.y * step.y, cs.y * step.x + cs.x * step.y);
+                }
+            }
+            // reduce-scatter over the pair lanes (lane bits 0..2): lane ps keeps slot ps
+            float s4[4][NR], s2[2][NR];
+            const bool b2 = ps & 4, b1 = ps & 2, b0 = ps & 1;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    s4[j][r] = (b2 ? sc[j + 4][r] : sc[j][r]) + __shfl_xor_sync(FULL, b2 ? sc[j][r] : sc[j + 4][r], 4);
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    s2[j][r] = (b1 ? s4[j + 2][r] : s4[j][r]) + __shfl_xor_sync(FULL, b1 ? s4[j][r] : s4[j + 2][r], 2);
+                S.s[w][r][lane] = (b0 ? s2[1][r] : s2[0][r]) + __shfl_xor_sync(FULL, b0 ? s2[0][r] : s2[1][r], 1);
+            }
+            __syncwarp();
+            // sparse keys: (exact - dense) times the row's query rotated to the key's position
+            for (int e = lane; e < g.n_out; e += 32) {
+                const int32_t idx = load16(b + Lb.k_out_idx + 2 * e), tt = idx / HD - t0, ch = idx % HD;
+                if (tt < 0 || tt >= UNIT) continue;
+                const uint32_t code = ott_kvq_code_at(kcodes + ch * k_row, t0 + tt, BITS, k_row);
+                const float d       = f16(load16(b + Lb.k_out_val + 2 * e)) - level_at(code, S.kc[ch], G.tab.levels_k);
+                const bool rot      = ch < 2 * half;
+                const int i         = !rot ? ch / 2 : R.neox ? ch % half : ch / 2;
+                const pair_ch c     = pair_of(i, half, R.neox);
+                const float2 cs     = rot ? angle(R, i, P0 + tt) : make_float2(1.0f, 0.0f);
+                for (int r = 0; r < NR; ++r) {
+                    const float qa = S.q[r][c.a], qb = S.q[r][c.b];
+                    atomicAdd(&S.s[w][r][tt], d * (ch == c.a ? qa * cs.x + qb * cs.y : qb * cs.x - qa * cs.y));
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int r = 0; r < NR; ++r) s[r] = S.s[w][r][lane];
+            W.template fold<HD>(s, p, S.vc[w]);
+            const float zv = f16(load16(b + Lb.v_zero + 2 * (t0 + lane))),
+                        vs = f16(load16(b + Lb.v_scale + 2 * (t0 + lane)));
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                W.zs[r]          = fmaf(p[r], zv, W.zs[r]);
+                S.p[w][r][lane]  = p[r];
+                S.pw[w][r][lane] = p[r] * vs;
+            }
+            __syncwarp();
+            // sparse values
+            const uint8_t * vcodes = b + Lb.v_codes;
+            for (int e = lane; e < g.n_out; e += 32) {
+                const int32_t idx = load16(b + Lb.v_out_idx + 2 * e), tt = idx / HD - t0, ch = idx % HD;
+                if (tt < 0 || tt >= UNIT) continue;
+                const uint32_t code = ott_kvq_code_at(vcodes + (t0 + tt) * v_row, ch, BITS, v_row);
+                const float dense =
+                    fmaf(level_at(code, va, G.tab.levels_v), f16(load16(b + Lb.v_scale + 2 * (t0 + tt))),
+                         f16(load16(b + Lb.v_zero + 2 * (t0 + tt))));
+                const float d = f16(load16(b + Lb.v_out_val + 2 * e)) - dense;
+                for (int r = 0; r < NR; ++r) atomicAdd(&S.vc[w][r][ch], S.p[w][r][tt] * d);
+            }
+            // values: this lane's channels over its slots
+            for (int tt = sv; tt < UNIT; tt += SVN) {
+                const uint32_t x = codes8<BITS>(vcodes, (t0 + tt) * v_row + cg * BITS);
+                float wt[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) wt[r] = S.pw[w][r][tt];
+#pragma unroll
+                for (int ch = 0; ch < 8; ++ch) {
+                    const float lev = deq(x, ch, va, lv);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) W.acc[ch][r] = fmaf(wt[r], lev, W.acc[ch][r]);
+                }
+            }
+        } else {
+            const int32_t f0 = (u - n_qu) * UNIT, n = min(UNIT, G.n_fp() - f0), i = f0 + lane;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) s[r] = 0.0f;
+            if (lane < n) {
+                const int32_t pos = G.fp_pos(i);
+                for (int pi = 0; pi < HD / 2; ++pi) {
+                    const pair_ch c = pair_of(pi, half, R.neox);
+                    const float ka = G.fp_k(i, c.a), kb = G.fp_k(i, c.b);
+                    const float2 cs = c.rot ? angle(R, pi, pos) : make_float2(1.0f, 0.0f);
+                    const float ra = ka * cs.x - kb * cs.y, rb = ka * cs.y + kb * cs.x;
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) s[r] = fmaf(S.q[r][c.a], ra, fmaf(S.q[r][c.b], rb, s[r]));
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                if (lane >= n || i >= G.visible(r0 + min(r, nr - 1))) s[r] = -INFINITY;
+            }
+            W.template fold<HD>(s, p, S.vc[w]);
+#pragma unroll
+            for (int r = 0; r < NR; ++r) S.p[w][r][lane] = p[r];
+            __syncwarp();
+            for (int tt = sv; tt < n; tt += SVN) {
+#pragma unroll
+                for (int ch = 0; ch < 8; ++ch) {
+                    const float x = G.fp_v(f0 + tt, cg * 8 + ch);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) W.acc[ch][r] = fmaf(S.p[w][r][tt], x, W.acc[ch][r]);
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+    // the warp's state: values summed over its slot lanes, plus the zeros' share and corrections
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        W.l[r]  = warp_sum(W.l[r]);
+        W.zs[r] = warp_sum(W.zs[r]);
+#pragma unroll
+        for (int ch = 0; ch < 8; ++ch)
+            for (int o = CG; o < 32; o <<= 1) W.acc[ch][r] += __shfl_xor_sync(FULL, W.acc[ch][r], o);
+    }
+    __syncwarp();
+    if (lane < CG) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r)
+#pragma unroll
+            for (int ch = 0; ch < 8; ++ch) S.vc[w][r][cg * 8 + ch] += W.acc[ch][r] + W.zs[r];
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            S.m[w][r] = W.m[r];
+            S.l[w][r] = W.l[r];
+        }
+    }
+    __syncthreads();
+    // the warps' states combined: split y's partial of rows r0 ..
+    float * out = partials + (((size_t)blockIdx.x * n_splits + blockIdx.y) * OTT_CUDA_KVQ_ROWS + r0) * (HD + 2);
+    for (int e = threadIdx.x; e < nr * (HD + 2); e += blockDim.x) {
+        const int r = e / (HD + 2), c = e % (HD + 2);
+        float mx = -INFINITY;
+        for (int ww = 0; ww < WARPS; ++ww) mx = fmaxf(mx, S.m[ww][r]);
+        float x = 0.0f;
+        for (int ww = 0; ww < WARPS; ++ww) {
+            if (S.l[ww][r] == 0.0f) continue;
+            x += exp2f(S.m[ww][r] - mx) * (c == 1 ? S.l[ww][r] : S.vc[ww][r][c - 2]);
+        }
+        out[e] = c == 0 ? mx : x;
+    }
+}
+
+// grid: n_groups; threads over channels. Each group's rows from its n_splits partials.
+template <typename Groups>
+__global__ void kvq_merge_kernel(const Groups groups, int32_t hd, int32_t n_splits, const float * partials) {
+    const auto G      = groups.at(blockIdx.x, hd);
+    const float * grp = partials + (size_t)blockIdx.x * n_splits * OTT_CUDA_KVQ_ROWS * (hd + 2);
+    for (int r = 0; r < G.rows(); ++r) {
+        auto part = [&](int s) { return grp + ((size_t)s * OTT_CUDA_KVQ_ROWS + r) * (hd + 2); };
+        float mx = -INFINITY, l = 0.0f;
+        for (int s = 0; s < n_splits; ++s)
+            if (part(s)[1] != 0.0f) mx = fmaxf(mx, part(s)[0]);
+        for (int s = 0; s < n_splits; ++s)
+            if (part(s)[1] != 0.0f) l += part(s)[1] * exp2f(part(s)[0] - mx);
+        float * o = G.output(r);
+        for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int s = 0; s < n_splits; ++s)
+                if (part(s)[1] != 0.0f) acc += part(s)[2 + c] * exp2f(part(s)[0] - mx);
+            o[c] = acc / l;
+        }
+    }
+}
+
+}  // namespace split
+
+}  // namespace
