@@ -843,21 +843,23 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
     float * d_out     = upload_to(mem, q);
     int n_sm          = 1;
     CHECK_CUDA(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    const int32_t n_splits = ott_cuda_kvq_attn_splits(g, B * H, 1, ctx, n_sm);
+    const int32_t chosen = ott_cuda_kvq_attn_splits(g, B * H, 1, ctx, n_sm);
     float * d_parts =
-        upload_to(mem, std::vector<float>(std::max<size_t>(1, ott_cuda_kvq_partial_floats(g, B * H, n_splits))));
-    auto attend = [&](const ott_kvq_head_stores * st) {
-        CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), n_splits, d_parts,
-                                     d_out, nullptr));
-    };
-    const float ms     = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
+        upload_to(mem, std::vector<float>(std::max<size_t>(1, ott_cuda_kvq_partial_floats(g, B * H, 2 * chosen))));
     const double bytes = (double)n_hb * ott_kvq_block_data_bytes(&g) + (double)B * H * n_fp * hd * 4 + q.size() * 4.0;
-    const double gbs   = bytes / (ms * 1e-3) / 1e9;
-    printf(
-        "{\"op\": \"attn\", \"mode\": \"kvquant2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, \"head_dim\": %d, "
-        "\"splits\": %d, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, \"of_copy\": %.3f}\n",
-        ctx, B, H, hd, n_splits, bytes, ms, gbs, gbs / copy_gbs);
-    fflush(stdout);
+    for (const int32_t n_splits : { chosen, std::max(1, chosen / 2), 2 * chosen }) {  // the choice, and beside it
+        auto attend = [&](const ott_kvq_head_stores * st) {
+            CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), n_splits,
+                                         d_parts, d_out, nullptr));
+        };
+        const float ms   = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
+        const double gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("{\"op\": \"attn\", \"mode\": \"kvquant2\", \"ctx\": %d, \"batch\": %d, \"n_head_kv\": %d, "
+               "\"head_dim\": %d, \"splits\": %d, \"chosen\": %s, \"bytes\": %.0f, \"ms\": %.4f, \"GBps\": %.1f, "
+               "\"of_copy\": %.3f}\n",
+               ctx, B, H, hd, n_splits, n_splits == chosen ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+        fflush(stdout);
+    }
     for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }
 

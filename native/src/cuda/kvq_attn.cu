@@ -10,6 +10,7 @@
 #include "cuda/kvq_attn_split.cuh"
 
 #include <algorithm>
+#include <cmath>
 
 namespace {
 
@@ -161,29 +162,40 @@ bool split_serves(const ott_kvq_geom & g) {
            g.bits_k == g.bits_v;
 }
 
+// The split kernel for (HD, BITS, NR): launched, or with occ, its blocks per multiprocessor.
 template <int HD, int BITS, int NR, typename Groups>
 cudaError_t launch_split(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
                          const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, int * occ) {
+    const auto kernel = split::kvq_split_kernel<HD, BITS, NR, Groups>;
+    const size_t dyn  = (size_t)split::WARPS * 2 * split::stage_words(HD, BITS, g.n_out) * 4;
+    if (sizeof(split::smem_t<HD, NR>) + dyn > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+        if (e != cudaSuccess) return e;
+    }
+    if (occ) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, split::WARPS * 32, dyn);
     const dim3 grid(n_groups, n_splits, (max_rows + NR - 1) / NR);
-    split::kvq_split_kernel<HD, BITS, NR>
-        <<<grid, split::WARPS * 32, 0, stream>>>(g, groups, rope, kq_scale, n_splits, partials);
+    kernel<<<grid, split::WARPS * 32, dyn, stream>>>(g, groups, rope, kq_scale, n_splits, partials);
     split::kvq_merge_kernel<<<n_groups, 128, 0, stream>>>(groups, HD, n_splits, partials);
     return cudaGetLastError();
 }
 
-template <int HD, typename Groups>
-cudaError_t launch_bits(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
-                        const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
-                        cudaStream_t stream) {
-#define OTT_KVQ_SPLIT(B, NR)                                                                                           \
-    launch_split<HD, B, NR>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream)
-    const bool one = max_rows == 1;
-    switch (g.bits_k) {
-        case 2:  return one ? OTT_KVQ_SPLIT(2, 1) : OTT_KVQ_SPLIT(2, 4);
-        case 3:  return one ? OTT_KVQ_SPLIT(3, 1) : OTT_KVQ_SPLIT(3, 4);
-        default: return one ? OTT_KVQ_SPLIT(4, 1) : OTT_KVQ_SPLIT(4, 4);
+template <typename Groups>
+cudaError_t dispatch_split(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
+                           const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
+                           cudaStream_t stream, int * occ) {
+#define OTT_KVQ_SPLIT(HD, B, NR)                                                                                       \
+    launch_split<HD, B, NR>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream, occ)
+#define OTT_KVQ_ROWS(HD, B) (max_rows == 1 ? OTT_KVQ_SPLIT(HD, B, 1) : OTT_KVQ_SPLIT(HD, B, 4))
+#define OTT_KVQ_BITS(HD)                                                                                               \
+    (g.bits_k == 2 ? OTT_KVQ_ROWS(HD, 2) : g.bits_k == 3 ? OTT_KVQ_ROWS(HD, 3) : OTT_KVQ_ROWS(HD, 4))
+    switch (g.head_dim) {
+        case 64:  return OTT_KVQ_BITS(64);
+        case 128: return OTT_KVQ_BITS(128);
+        default:  return OTT_KVQ_BITS(256);
     }
+#undef OTT_KVQ_BITS
+#undef OTT_KVQ_ROWS
 #undef OTT_KVQ_SPLIT
 }
 
@@ -195,12 +207,7 @@ cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_grou
     if (max_rows <= 0 || max_rows > OTT_CUDA_KVQ_ROWS || n_splits <= 0) return cudaErrorInvalidValue;
     if (split_serves(g)) {
         if (!partials) return cudaErrorInvalidValue;
-        switch (g.head_dim) {
-            case 64: return launch_bits<64>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
-            case 128:
-                return launch_bits<128>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
-            default: return launch_bits<256>(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream);
-        }
+        return dispatch_split(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream, nullptr);
     }
     const size_t smem = smem_bytes(g.head_dim, max_rows);
     if (smem > 48 * 1024) {
@@ -217,11 +224,28 @@ cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_grou
 int32_t ott_cuda_kvq_attn_splits(const ott_kvq_geom & g, int32_t n_groups, int32_t max_rows, int64_t max_keys,
                                  int32_t n_sm) {
     if (!split_serves(g) || n_groups <= 0) return 1;
+    // the fewest splits (at least 2 units a warp) whose blocks fill the resident slots' waves
+    // best; ties to fewer splits: each adds a partial to merge
+    int per_sm = 1;
+    if (dispatch_split(g, cache_tiles {}, 1, max_rows, ott_rope_table {}, 1.0f, 1, nullptr, nullptr, &per_sm) !=
+            cudaSuccess ||
+        per_sm < 1)
+        per_sm = 1;
     const int64_t chunks = max_rows == 1 ? 1 : (max_rows + 3) / 4;
     const int64_t units  = (max_keys + split::UNIT - 1) / split::UNIT;
-    const int64_t most   = std::max<int64_t>(1, std::min<int64_t>(64, units / (2 * split::WARPS)));  // 2 units a warp
-    const int64_t want   = (16 * (int64_t)n_sm + n_groups * chunks - 1) / (n_groups * chunks);       // ~16 blocks an SM
-    return (int32_t)std::max<int64_t>(1, std::min(want, most));
+    const int64_t most   = std::max<int64_t>(1, std::min<int64_t>(64, units / (2 * split::WARPS)));
+    const double slots   = (double)per_sm * n_sm;
+    int32_t best         = 1;
+    double best_fill     = 0.0;
+    for (int64_t s = 1; s <= most; ++s) {
+        const double blocks = (double)n_groups * chunks * s;
+        const double fill   = blocks / (std::ceil(blocks / slots) * slots);
+        if (fill > best_fill + 0.05) {
+            best      = (int32_t)s;
+            best_fill = fill;
+        }
+    }
+    return best;
 }
 
 size_t ott_cuda_kvq_partial_floats(const ott_kvq_geom & g, int32_t n_groups, int32_t n_splits) {

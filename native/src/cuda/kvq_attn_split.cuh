@@ -9,16 +9,19 @@
 // block combines them into its partial (max, sum, weighted values per row) and
 // kvq_merge_kernel a group's partials.
 //
-// A unit of a head-block (slots t0 .. t0+31, positions P0 + t):
+// A unit of a head-block (slots t0 .. t0+31, positions P0 + t): while a warp works on one,
+// cp.async copies its next into the other of its two stage buffers: the unit's key and value
+// codes, value ranges, sparse entries and RoPE angles at P0 (stage_words). Then
 //  - keys: lane (sg, ps) = (lane / 8, lane % 8) holds slots 8·sg .. 8·sg+7 of the channel
-//    pairs ps, ps+8, ..: one BITS-byte load per channel gives its 8 codes; each is dequantized
+//    pairs ps, ps+8, ..: one BITS-byte read per channel gives its 8 codes; each is dequantized
 //    (2 bits: a cubic through the codebook's 4 levels, with the channel's scale and zero
-//    folded in, at u = code/4 - 3/8 made from the code's bits without a conversion; 3 and 4
-//    bits: the level, held by lane `code`, by shuffle, times scale plus zero); each pair is
-//    rotated by RoPE at its slot's position (the table's angle at the lane's first slot,
-//    stepped by the angle at position 1) and q·k accumulated per row. The 8 pair lanes' sums
-//    are reduce-scattered so that lane t holds slot t's scores. Sparse keys add (exact -
-//    dense) times the query rotated to their position to their slot's score.
+//    folded in, at f = 1 + code/4 made from the code's bits without a conversion; 3 and 4
+//    bits: the level, held by lane `code`, by shuffle, times scale plus zero); RoPE at the
+//    slot's position (the angle at P0 composed with the one at 8·sg, then stepped by the
+//    angle at 1) rotates the pair of keys, or with one row the query's pair the other way,
+//    and q·k is accumulated per row. The 8 pair lanes' sums are reduce-scattered so that
+//    lane t holds slot t's scores. Sparse keys add (exact - dense) times the query rotated to
+//    their position to their slot's score.
 //  - values: lane (sv, cg) holds channels 8·cg .. 8·cg+7 of slots sv, sv+SVN, ..: the level
 //    times p·scale of its slot, summed per channel in registers; the zeros' share Σ p·zero is
 //    one sum per row. Sparse values add p·(exact - dense) to a per-warp correction in shared
@@ -51,27 +54,27 @@ template <int BITS> __device__ __forceinline__ uint32_t codes8(const uint8_t * p
     }
 }
 
-// u = code/4 - 3/8 of the 2-bit code j of x: 1 + code/4 as a float from its bits, less 1.375.
-__device__ __forceinline__ float u2(uint32_t x, int j) {
-    return __uint_as_float(0x3F800000u | ((x << (21 - 2 * j)) & (3u << 21))) - 1.375f;
+// f = 1 + code/4 of the 2-bit code j of x, made from its bits (no conversion).
+__device__ __forceinline__ float f2(uint32_t x, int j) {
+    return __uint_as_float(0x3F800000u | ((x << (21 - 2 * j)) & (3u << 21)));
 }
 
-__device__ __forceinline__ float cubic(const float4 & a, float u) {
-    return fmaf(fmaf(fmaf(a.w, u, a.z), u, a.y), u, a.x);
+__device__ __forceinline__ float cubic(const float4 & a, float f) {
+    return fmaf(fmaf(fmaf(a.w, f, a.z), f, a.y), f, a.x);
 }
 
-// Coefficients (of u^0 .. u^3) of the cubic through levels lv[k] at u = k/4 - 3/8, scaled by
-// s, plus z: Newton's divided differences, expanded (double).
+// Coefficients (of f^0 .. f^3) of the cubic through levels lv[k] at f = 1 + k/4, scaled by s,
+// plus z: Newton's divided differences, expanded (double).
 __device__ float4 cubic_through(const float * lv, double s, double z) {
-    constexpr double h = 0.25, u0 = -0.375;
+    constexpr double h = 0.25, f0 = 1.0;
     double d[4] = { lv[0], lv[1], lv[2], lv[3] };
     for (int k = 1; k < 4; ++k)
         for (int i = 3; i >= k; --i) d[i] = (d[i] - d[i - 1]) / (k * h);
     double a[4] = { d[3], 0.0, 0.0, 0.0 };
-    for (int i = 2; i >= 0; --i) {  // a = a·(u - u_i) + d_i
-        const double ui = u0 + i * h;
-        for (int k = 3; k >= 1; --k) a[k] = a[k - 1] - ui * a[k];
-        a[0] = -ui * a[0] + d[i];
+    for (int i = 2; i >= 0; --i) {  // a = a·(f - f_i) + d_i
+        const double fi = f0 + i * h;
+        for (int k = 3; k >= 1; --k) a[k] = a[k - 1] - fi * a[k];
+        a[0] = -fi * a[0] + d[i];
     }
     return make_float4((float)(s * a[0] + z), (float)(s * a[1]), (float)(s * a[2]), (float)(s * a[3]));
 }
@@ -104,9 +107,29 @@ __device__ __forceinline__ float2 angle(const ott_rope_table & R, int i, int p) 
     return make_float2(R.cs[(size_t)i * R.n_pos + p], R.cs[(size_t)(half + i) * R.n_pos + p]);
 }
 
+// The rotation by angle a, then by b.
+__device__ __forceinline__ float2 compose(const float2 & a, const float2 & b) {
+    return make_float2(a.x * b.x - a.y * b.y, a.y * b.x + a.x * b.y);
+}
+
+// 4-byte asynchronous copies into shared memory, one group per unit and lane.
+__device__ __forceinline__ void cp4(uint32_t * dst, const void * src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+// Words of a unit's stage buffer: key codes [HD][BITS] (channel rows of the unit's 32
+// slots), value codes [32][HD·BITS/32], value zeros and scales fp16 [32] each, the angles at
+// P0 float2 [HD/2] (rotated pairs), then the head-block's sparse entries (k_out_idx,
+// k_out_val, v_out_idx, v_out_val, n_out/2 words each).
+__host__ __device__ constexpr int32_t stage_words(int32_t hd, int32_t bits, int32_t n_out) {
+    return 2 * hd * bits + 32 + hd + 2 * n_out;
+}
+
 template <int HD, int NR> struct smem_t {
     float q[NR][HD];            // the rows' queries times kq_scale·log2 e
     float4 kc[HD];              // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
+    float2 a8[4][HD / 2];       // per pair the angle at position 8·sg (identity where not rotated)
+    float2 a1[HD / 2];          // and at 1
     float s[WARPS][NR][UNIT];   // a unit's scores
     float p[WARPS][NR][UNIT];   // their probabilities
     float pw[WARPS][NR][UNIT];  // the probabilities times their slot's value scale (fp16 rows: 1)
@@ -146,16 +169,19 @@ template <int NR> struct warp_rows {
 };
 
 template <int HD, int BITS, int NR, typename Groups>
-__global__ void __launch_bounds__(WARPS * 32)
+__global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
     kvq_split_kernel(const ott_kvq_geom g, const Groups groups, const ott_rope_table R, float kq_scale,
                      int32_t n_splits, float * partials) {
     constexpr int CG = HD / 8, SVN = 32 / CG;  // value lanes: channel groups, slots in parallel
+    constexpr int KW        = HD * BITS;       // words of a unit's key codes, and of its values'
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ smem_t<HD, NR> S;
+    extern __shared__ uint32_t stage_mem[];  // [WARPS][2][stage_words]
     const auto G     = groups.at(blockIdx.x, HD);
     const int32_t r0 = blockIdx.z * NR, nr = min(NR, G.rows() - r0);
     if (nr <= 0) return;
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int half = R.cs ? R.n_rot / 2 : 0;
     for (int e = threadIdx.x; e < NR * HD; e += blockDim.x) {
         const int r    = e / HD;
         S.q[r][e % HD] = r < nr ? G.query(r0 + r)[e % HD] * (kq_scale * LOG2E) : 0.0f;
@@ -165,6 +191,14 @@ __global__ void __launch_bounds__(WARPS * 32)
         const float sc = G.tab.k_scale[c], z = G.tab.k_zero[c];
         S.kc[c] = BITS == 2 ? cubic_through(G.tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
     }
+    for (int e = threadIdx.x; e < 5 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1
+        const int i = e % (HD / 2), p = e < 2 * HD ? 8 * (e / (HD / 2)) : 1;
+        const float2 a = i < half && p < R.n_pos ? angle(R, i, p) : make_float2(1.0f, 0.0f);
+        if (e < 2 * HD)
+            S.a8[e / (HD / 2)][i] = a;
+        else
+            S.a1[i] = a;
+    }
     // levels: 2 bits the values' cubic; else lane j holds level j (of keys, of values)
     const float4 va = BITS == 2 ? cubic_through(G.tab.levels_v, 1.0, 0.0) : make_float4(1.0f, 0.0f, 0.0f, 0.0f);
     const float lk  = BITS == 2 ? 0.0f : G.tab.levels_k[lane & MASK];
@@ -173,13 +207,13 @@ __global__ void __launch_bounds__(WARPS * 32)
 
     auto deq = [&](uint32_t x, int j, const float4 & a, float lev_lane) {  // level j of x, scaled
         if constexpr (BITS == 2)
-            return cubic(a, u2(x, j));
+            return cubic(a, f2(x, j));
         else
             return fmaf(a.x, __shfl_sync(FULL, lev_lane, (x >> (j * BITS)) & MASK), a.y);
     };
     auto level_at = [&](uint32_t code, const float4 & a, const float * levels) {  // deq of one code
         if constexpr (BITS == 2)
-            return cubic(a, (float)code * 0.25f - 0.375f);
+            return cubic(a, 1.0f + (float)code * 0.25f);
         else
             return fmaf(a.x, levels[code], a.y);
     };
@@ -192,50 +226,92 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
         for (int ch = 0; ch < 8; ++ch) W.acc[ch][r] = 0.0f;
     }
-    const int half                = R.cs ? R.n_rot / 2 : 0;
     const ott_kvq_block_layout Lb = ott_kvq_block_layout_of(&g);
     const uint32_t k_row = (uint32_t)g.block * BITS / 8, v_row = HD * BITS / 8;
+    const int32_t n_sp = g.n_out / 2;  // words of one sparse array
     const int sg = lane / 8, ps = lane % 8, cg = lane % CG, sv = lane / CG;
     const int32_t upb = g.block / UNIT, n_qu = G.n_blocks() * upb;
     const int32_t n_u = n_qu + (G.n_fp() + UNIT - 1) / UNIT, per = (n_u + n_splits - 1) / n_splits;
     const int32_t u_end = min(n_u, (int32_t)(blockIdx.y + 1) * per);
+    const int32_t sw    = stage_words(HD, BITS, g.n_out);
+    uint32_t * stage    = stage_mem + (size_t)w * 2 * sw;
     float s[NR], p[NR];
 
-    for (int32_t u = blockIdx.y * per + w; u < u_end; u += WARPS) {
-        if (u < n_qu) {
+    // unit u into stage buffer `buf` (nothing for fp16 units), as one cp.async group
+    auto stage_unit = [&](int32_t u, int buf) {
+        if (u < u_end && u < n_qu) {
             const int32_t jb = u / upb, t0 = (u % upb) * UNIT, P0 = G.pos0() + jb * g.block + t0;
-            const uint8_t * b      = G.block(jb);
-            const uint8_t * kcodes = b + Lb.k_codes;
+            const uint8_t * b = G.block(jb);
+            uint32_t * d      = stage + buf * sw;
+            for (int e = lane; e < KW; e += 32) {
+                cp4(d + e, b + Lb.k_codes + (e / BITS) * k_row + t0 * BITS / 8 + 4 * (e % BITS));
+                cp4(d + KW + e, b + Lb.v_codes + t0 * v_row + 4 * e);
+            }
+            if (lane < 16) {
+                cp4(d + 2 * KW + lane, b + Lb.v_zero + 2 * t0 + 4 * lane);
+                cp4(d + 2 * KW + 16 + lane, b + Lb.v_scale + 2 * t0 + 4 * lane);
+            }
+            for (int i = lane; i < half; i += 32) {
+                cp4(d + 2 * KW + 32 + 2 * i, R.cs + (size_t)i * R.n_pos + P0);
+                cp4(d + 2 * KW + 33 + 2 * i, R.cs + (size_t)(half + i) * R.n_pos + P0);
+            }
+            const uint32_t sp[4] = { Lb.k_out_idx, Lb.k_out_val, Lb.v_out_idx, Lb.v_out_val };
+            for (int e = lane; e < 4 * n_sp; e += 32) cp4(d + 2 * KW + 32 + HD + e, b + sp[e / n_sp] + 4 * (e % n_sp));
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    int buf = 0;
+    stage_unit(blockIdx.y * per + w, 0);
+    for (int32_t u = blockIdx.y * per + w; u < u_end; u += WARPS, buf ^= 1) {
+        stage_unit(u + WARPS, buf ^ 1);
+        asm volatile("cp.async.wait_group 1;");  // this lane's copies of unit u have landed
+        __syncwarp();                            // and every lane's
+        if (u < n_qu) {
+            const int32_t t0   = (u % upb) * UNIT;
+            const uint32_t * d = stage + buf * sw;
+            const uint8_t *kb = (const uint8_t *)d, *vb = (const uint8_t *)(d + KW);
+            const uint16_t * vz = (const uint16_t *)(d + 2 * KW);     // [32] value zeros, then scales
+            const float2 * a0   = (const float2 *)(d + 2 * KW + 32);  // [HD/2] angles at P0
+            const uint16_t * sp = (const uint16_t *)(d + 2 * KW + 32 + HD);
             // keys: this lane's 8 slots over its pairs
             float sc[8][NR];
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int r = 0; r < NR; ++r) sc[j][r] = 0.0f;
-            const uint32_t at = (uint32_t)(t0 + 8 * sg) * BITS / 8;
 #pragma unroll 2
             for (int i = ps; i < HD / 2; i += 8) {
                 const pair_ch c   = pair_of(i, half, R.neox);
-                const uint32_t xa = codes8<BITS>(kcodes, c.a * k_row + at), xb = codes8<BITS>(kcodes, c.b * k_row + at);
+                const uint32_t xa = codes8<BITS>(kb, c.a * BITS * 4 + sg * BITS);
+                const uint32_t xb = codes8<BITS>(kb, c.b * BITS * 4 + sg * BITS);
                 const float4 A = S.kc[c.a], B = S.kc[c.b];
-                float2 cs = make_float2(1.0f, 0.0f), step = cs;
-                if (c.rot) {
-                    cs   = angle(R, i, P0 + 8 * sg);
-                    step = angle(R, i, 1);
-                }
+                const float2 step = S.a1[i];
+                float2 cs         = c.rot ? compose(a0[i], S.a8[sg][i]) : make_float2(1.0f, 0.0f);
                 float qa[NR], qb[NR];
 #pragma unroll
                 for (int r = 0; r < NR; ++r) {
                     qa[r] = S.q[r][c.a];
                     qb[r] = S.q[r][c.b];
                 }
+                if constexpr (NR == 1) {  // the query's pair rotated back to each slot's position
+                    float ua = qa[0] * cs.x + qb[0] * cs.y, ub = qb[0] * cs.x - qa[0] * cs.y;
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float ka = deq(xa, j, A, lk), kb = deq(xb, j, B, lk);
-                    const float ra = ka * cs.x - kb * cs.y, rb = ka * cs.y + kb * cs.x;
+                    for (int j = 0; j < 8; ++j) {
+                        sc[j][0]       = fmaf(deq(xa, j, A, lk), ua, fmaf(deq(xb, j, B, lk), ub, sc[j][0]));
+                        const float un = ua * step.x + ub * step.y;
+                        ub             = ub * step.x - ua * step.y;
+                        ua             = un;
+                    }
+                } else {  // the keys' pair rotated to each slot's position
 #pragma unroll
-                    for (int r = 0; r < NR; ++r) sc[j][r] = fmaf(qa[r], ra, fmaf(qb[r], rb, sc[j][r]));
-                    cs = make_float2(cs.x * step.x - cs.y * step.y, cs.y * step.x + cs.x * step.y);
+                    for (int j = 0; j < 8; ++j) {
+                        const float ka = deq(xa, j, A, lk), kb = deq(xb, j, B, lk);
+                        const float ra = ka * cs.x - kb * cs.y, rb = ka * cs.y + kb * cs.x;
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) sc[j][r] = fmaf(qa[r], ra, fmaf(qb[r], rb, sc[j][r]));
+                        cs = compose(cs, step);
+                    }
                 }
             }
             // reduce-scatter over the pair lanes (lane bits 0..2): lane ps keeps slot ps
@@ -254,14 +330,14 @@ __global__ void __launch_bounds__(WARPS * 32)
             __syncwarp();
             // sparse keys: (exact - dense) times the row's query rotated to the key's position
             for (int e = lane; e < g.n_out; e += 32) {
-                const int32_t idx = load16(b + Lb.k_out_idx + 2 * e), tt = idx / HD - t0, ch = idx % HD;
+                const int32_t idx = sp[e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
-                const uint32_t code = ott_kvq_code_at(kcodes + ch * k_row, t0 + tt, BITS, k_row);
-                const float d       = f16(load16(b + Lb.k_out_val + 2 * e)) - level_at(code, S.kc[ch], G.tab.levels_k);
+                const uint32_t code = ott_kvq_code_at(kb + ch * BITS * 4, tt, BITS, BITS * 4);
+                const float d       = f16(sp[g.n_out + e]) - level_at(code, S.kc[ch], G.tab.levels_k);
                 const bool rot      = ch < 2 * half;
                 const int i         = !rot ? ch / 2 : R.neox ? ch % half : ch / 2;
                 const pair_ch c     = pair_of(i, half, R.neox);
-                const float2 cs     = rot ? angle(R, i, P0 + tt) : make_float2(1.0f, 0.0f);
+                const float2 cs     = rot ? compose(a0[i], angle(R, i, tt)) : make_float2(1.0f, 0.0f);
                 for (int r = 0; r < NR; ++r) {
                     const float qa = S.q[r][c.a], qb = S.q[r][c.b];
                     atomicAdd(&S.s[w][r][tt], d * (ch == c.a ? qa * cs.x + qb * cs.y : qb * cs.x - qa * cs.y));
@@ -271,8 +347,7 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
             for (int r = 0; r < NR; ++r) s[r] = S.s[w][r][lane];
             W.template fold<HD>(s, p, S.vc[w]);
-            const float zv = f16(load16(b + Lb.v_zero + 2 * (t0 + lane))),
-                        vs = f16(load16(b + Lb.v_scale + 2 * (t0 + lane)));
+            const float zv = f16(vz[lane]), vs = f16(vz[32 + lane]);  // slot `lane`'s value range
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
                 W.zs[r]          = fmaf(p[r], zv, W.zs[r]);
@@ -281,20 +356,18 @@ __global__ void __launch_bounds__(WARPS * 32)
             }
             __syncwarp();
             // sparse values
-            const uint8_t * vcodes = b + Lb.v_codes;
             for (int e = lane; e < g.n_out; e += 32) {
-                const int32_t idx = load16(b + Lb.v_out_idx + 2 * e), tt = idx / HD - t0, ch = idx % HD;
+                const int32_t idx = sp[2 * g.n_out + e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
-                const uint32_t code = ott_kvq_code_at(vcodes + (t0 + tt) * v_row, ch, BITS, v_row);
-                const float dense =
-                    fmaf(level_at(code, va, G.tab.levels_v), f16(load16(b + Lb.v_scale + 2 * (t0 + tt))),
-                         f16(load16(b + Lb.v_zero + 2 * (t0 + tt))));
-                const float d = f16(load16(b + Lb.v_out_val + 2 * e)) - dense;
+                const uint32_t code = ott_kvq_code_at(vb + tt * v_row, ch, BITS, v_row);
+                const float dense   = fmaf(level_at(code, va, G.tab.levels_v), f16(vz[32 + tt]), f16(vz[tt]));
+                const float d       = f16(sp[3 * g.n_out + e]) - dense;
                 for (int r = 0; r < NR; ++r) atomicAdd(&S.vc[w][r][ch], S.p[w][r][tt] * d);
             }
             // values: this lane's channels over its slots
+#pragma unroll 4
             for (int tt = sv; tt < UNIT; tt += SVN) {
-                const uint32_t x = codes8<BITS>(vcodes, (t0 + tt) * v_row + cg * BITS);
+                const uint32_t x = codes8<BITS>(vb, tt * v_row + cg * BITS);
                 float wt[NR];
 #pragma unroll
                 for (int r = 0; r < NR; ++r) wt[r] = S.pw[w][r][tt];
