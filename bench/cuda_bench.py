@@ -8,10 +8,11 @@
    context and batch: bytes the kernel must read over its median time, as a fraction of
    the copy bandwidth.
 2. Decode throughput: for each --kv mode and context, one context on the same weights with
-   the largest batch that fits in the GPU's free memory (from the mode's footprint; shrunk
-   by 10% until creation succeeds); sequence 0 prefilled to the context in chunks of 512
-   ("fill_s", its seconds), then copied into the others; then for batch b = 1, 2, 4, ... up to that largest, tokens per second
-   summed over b sequences decoding one token each (median of --steps steps after 2
+   the largest batch that fits in the GPU's free memory (from what the mode allocates per
+   sequence, Weights.kv_seq_bytes; shrunk by 10% until creation succeeds); sequence 0
+   prefilled to the context in chunks of 512 ("fill_s", its seconds), then copied into the
+   others; then for batch b = 1, 2, 4, ... up to that largest, tokens per second summed over b
+   sequences decoding one token each (median of --steps steps after 2
    warm-up steps; each step is one ott_decode of b tokens with their logits copied back).
 3. KV bytes per token from the allocations (ott_kv_stats): bytes of the live tokens per
    token, and the allocation per token slot (n_seq_max * n_ctx).
@@ -56,7 +57,7 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
 
 def open_largest(weights: Weights, kv: str, n_ctx: int, cap: int) -> Context:
     free = free_gpu_bytes() - RESERVE
-    per_seq = weights.kv_footprint(kv, n_ctx).total_bytes * 1.05  # the GPU pads rings and rows
+    per_seq = weights.kv_seq_bytes(kv, n_ctx) * 1.01  # what the cache allocates, and its arrays' alignment
     n_seq = max(1, min(cap, int(free // per_seq)))
     while True:
         try:

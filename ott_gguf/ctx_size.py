@@ -3,8 +3,8 @@
 A GGUF file states its trained context (`context_length`, up to 2^24 tokens); a context of
 that many tokens is allocated up front, so a small file could otherwise make a run take
 gigabytes. Without an explicit n_ctx a context gets min(trained context, cap): the cap is the
-number of tokens whose KV cache (the chosen mode's footprint formula, every sequence) and
-attention buffers (a score and a mask entry per head, ubatch row and context position) fit
+number of tokens whose KV cache (what the chosen mode allocates, `Weights.kv_seq_bytes`, every
+sequence) and attention buffers (a score and a mask entry per head, ubatch row and context position) fit
 in a quarter of the memory available now (MemAvailable, and the cgroup's limit where one is
 set), rounded down to a multiple of 256 tokens. An explicit n_ctx is never capped.
 """

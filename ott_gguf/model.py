@@ -197,6 +197,23 @@ class Weights:
             ring_rows(i.n_swa, n_ctx, n_ubatch),
         )
 
+    def kv_seq_bytes(self, kv: str | KVConfig, n_ctx: int, n_ubatch: int = 512, prefill_fp16: bool = False) -> int:
+        """Bytes a context of n_ctx tokens with a `kv` cache allocates at most for each of its
+        sequences on these weights' device (ott.h: ott_kv_seq_bytes): the memory to plan with.
+        Above the footprint, which counts the stored data alone: head-block arrays start on
+        64-byte boundaries, the window ring and the pools are allocated whole."""
+        cfg = (kv if isinstance(kv, KVConfig) else preset(kv)).for_head_dim(self.info.n_embd_head)
+        cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
+        cparams.n_ctx = n_ctx
+        cparams.n_ubatch = n_ubatch
+        _set_kv_params(cparams.kv, cfg, prefill_fp16)
+        out = ffi.new("int64_t *")
+        with self._lock:
+            if self._model is None:
+                raise InvalidArgumentError(f"{self.path}: the weights are closed")
+            check(lib.ott_kv_seq_bytes(self._model, cparams, out))
+        return int(out[0])
+
     def close(self) -> None:
         """Drop this handle on the weights: they are freed now, or when their last context is
         (each context holds them until it is freed)."""
@@ -284,7 +301,7 @@ class Context:
 
     def _default_n_ctx(self, kv_cfg: KVConfig, n_seq_max: int, n_ubatch: int) -> int:
         n_train = self.info.n_ctx_train
-        kv_per_token = self.weights.kv_footprint(kv_cfg, n_train, n_train, n_ubatch).total_bytes / n_train
+        kv_per_token = self.weights.kv_seq_bytes(kv_cfg, n_train, n_ubatch) / n_train
         per_token = context_bytes_per_token(kv_per_token * n_seq_max, self.info.n_head, n_ubatch)
         available = available_memory()
         n_ctx = default_n_ctx(n_train, per_token, available)

@@ -8,7 +8,7 @@ import pytest
 from ott_gguf import cli
 from ott_gguf._native import ffi, lib
 from ott_gguf.errors import InvalidArgumentError, ModelFileError
-from ott_gguf.model import Model
+from ott_gguf.model import Context, Model, Weights
 from ott_gguf.reference import PRESETS, preset
 
 
@@ -137,7 +137,7 @@ def test_ott2_2k_tokens_memory_accounting(smol_ott2, wikitext_path):
             n_blocks = len(st.blocks)
             assert n_blocks == (n_tokens - cfg.window) // cfg.block
             alloc += n_blocks * st.blocks.shape[1]
-            alloc += (cfg.sink + cfg.window + cfg.block) * token + pool_cap * (token + 4)
+            alloc += (cfg.sink + cfg.window + cfg.block) * token + pool_cap * (token + 4) + 3 * 4  # 3 int32 counts
             data = (
                 hd * cfg.block * (cfg.bits_k + cfg.bits_v) // 8
                 + (cfg.block // cfg.group_k * hd + cfg.block * hd // cfg.group_v) * 4
@@ -169,6 +169,31 @@ def test_ott2_2k_tokens_memory_accounting(smol_ott2, wikitext_path):
     model.eval([tok])
     grown = model.kv_stats().bytes_allocated - alloc
     assert grown == info.n_layer * n_kv * model.kv_head_state(0, 0, 0).blocks.shape[1]
+
+
+@pytest.mark.parametrize(
+    ("model_fixture", "kv"),
+    [("smollm2_path", "f16"), ("smollm2_path", "kivi2"), ("smollm2_path", "ottr2t"), ("smollm2_path", "kvquant2")]
+    + [("gemma3_path", "ott2")],
+)
+def test_seq_bytes_is_the_allocation(request, tmp_path, model_fixture, kv):
+    """Weights.kv_seq_bytes, what memory plans use (server slots, the default context), is
+    what a sequence's cache holds once it fills its context (Gemma 3: fp16 rings in its local
+    layers), and more than the footprint's data in a quantized mode."""
+    from make_gguf import write_kvq_sidecar
+
+    path = request.getfixturevalue(model_fixture)
+    weights = Weights(path)
+    n_ctx = 1100
+    calib = write_kvq_sidecar(path, tmp_path / "made-up.kvcalib.gguf") if kv.startswith("kvquant") else None
+    ctx = Context(weights, n_ctx=n_ctx, n_threads=2, kv=kv, kv_calib=calib)
+    ids = np.random.default_rng(0).integers(0, ctx.n_vocab, n_ctx).tolist()
+    for i in range(0, n_ctx, 512):
+        ctx.eval(ids[i : i + 512])
+    seq, footprint = weights.kv_seq_bytes(kv, n_ctx), weights.kv_footprint(kv, n_ctx).total_bytes
+    assert ctx.kv_stats().bytes_allocated == seq
+    assert seq == footprint if kv == "f16" else seq > footprint
+    ctx.close()
 
 
 def test_ott4_close_to_f16_on_text(smollm2_path, wikitext_path):

@@ -342,8 +342,9 @@ def test_metrics_while_a_request_runs(server, client, smollm2_path):
     assert after["ott_generated_tokens_per_second"] > 0
     assert after["ott_slots"] == N_SLOTS and after["ott_slot_context_tokens"] == N_CTX
     assert after["ott_queue_capacity"] == MAX_QUEUE
-    full = Weights(smollm2_path).kv_footprint("ott2", N_CTX)
-    assert after["ott_kv_slot_bytes"] == full.total_bytes
+    weights = Weights(smollm2_path)
+    full = weights.kv_footprint("ott2", N_CTX)
+    assert after["ott_kv_slot_bytes"] == weights.kv_seq_bytes("ott2", N_CTX, 512) > full.total_bytes
     assert after["ott_kv_slot_bits_per_element"] == pytest.approx(full.bits_per_element)
     assert 'ott_slots_info{kv="ott2",reason="3 slots as asked' in httpx.get(server.url + "/metrics").text
 
@@ -396,7 +397,7 @@ def test_auto_slots_and_api_key(smollm2_path, tmp_path):
 
 def test_slot_plan_errors(smollm2_path):
     weights = Weights(smollm2_path)
-    per_slot = weights.kv_footprint("f16", 1024).total_bytes
+    per_slot = weights.kv_seq_bytes("f16", 1024)
     assert plan_slots(weights, preset("f16"), 1024, None, 3 * per_slot + 1).n_slots == 3
     with pytest.raises(ValueError, match="holds no slot"):
         plan_slots(weights, preset("f16"), 1024, None, per_slot - 1)

@@ -216,6 +216,13 @@ typedef struct {
 
 ott_status ott_get_kv_stats(const ott_context * ctx, ott_kv_stats * out);
 
+/* Bytes a context of these params allocates at most for the KV cache of each of its
+ * sequences, on the model's backend (n_ctx 0: the trained context; n_seq_max and n_threads
+ * are not read): what to plan memory with. The footprint counts the data alone; a context
+ * adds a few tables it shares between sequences. Needs neither KVQuant's tables nor a
+ * calibration sidecar. */
+ott_status ott_kv_seq_bytes(const ott_model * model, const ott_context_params * params, int64_t * out);
+
 /* Where a context's compute time goes, by kind of graph node, summed over the ubatches
  * computed since ott_set_profile(ctx, 1) (which resets it). While on, each step runs as
  * several smaller graphs (one per run of nodes of one kind), so whole steps get slower:

@@ -279,6 +279,34 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
     return OTT_OK;
 }
 
+// The KV cache's shape for a context of n_ctx tokens and n_seq_max sequences.
+ott_kv_shape kv_shape_of(const ott_model * model, int32_t n_ctx, int32_t n_seq_max, ggml_backend_buffer_type_t buft) {
+    const ott_hparams & hp = model->hparams;
+    ott_kv_shape shape {};
+    shape.n_layer     = hp.n_layer;
+    shape.n_head_kv   = hp.n_head_kv;
+    shape.n_embd_head = hp.n_embd_head;
+    shape.n_ctx       = n_ctx;
+    shape.n_seq_max   = n_seq_max;
+    shape.buft        = buft;
+    shape.cuda_device = model->cuda_device;
+    shape.rope_n_rot  = hp.n_rot;
+    shape.rope_neox   = hp.rope_type == GGML_ROPE_TYPE_NEOX;
+    shape.rope_plain =
+        hp.rope_ext_factor == 0.0f && hp.rope_attn_factor == 1.0f && model->rope_factors(n_ctx) == nullptr;
+    shape.rope_freq_base  = hp.rope_freq_base;
+    shape.rope_freq_scale = hp.rope_freq_scale;
+    return shape;
+}
+
+// A sliding-window layer is local (an fp16 ring of the window) when its window is shorter
+// than the context; otherwise the window never masks anything and the layer is global.
+std::vector<uint8_t> local_layers(const ott_hparams & hp, int32_t n_ctx) {
+    std::vector<uint8_t> local(hp.n_layer, 0);
+    for (int il = 0; il < hp.n_layer; ++il) local[il] = hp.is_swa(il) && hp.n_swa < n_ctx;
+    return local;
+}
+
 }  // namespace
 
 extern "C" ott_status ott_context_init(ott_model * model, const ott_context_params * params, ott_context ** out) {
@@ -306,31 +334,27 @@ extern "C" ott_status ott_context_init(ott_model * model, const ott_context_para
     ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(c->backend);
     c->galloc                       = ggml_gallocr_new(buft);
 
-    ott_kv_shape shape {};
-    shape.n_layer     = hp.n_layer;
-    shape.n_head_kv   = hp.n_head_kv;
-    shape.n_embd_head = hp.n_embd_head;
-    shape.n_ctx       = c->params.n_ctx;
-    shape.n_seq_max   = c->params.n_seq_max;
-    shape.buft        = buft;
-    shape.cuda_device = model->cuda_device;
-    shape.rope_n_rot  = hp.n_rot;
-    shape.rope_neox   = hp.rope_type == GGML_ROPE_TYPE_NEOX;
-    shape.rope_plain =
-        hp.rope_ext_factor == 0.0f && hp.rope_attn_factor == 1.0f && model->rope_factors(c->params.n_ctx) == nullptr;
-    shape.rope_freq_base  = hp.rope_freq_base;
-    shape.rope_freq_scale = hp.rope_freq_scale;
-    // a sliding-window layer is local (an fp16 ring of the window) when its window is shorter
-    // than the context; otherwise the window never masks anything and the layer is global
-    std::vector<uint8_t> local(hp.n_layer, 0);
-    for (int il = 0; il < hp.n_layer; ++il) local[il] = hp.is_swa(il) && hp.n_swa < c->params.n_ctx;
-    OTT_TRY(ott_kv_layered_create(params->kv, shape, local, hp.n_swa, c->params.n_ubatch, c->kv));
+    const ott_kv_shape shape = kv_shape_of(model, c->params.n_ctx, c->params.n_seq_max, buft);
+    OTT_TRY(ott_kv_layered_create(params->kv, shape, local_layers(hp, c->params.n_ctx), hp.n_swa, c->params.n_ubatch,
+                                  c->kv));
     OTT_TRY(make_rotation(c.get(), params->kv, buft));
     *out = c.release();
     return OTT_OK;
 }
 
 extern "C" void ott_context_free(ott_context * ctx) { delete ctx; }
+
+extern "C" ott_status ott_kv_seq_bytes(const ott_model * model, const ott_context_params * params, int64_t * out) {
+    if (!model || !params || !out) return ott_fail(OTT_ERR_INVALID_ARG, "ott_kv_seq_bytes: null argument");
+    const ott_hparams & hp = model->hparams;
+    const int32_t n_ctx    = params->n_ctx <= 0 ? hp.n_ctx_train : params->n_ctx;
+    if (n_ctx > (1 << 24)) return ott_fail(OTT_ERR_INVALID_ARG, "n_ctx = %d is too large", n_ctx);
+    if (params->n_ubatch <= 0 || params->n_ubatch > 8192) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "n_ubatch = %d must be in [1, 8192]", params->n_ubatch);
+    }
+    return ott_kv_layered_seq_bytes(params->kv, kv_shape_of(model, n_ctx, 1, nullptr), local_layers(hp, n_ctx),
+                                    hp.n_swa, params->n_ubatch, *out);
+}
 
 extern "C" ott_status ott_context_set_threads(ott_context * ctx, int32_t n_threads) {
     if (!ctx) return ott_fail(OTT_ERR_INVALID_ARG, "ott_context_set_threads: null context");

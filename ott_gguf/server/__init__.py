@@ -34,7 +34,7 @@ def open_slots(
     kv_calib=None,
 ) -> tuple[Context, SlotPlan]:
     """The slot plan and a context with one sequence per slot, big enough for one step in one graph."""
-    plan = plan_slots(weights, kv_config, n_ctx, parallel, kv_memory)
+    plan = plan_slots(weights, kv_config, n_ctx, parallel, kv_memory, batch, prefill_fp16)
     ctx = Context(
         weights,
         n_ctx=n_ctx,

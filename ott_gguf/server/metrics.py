@@ -94,7 +94,7 @@ class StatsCollector:
             "Average bits per K/V element of the live tokens (0 when empty)",
             s.kv.bits_per_element,
         )
-        yield _gauge("ott_kv_slot_bytes", "KV bytes of one full slot, everything counted", plan.bytes_per_slot)
+        yield _gauge("ott_kv_slot_bytes", "KV bytes allocated for one slot, at most", plan.bytes_per_slot)
         yield _gauge(
             "ott_kv_slot_bits_per_element", "Average bits per K/V element of one full slot", plan.bits_per_element
         )

@@ -213,7 +213,8 @@ private:
     static int64_t store_bytes(const ott_kv_layer_seq & L) {
         const size_t f16 = L.sink_k.size() + L.sink_v.size() + L.win_k.size() + L.win_v.size() + L.pool_k.size() +
                            L.pool_v.size() + L.extra_k.size() + L.extra_v.size();
-        const size_t i32 = L.pool_pos.size() + L.extra_pos.size();
+        const size_t i32 =
+            L.pool_pos.size() + L.extra_pos.size() + L.n_pool.size() + L.n_extra.size() + L.tracing.size();
         return (int64_t)(f16 * sizeof(ott_fp16) + i32 * sizeof(int32_t));
     }
 

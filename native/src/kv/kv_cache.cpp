@@ -1,8 +1,9 @@
-// kv_cache.cpp — choose the cache implementation for a mode.
+// kv_cache.cpp — choose the cache implementation for a mode, and the bytes it holds per sequence.
 #include "kv/kv_cache.h"
 
 #include "kv/kv_config.h"
 #include "kv/kv_layered.h"
+#include "kv/kv_report.h"
 
 ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_shape & shape) {
     switch (params.type) {
@@ -41,4 +42,17 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
     if (shape.cuda_device >= 0) return ott_kv_quant_cuda_create(cfg, shape, out);
 #endif
     return ott_kv_quant_cpu_create(cfg, shape, out);
+}
+
+ott_status ott_kv_cache_seq_bytes(const ott_kv_params & params, const ott_kv_shape & shape, int64_t & out) {
+    if (params.type == OTT_KV_F16) {
+        OTT_TRY(ott_kv_params_validate(params, shape));
+        out = (int64_t)ott_kv_f16_seq_rows(shape) * 2 * shape.n_embd_head * (int64_t)sizeof(ott_fp16) *
+              shape.n_head_kv * shape.n_layer;
+        return OTT_OK;
+    }
+    ott_kv_config cfg;
+    OTT_TRY(ott_kv_config_resolve(params, shape, cfg, false));
+    out = ott_kv_quant_seq_bytes(cfg, shape.n_ctx, shape.cuda_device >= 0);
+    return OTT_OK;
 }

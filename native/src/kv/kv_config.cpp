@@ -20,7 +20,7 @@ ott_status bad(const char * what, int32_t value, const char * rule) {
 
 // KVQuant (OTT_KV_KVQUANT): its own rules (ott_gguf/reference/config.py: _check_kvq), then
 // the calibrated tables copied in, key thresholds turned into zero and scale.
-ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
+ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg, bool tables) {
     const int32_t hd = shape.n_embd_head;
     for (const auto & [name, bits] : { std::pair { "bits_k", p.bits_k }, std::pair { "bits_v", p.bits_v } }) {
         if (bits < 2 || bits > 4) return bad(name, bits, "is not one of 2, 3, 4 (KVQuant codebooks)");
@@ -52,7 +52,7 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     }
     if (p.pre_rope && (shape.rope_n_rot <= 0 || shape.rope_n_rot % 2 || shape.rope_n_rot > hd))
         return bad("pre_rope", p.pre_rope, "needs an even RoPE dimension count up to head_dim");
-    if (!p.kvq_tables) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant needs its calibrated tables");
+    if (tables && !p.kvq_tables) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant needs its calibrated tables");
 
     cfg.kvq             = 1;
     cfg.pre_rope        = p.pre_rope;
@@ -65,6 +65,7 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     cfg.rope_neox       = shape.rope_neox;
     cfg.rope_freq_base  = shape.rope_freq_base;
     cfg.rope_freq_scale = shape.rope_freq_scale;
+    if (!tables) return OTT_OK;
 
     const size_t per_layer = ott_kvq_layer_floats(p, shape.n_head_kv, hd), n_k = (size_t)shape.n_head_kv * hd;
     const int32_t n_lk = 1 << p.bits_k, n_lv = 1 << p.bits_v;
@@ -97,7 +98,8 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
 
 }  // namespace
 
-ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
+ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg,
+                                 bool tables) {
     const int32_t hd = shape.n_embd_head;
     cfg              = ott_kv_config {};
     cfg.window       = p.window;
@@ -107,7 +109,7 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     cfg.n_head_kv    = shape.n_head_kv;
     if (p.window < 0) return bad("window", p.window, "must be >= 0");
     if (p.sink < 0) return bad("sink", p.sink, "must be >= 0");
-    if (p.type == OTT_KV_KVQUANT) return resolve_kvq(p, shape, cfg);
+    if (p.type == OTT_KV_KVQUANT) return resolve_kvq(p, shape, cfg, tables);
     if (p.pre_rope || p.outliers || p.kvq_tables)
         return bad("pre_rope", p.pre_rope, "and outliers and kvq_tables apply to KVQuant only (must be 0)");
     for (const auto & [name, bits] : { std::pair { "bits_k", p.bits_k }, std::pair { "bits_v", p.bits_v } }) {
@@ -142,7 +144,7 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
             return ott_fail(OTT_ERR_INVALID_ARG,
                             "kv config: %s=hadamard needs a head size that is a power of two, not %d", name, hd);
         }
-        if (kind == 2 && !p.calib_path) {
+        if (kind == 2 && tables && !p.calib_path) {
             return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=calibrated needs a calibration sidecar", name);
         }
     }

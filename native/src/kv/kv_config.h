@@ -57,5 +57,8 @@ struct ott_kv_config {
 // Floats of one layer's part of ott_kv_params::kvq_tables.
 size_t ott_kvq_layer_floats(const ott_kv_params & p, int32_t n_head_kv, int32_t head_dim);
 
-// Validate every knob (one line naming the bad one) and resolve them for the model.
-ott_status ott_kv_config_resolve(const ott_kv_params & params, const ott_kv_shape & shape, ott_kv_config & out);
+// Validate every knob (one line naming the bad one) and resolve them for the model. With
+// tables = false only the geometry is resolved (sizes, ott_kv_quant_seq_bytes): KVQuant's
+// tables and a calibrated rotation's sidecar are neither needed nor read.
+ott_status ott_kv_config_resolve(const ott_kv_params & params, const ott_kv_shape & shape, ott_kv_config & out,
+                                 bool tables = true);

@@ -14,6 +14,25 @@
 
 namespace {
 
+// The fp16 ring of the n_local local layers: n_swa - 1 + n_ubatch rows, at most n_ctx.
+ott_kv_shape ring_shape_of(const ott_kv_shape & sh, int32_t n_local, int32_t n_swa, int32_t n_ubatch) {
+    ott_kv_shape ring = sh;
+    ring.n_layer      = n_local;
+    ring.n_ctx        = (int32_t)std::min<int64_t>(sh.n_ctx, (int64_t)n_swa - 1 + n_ubatch);
+    return ring;
+}
+
+// The params and shape of the n_global global layers: skip_layers counts the model's layers,
+// so the global ones below it skip (KVQuant's tables are the caller's to pick).
+void global_part(const ott_kv_params & params, const ott_kv_shape & sh, const std::vector<uint8_t> & local,
+                 int32_t n_global, ott_kv_params & gp, ott_kv_shape & gs) {
+    gp             = params;
+    gp.skip_layers = 0;
+    for (int il = 0; il < params.skip_layers && il < (int)local.size(); ++il) gp.skip_layers += !local[il];
+    gs         = sh;
+    gs.n_layer = n_global;
+}
+
 class kv_layered final : public ott_kv_cache {
 public:
     kv_layered(const ott_kv_shape & shape, const std::vector<uint8_t> & local, int32_t n_swa)
@@ -25,19 +44,14 @@ public:
     }
 
     ott_status init(const ott_kv_params & params, int32_t n_ubatch) {
-        ott_kv_shape ring_shape = sh;
-        ring_shape.n_layer      = n_local;
-        ring_shape.n_ctx        = std::min<int64_t>(sh.n_ctx, (int64_t)n_swa - 1 + n_ubatch);
-        ring_rows               = ott_kv_f16_seq_rows(ring_shape);
+        const ott_kv_shape ring_shape = ring_shape_of(sh, n_local, n_swa, n_ubatch);
+        ring_rows                     = ott_kv_f16_seq_rows(ring_shape);
         OTT_TRY(ott_kv_f16_window_create(ring_shape, n_swa, ring));
         if (n_global == 0)
             return ott_kv_params_validate(params, sh);  // nothing to quantize; the knobs are still checked
-        ott_kv_params global_params = params;
-        global_params.skip_layers   = 0;  // skip_layers counts the model's layers: the global ones below it skip
-        for (int il = 0; il < params.skip_layers && il < (int)local.size(); ++il)
-            global_params.skip_layers += !local[il];
-        ott_kv_shape global_shape = sh;
-        global_shape.n_layer      = n_global;
+        ott_kv_params global_params;
+        ott_kv_shape global_shape;
+        global_part(params, sh, local, n_global, global_params, global_shape);
         std::vector<float> tables;  // KVQuant: the global layers' tables, in their order
         if (params.type == OTT_KV_KVQUANT && params.kvq_tables) {
             const size_t per_layer = ott_kvq_layer_floats(params, sh.n_head_kv, sh.n_embd_head);
@@ -158,5 +172,30 @@ ott_status ott_kv_layered_create(const ott_kv_params & params, const ott_kv_shap
     auto c = std::make_unique<kv_layered>(shape, local, n_swa);
     OTT_TRY(c->init(params, n_ubatch));
     out = std::move(c);
+    return OTT_OK;
+}
+
+ott_status ott_kv_layered_seq_bytes(const ott_kv_params & params, const ott_kv_shape & shape,
+                                    const std::vector<uint8_t> & local, int32_t n_swa, int32_t n_ubatch,
+                                    int64_t & out) {
+    const int32_t n_local = (int32_t)std::count_if(local.begin(), local.end(), [](uint8_t l) { return l != 0; });
+    if (n_local == 0) return ott_kv_cache_seq_bytes(params, shape, out);
+    if ((int32_t)local.size() != shape.n_layer || n_swa <= 0 || n_ubatch <= 0) {
+        return ott_fail(OTT_ERR_INVALID_ARG, "layered KV cache: %zu layer kinds for %d layers, window %d, ubatch %d",
+                        local.size(), shape.n_layer, n_swa, n_ubatch);
+    }
+    const ott_kv_shape ring  = ring_shape_of(shape, n_local, n_swa, n_ubatch);
+    const int64_t ring_bytes = (int64_t)ott_kv_f16_seq_rows(ring) * 2 * shape.n_embd_head * (int64_t)sizeof(ott_fp16) *
+                               shape.n_head_kv * n_local;
+    if (n_local == shape.n_layer) {
+        OTT_TRY(ott_kv_params_validate(params, shape));
+        out = ring_bytes;
+        return OTT_OK;
+    }
+    ott_kv_params gp;
+    ott_kv_shape gs;
+    global_part(params, shape, local, shape.n_layer - n_local, gp, gs);
+    OTT_TRY(ott_kv_cache_seq_bytes(gp, gs, out));
+    out += ring_bytes;
     return OTT_OK;
 }

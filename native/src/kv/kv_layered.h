@@ -39,3 +39,8 @@ ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_sha
 ott_status ott_kv_layered_create(const ott_kv_params & params, const ott_kv_shape & shape,
                                  const std::vector<uint8_t> & local, int32_t n_swa, int32_t n_ubatch,
                                  std::unique_ptr<ott_kv_cache> & out);
+
+// Bytes the cache ott_kv_layered_create would make holds at most for one sequence of
+// shape.n_ctx tokens (ott.h: ott_kv_seq_bytes); needs neither KVQuant's tables nor a sidecar.
+ott_status ott_kv_layered_seq_bytes(const ott_kv_params & params, const ott_kv_shape & shape,
+                                    const std::vector<uint8_t> & local, int32_t n_swa, int32_t n_ubatch, int64_t & out);

@@ -10,6 +10,19 @@ double ott_kv_used_bytes(const ott_kv_config & cfg, int il, const ott_kv_sched &
            (double)n_pooled * (double)(token + (int64_t)sizeof(int32_t));
 }
 
+int64_t ott_kv_quant_seq_bytes(const ott_kv_config & cfg, int32_t n_ctx, bool whole_blocks) {
+    const int64_t hd = cfg.geom.head_dim, block = cfg.geom.block, token = 2 * hd * (int64_t)sizeof(ott_fp16);
+    const int64_t ring   = ott_kv_win_cap(cfg, cfg.prefill_fp16 ? n_ctx - cfg.sink : 0);
+    const int64_t rows   = cfg.sink + (whole_blocks ? (ring + block - 1) / block * block : ring);
+    const int64_t blocks = (int64_t)ott_kv_max_blocks(cfg, n_ctx) * cfg.layout.size;
+    int64_t total        = 0;
+    for (int il = 0; il < cfg.n_layer; ++il) {
+        const int64_t pooled = cfg.pool_cap(il) + cfg.extra_cap(il);
+        total += cfg.n_head_kv * (rows * token + pooled * (token + (int64_t)sizeof(int32_t)) + 3 * 4 + blocks);
+    }
+    return total;
+}
+
 ott_kv_stats ott_kv_stats_of(const ott_kv_config & cfg, double used, int64_t n_tokens, int64_t allocated) {
     ott_kv_stats st {};
     st.n_tokens        = n_tokens;
