@@ -558,6 +558,7 @@ def cmd_info(args) -> int:
     file_bytes = model.path.stat().st_size
     n_ctx = args.ctx_size or info.n_ctx_train
     fp = model.weights.kv_footprint(kv_cfg, n_ctx, n_ctx, model.n_ubatch)  # a context of n_ctx tokens
+    seq_bytes = model.weights.kv_seq_bytes(kv_cfg, n_ctx, model.n_ubatch)
     kv_per_token = int(round(fp.bytes_per_token_per_layer * info.n_layer))
     local = model.weights.local_layers(n_ctx)
     rows = [
@@ -605,6 +606,11 @@ def cmd_info(args) -> int:
             "KV stores",
             ", ".join(f"{store} {fp.bits_per_element * b / fp.total_bytes:.3f}" for store, b in fp.bytes.items() if b)
             + " bits per element",
+        ),
+        (
+            "KV allocation",
+            f"{seq_bytes / 2**20:.1f} MiB per sequence of {n_ctx} tokens at most, "
+            f"{seq_bytes / fp.total_bytes:.2f}x the footprint (aligned arrays, whole rings and pools)",
         ),
         (
             "tensor types",

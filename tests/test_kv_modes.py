@@ -227,11 +227,13 @@ def test_cli_flags(smollm2_path, capsys):
     assert "KV footprint" in out and "bits per element at 8192 tokens" in out
     assert cli.main(["info", str(smollm2_path), "--kv", "ott2", "-c", "4096"]) == 0
     model = Model(smollm2_path, n_ctx=64, kv="ott2")
-    want = model.kv_footprint(4096)
+    want, out = model.kv_footprint(4096), capsys.readouterr().out
     assert (
         f"{want.bytes_per_token_per_layer:.1f} bytes per token per layer, "
         f"{want.bits_per_element:.2f} bits per element at 4096 tokens"
-    ) in capsys.readouterr().out
+    ) in out
+    seq_bytes = model.weights.kv_seq_bytes("ott2", 4096)
+    assert f"{seq_bytes / 2**20:.1f} MiB per sequence of 4096 tokens at most" in out
     assert cli.main(["run", str(smollm2_path), "--kv", "kivi2", "--kv-group-v", "48", "-p", "x", "-n", "1"]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "error: kv config: group_v=48 does not divide head_dim=64"
