@@ -196,6 +196,22 @@ def test_seq_bytes_is_the_allocation(request, tmp_path, model_fixture, kv):
     ctx.close()
 
 
+def test_seq_bytes_needs_no_sidecar_and_checks_the_config(smollm2_path):
+    """Sizing is geometry: KVQuant without its tables and a calibrated rotation without its
+    sidecar are sized like their uncalibrated twins; a knob the model cannot take is one error,
+    as when a context is made; closed weights are an error."""
+    weights = Weights(smollm2_path)
+    assert weights.kv_seq_bytes(preset("ottr2").with_overrides(rot_k=2), 1024) == weights.kv_seq_bytes("ottr2", 1024)
+    assert weights.kv_seq_bytes("kvquant2", 1024) == weights.kv_seq_bytes(
+        preset("kvquant2").with_overrides(pre_rope=0), 1024
+    )
+    with pytest.raises(InvalidArgumentError, match="group_v=48 does not divide head_dim=64"):
+        weights.kv_seq_bytes(preset("kivi2").with_overrides(group_v=48), 1024)
+    weights.close()
+    with pytest.raises(InvalidArgumentError, match="the weights are closed"):
+        weights.kv_seq_bytes("f16", 1024)
+
+
 def test_ott4_close_to_f16_on_text(smollm2_path, wikitext_path):
     """Decode-faithful chunks on 1K tokens of WikiText: the 4-bit OTT cache's next-token
     distribution stays close to the fp16 cache's (measured: mean KL 0.025, top-1 0.94; the
