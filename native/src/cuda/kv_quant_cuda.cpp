@@ -26,7 +26,6 @@
 namespace {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-int32_t round_up(int32_t n, int32_t m) { return (n + m - 1) / m * m; }
 
 #define OTT_CUDA_TRY(expr)                                                                                             \
     do {                                                                                                               \
@@ -37,8 +36,7 @@ int32_t round_up(int32_t n, int32_t m) { return (n + m - 1) / m * m; }
 class kv_quant_cuda final : public ott_kv_cache {
 public:
     kv_quant_cuda(const ott_kv_config & cfg, const ott_kv_shape & shape)
-        : cfg(cfg), sh(shape),
-          win_cap(round_up(ott_kv_win_cap(cfg, cfg.prefill_fp16 ? shape.n_ctx - cfg.sink : 0), cfg.geom.block)),
+        : cfg(cfg), sh(shape), win_cap(ott_kv_ring_rows(cfg, shape.n_ctx)),
           max_blocks(ott_kv_max_blocks(cfg, shape.n_ctx)), sched(shape.n_seq_max) {}
 
     ~kv_quant_cuda() override {

@@ -268,9 +268,9 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
         asm volatile("cp.async.wait_group 1;");  // this lane's copies of unit u have landed
         __syncwarp();                            // and every lane's
         if (u < n_qu) {
-            const int32_t t0   = (u % upb) * UNIT;
-            const uint32_t * d = stage + buf * sw;
-            const uint8_t *kb = (const uint8_t *)d, *vb = (const uint8_t *)(d + KW);
+            const int32_t t0     = (u % upb) * UNIT;
+            const uint32_t * d   = stage + buf * sw;
+            const uint8_t *kcode = (const uint8_t *)d, *vcode = (const uint8_t *)(d + KW);
             const uint16_t * vz = (const uint16_t *)(d + 2 * KW);     // [32] value zeros, then scales
             const float2 * a0   = (const float2 *)(d + 2 * KW + 32);  // [HD/2] angles at P0
             const uint16_t * sp = (const uint16_t *)(d + 2 * KW + 32 + HD);
@@ -283,8 +283,8 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
 #pragma unroll 2
             for (int i = ps; i < HD / 2; i += 8) {
                 const pair_ch c   = pair_of(i, half, R.neox);
-                const uint32_t xa = codes8<BITS>(kb, c.a * BITS * 4 + sg * BITS);
-                const uint32_t xb = codes8<BITS>(kb, c.b * BITS * 4 + sg * BITS);
+                const uint32_t xa = codes8<BITS>(kcode, c.a * BITS * 4 + sg * BITS);
+                const uint32_t xb = codes8<BITS>(kcode, c.b * BITS * 4 + sg * BITS);
                 const float4 A = S.kc[c.a], B = S.kc[c.b];
                 const float2 step = S.a1[i];
                 float2 cs         = c.rot ? compose(a0[i], S.a8[sg][i]) : make_float2(1.0f, 0.0f);
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
             for (int e = lane; e < g.n_out; e += 32) {
                 const int32_t idx = sp[e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
-                const uint32_t code = ott_kvq_code_at(kb + ch * BITS * 4, tt, BITS, BITS * 4);
+                const uint32_t code = ott_kvq_code_at(kcode + ch * BITS * 4, tt, BITS, BITS * 4);
                 const float d       = f16(sp[g.n_out + e]) - level_at(code, S.kc[ch], G.tab.levels_k);
                 const bool rot      = ch < 2 * half;
                 const int i         = !rot ? ch / 2 : R.neox ? ch % half : ch / 2;
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
             for (int e = lane; e < g.n_out; e += 32) {
                 const int32_t idx = sp[2 * g.n_out + e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
-                const uint32_t code = ott_kvq_code_at(vb + tt * v_row, ch, BITS, v_row);
+                const uint32_t code = ott_kvq_code_at(vcode + tt * v_row, ch, BITS, v_row);
                 const float dense   = fmaf(level_at(code, va, G.tab.levels_v), f16(vz[32 + tt]), f16(vz[tt]));
                 const float d       = f16(sp[3 * g.n_out + e]) - dense;
                 for (int r = 0; r < NR; ++r) atomicAdd(&S.vc[w][r][ch], S.p[w][r][tt] * d);
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
             // values: this lane's channels over its slots
 #pragma unroll 4
             for (int tt = sv; tt < UNIT; tt += SVN) {
-                const uint32_t x = codes8<BITS>(vb, tt * v_row + cg * BITS);
+                const uint32_t x = codes8<BITS>(vcode, tt * v_row + cg * BITS);
                 float wt[NR];
 #pragma unroll
                 for (int r = 0; r < NR; ++r) wt[r] = S.pw[w][r][tt];

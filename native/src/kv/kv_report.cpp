@@ -11,9 +11,9 @@ double ott_kv_used_bytes(const ott_kv_config & cfg, int il, const ott_kv_sched &
 }
 
 int64_t ott_kv_quant_seq_bytes(const ott_kv_config & cfg, int32_t n_ctx, bool whole_blocks) {
-    const int64_t hd = cfg.geom.head_dim, block = cfg.geom.block, token = 2 * hd * (int64_t)sizeof(ott_fp16);
-    const int64_t ring   = ott_kv_win_cap(cfg, cfg.prefill_fp16 ? n_ctx - cfg.sink : 0);
-    const int64_t rows   = cfg.sink + (whole_blocks ? (ring + block - 1) / block * block : ring);
+    const int64_t hd = cfg.geom.head_dim, token = 2 * hd * (int64_t)sizeof(ott_fp16);
+    const int64_t rows   = cfg.sink + (whole_blocks ? ott_kv_ring_rows(cfg, n_ctx)
+                                                    : ott_kv_win_cap(cfg, cfg.prefill_fp16 ? n_ctx - cfg.sink : 0));
     const int64_t blocks = (int64_t)ott_kv_max_blocks(cfg, n_ctx) * cfg.layout.size;
     int64_t total        = 0;
     for (int il = 0; il < cfg.n_layer; ++il) {

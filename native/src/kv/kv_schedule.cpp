@@ -55,6 +55,11 @@ int32_t ott_kv_win_cap(const ott_kv_config & cfg, int32_t n_win) {
     return std::max(n_win, cfg.window + cfg.geom.block);
 }
 
+int32_t ott_kv_ring_rows(const ott_kv_config & cfg, int32_t n_ctx) {
+    const int32_t block = cfg.geom.block;
+    return (ott_kv_win_cap(cfg, cfg.prefill_fp16 ? n_ctx - cfg.sink : 0) + block - 1) / block * block;
+}
+
 ott_kv_plan ott_kv_plan_step(const ott_kv_config & cfg, const std::vector<ott_kv_sched> & sched,
                              const ott_ubatch & ub) {
     ott_kv_plan plan;

@@ -47,6 +47,10 @@ struct ott_kv_sched {
 int32_t ott_kv_max_blocks(const ott_kv_config & cfg, int32_t n_ctx);
 // Window ring rows per (sequence, KV head) that hold n_win tokens: at least R + block.
 int32_t ott_kv_win_cap(const ott_kv_config & cfg, int32_t n_win);
+// The ring rows a cache allocates up front for a context of n_ctx tokens: room for a
+// deferred prefill_fp16 chunk of the whole context, rounded up to whole blocks (the CUDA
+// cache; kv_report.h: ott_kv_quant_seq_bytes).
+int32_t ott_kv_ring_rows(const ott_kv_config & cfg, int32_t n_ctx);
 // The ring row of window position pos (pos >= sink) in a ring of win_cap rows.
 inline int32_t ott_kv_win_row(const ott_kv_config & cfg, int32_t win_cap, int32_t pos) {
     return (pos - cfg.sink) % win_cap;
