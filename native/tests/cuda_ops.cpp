@@ -806,11 +806,18 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
     const ott_kvq_tables tab = { upload_to(mem, zero), upload_to(mem, scale), upload_to(mem, lev),
                                  upload_to(mem, lev) };
     const std::vector<ott_kvq_tables> tabs((size_t)B * H, tab);
-    uint8_t * src = upload_to(mem, std::vector<uint8_t>((size_t)n_src * L.size, 0));
-    CHECK_CUDA(ott_cuda_kvq_event(
-        g, upload_to(mem, std::vector<ott_kvq_tables>(n_src, tab)),
-        upload_to(mem, normal_f16((size_t)n_src * block * hd)), upload_to(mem, normal_f16((size_t)n_src * block * hd)),
-        n_src, src, upload_to(mem, std::vector<uint8_t>(ott_cuda_kvq_event_scratch(g) * n_src, 0)), nullptr));
+    uint8_t * src                     = upload_to(mem, std::vector<uint8_t>((size_t)n_src * L.size, 0));
+    const ott_kvq_tables * d_src_tabs = upload_to(mem, std::vector<ott_kvq_tables>(n_src, tab));
+    const ott_fp16 *src_k             = upload_to(mem, normal_f16((size_t)n_src * block * hd)),
+                   *src_v             = upload_to(mem, normal_f16((size_t)n_src * block * hd));
+    uint8_t * ev_scratch              = upload_to(mem, std::vector<uint8_t>(ott_cuda_kvq_event_scratch(g) * n_src, 0));
+    auto event                        = [&](int32_t n) {
+        CHECK_CUDA(ott_cuda_kvq_event(g, d_src_tabs, src_k, src_v, n, src, ev_scratch, nullptr));
+    };
+    event(n_src);
+    if (B == 1)  // an event round of one sequence (a block in each KV head) and of 64 KV heads' blocks
+        for (const int32_t n : { H, n_src })
+            printf("{\"op\": \"kvq_event\", \"blocks\": %d, \"ms\": %.4f}\n", n, time_ms([&] { event(n); }, 20, [] {}));
     const size_t n_hb = (size_t)B * H * n_blocks;
     auto layer        = [&]() {  // head-blocks, fp16 rows and stores of one layer
         uint8_t * blocks = upload_to(mem, std::vector<uint8_t>(std::max<size_t>(n_hb * L.size, 1), 0));

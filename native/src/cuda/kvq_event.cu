@@ -5,12 +5,12 @@
 
 namespace {
 
-constexpr int EVENT_THREADS = 64;
+constexpr int EVENT_THREADS = 128;
 
-// Scratch of one block: the reference's, plus a row of codes for every thread.
+// Scratch of one block: the reference's without its selection, a row of codes for every thread.
 __host__ __device__ size_t scratch_bytes(const ott_kvq_geom & g) {
     const size_t n = (size_t)g.block * g.head_dim, row = (size_t)(g.block > g.head_dim ? g.block : g.head_dim);
-    return (n * 4 + (size_t)g.n_out * 4 + 2 * n + row * EVENT_THREADS + 15) / 16 * 16;
+    return (n * 4 + 2 * n + row * EVENT_THREADS + 15) / 16 * 16;
 }
 
 // grid: n blocks
