@@ -30,9 +30,10 @@
 
 namespace {
 
-constexpr double ATTN_BUDGET     = 3e-4;  // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
-constexpr double ATTN_BUDGET_TC  = 1e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
-constexpr double KVQ_ATTN_BUDGET = 1e-5;  // KVQuant attention vs the CPU op: both float32, other sum orders
+constexpr double ATTN_BUDGET        = 3e-4;  // float32 arithmetic, exp2f; sharp softmaxes amplify score rounding
+constexpr double ATTN_BUDGET_TC     = 1e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
+constexpr double KVQ_ATTN_BUDGET    = 1e-5;  // KVQuant attention vs the CPU op: both float32, other sum orders
+constexpr double KVQ_ATTN_BUDGET_TC = 2e-3;  // tensor-core path: fp16 keys, queries, probabilities, values
 
 #define CHECK_CUDA(expr)                                                                                               \
     do {                                                                                                               \
@@ -392,10 +393,13 @@ void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
         e2 += std::pow((double)got_o[i] - want_o[i], 2);
         w2 += std::pow((double)want_o[i], 2);
     }
-    const double err = std::sqrt(e2 / std::max(w2, 1e-300));
-    char detail[64];
-    snprintf(detail, sizeof(detail), "rel err %.2e (budget %.0e), %d split(s)", err, KVQ_ATTN_BUDGET, n_splits);
-    report(std::string("kvq-attn/") + c.name, err < KVQ_ATTN_BUDGET, detail, n_fail);
+    const double err    = std::sqrt(e2 / std::max(w2, 1e-300));
+    const bool tc       = ott_cuda_kvq_attn_tensor_cores(g, c.n_q);
+    const double budget = tc ? KVQ_ATTN_BUDGET_TC : KVQ_ATTN_BUDGET;
+    char detail[96];
+    snprintf(detail, sizeof(detail), "rel err %.2e (budget %.0e), %d split(s)%s", err, budget, n_splits,
+             tc ? ", tensor cores" : "");
+    report(std::string("kvq-attn/") + c.name, err < budget, detail, n_fail);
     for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }
 
@@ -844,7 +848,7 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
     ott_rope_table_fill(hd, 10000.0, 1.0, ctx + block, cs.data());
     const ott_rope_table rope     = { hd, 1, ctx + block, upload_to(mem, cs) };
     const ott_kvq_tables * d_tabs = upload_to(mem, tabs);
-    std::vector<float> q((size_t)B * H * hd);
+    std::vector<float> q((size_t)B * H * hd * OTT_CUDA_KVQ_ROWS);  // room for the rows of a prompt's tile
     for (float & x : q) x = nd(rng);
     const float * d_q = upload_to(mem, q);
     float * d_out     = upload_to(mem, q);
@@ -853,7 +857,7 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
     const int32_t chosen = ott_cuda_kvq_attn_splits(g, B * H, 1, ctx, n_sm);
     float * d_parts =
         upload_to(mem, std::vector<float>(std::max<size_t>(1, ott_cuda_kvq_partial_floats(g, B * H, 2 * chosen))));
-    const double bytes = (double)n_hb * ott_kvq_block_data_bytes(&g) + (double)B * H * n_fp * hd * 4 + q.size() * 4.0;
+    const double bytes = (double)n_hb * ott_kvq_block_data_bytes(&g) + (double)B * H * n_fp * hd * 4 + B * H * hd * 4.0;
     for (const int32_t n_splits : { chosen, std::max(1, chosen / 2), 2 * chosen }) {  // the choice, and beside it
         auto attend = [&](const ott_kvq_head_stores * st) {
             CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, B * H, rope, d_q, 1, 1.0f / std::sqrt((float)hd), n_splits,
@@ -867,6 +871,19 @@ void perf_kvq(int ctx, int B, double copy_gbs) {
                ctx, B, H, hd, n_splits, n_splits == chosen ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
         fflush(stdout);
     }
+    if (B == 1)  // groups of a prompt's rows: 4 (the split kernel) and 16 (tensor cores, where they serve)
+        for (const int32_t n_q : { 4, OTT_CUDA_KVQ_ROWS }) {
+            const int32_t n_splits = ott_cuda_kvq_attn_splits(g, H, n_q, ctx, n_sm);
+            auto attend            = [&](const ott_kvq_head_stores * st) {
+                CHECK_CUDA(ott_cuda_kvq_attn(g, d_tabs, st, H, rope, d_q, n_q, 1.0f / std::sqrt((float)hd), n_splits,
+                                             d_parts, d_out, nullptr));
+            };
+            printf("{\"op\": \"attn_rows\", \"mode\": \"kvquant2\", \"ctx\": %d, \"rows\": %d, \"splits\": %d, "
+                   "\"tensor_cores\": %s, \"ms\": %.4f}\n",
+                   ctx, n_q, n_splits, ott_cuda_kvq_attn_tensor_cores(g, n_q) ? "true" : "false",
+                   time_ms([&] { attend(a); }, 20, [&] { attend(prev); }));
+            fflush(stdout);
+        }
     for (void * p : mem) CHECK_CUDA(cudaFree(p));
 }
 

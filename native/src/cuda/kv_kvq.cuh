@@ -172,12 +172,12 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
     write_sparse(v, v_out, n, out + L.v_out_idx, out + L.v_out_val);
 
     for (int32_t s = threadIdx.x; s < block; s += blockDim.x) {
-        const ott_fp16 * x = v + (size_t)s * hd;
+        const float * x    = t + (size_t)s * hd; /* -f32(v): negated exactly above */
         const uint8_t * sp = v_out + (size_t)s * hd;
         float mn = INFINITY, mx = -INFINITY;
         for (int32_t c = 0; c < hd; ++c) {
             if (sp[c]) continue;
-            const float f = ott_fp16_to_fp32_ref(x[c]);
+            const float f = -x[c];
             mn            = f < mn ? f : mn;
             mx            = f > mx ? f : mx;
         }
@@ -187,7 +187,7 @@ static __device__ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const 
         const float z = ott_fp16_to_fp32_ref(z16), sc = ott_fp16_to_fp32_ref(s16);
         const float inv = sc != 0.0f ? __fdiv_rn(1.0f, sc) : 0.0f;
         for (int32_t c = 0; c < hd; ++c) {
-            codes[c] = ott_kvq_code_ref(__fmul_rn(__fsub_rn(ott_fp16_to_fp32_ref(x[c]), z), inv), levels_v, n_lv);
+            codes[c] = ott_kvq_code_ref(__fmul_rn(__fsub_rn(-x[c], z), inv), levels_v, n_lv);
         }
         ott_pack_codes_ref(codes, hd, g->bits_v, out + L.v_codes + (size_t)s * (size_t)(hd * g->bits_v / 8));
         out[L.v_zero + 2 * s]      = (uint8_t)(z16 & 0xff);

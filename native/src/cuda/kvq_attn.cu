@@ -7,7 +7,7 @@
 // shared memory (codebook level times scale plus zero, sparse entries put back), rotate the
 // keys by RoPE at their positions, score every row, and fold the tile into each row's online
 // softmax. Both read the two kinds of group of kvq_attn_groups.cuh.
-#include "cuda/kvq_attn_split.cuh"
+#include "cuda/kvq_attn_mma.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -162,6 +162,28 @@ bool split_serves(const ott_kvq_geom & g) {
            g.bits_k == g.bits_v;
 }
 
+// Groups of more than 4 rows of head size 64 or 128 go to tensor cores (kvq_attn_mma.cuh).
+bool mma_serves(const ott_kvq_geom & g, int32_t max_rows) {
+    return split_serves(g) && max_rows > 4 && g.head_dim <= 128;
+}
+
+// The tensor-core kernel for (HD, BITS): launched, or with occ, its blocks per multiprocessor.
+template <int HD, int BITS, typename Groups>
+cudaError_t launch_mma(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, const ott_rope_table & rope,
+                       float kq_scale, int32_t n_splits, float * partials, cudaStream_t stream, int * occ) {
+    const auto kernel = mma::kvq_mma_kernel<HD, BITS, Groups>;
+    const size_t dyn  = mma::tile_bytes<HD>();
+    if (sizeof(mma::smem_t<HD>) + dyn > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+        if (e != cudaSuccess) return e;
+    }
+    if (occ) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, split::WARPS * 32, dyn);
+    kernel<<<dim3(n_groups, n_splits, 1), split::WARPS * 32, dyn, stream>>>(g, groups, rope, kq_scale, n_splits,
+                                                                            partials);
+    split::kvq_merge_kernel<<<n_groups, 128, 0, stream>>>(groups, HD, n_splits, partials);
+    return cudaGetLastError();
+}
+
 // The split kernel for (HD, BITS, NR): launched, or with occ, its blocks per multiprocessor.
 template <int HD, int BITS, int NR, typename Groups>
 cudaError_t launch_split(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
@@ -189,11 +211,17 @@ cudaError_t dispatch_split(const ott_kvq_geom & g, const Groups & groups, int32_
 #define OTT_KVQ_ROWS(HD, B) (max_rows == 1 ? OTT_KVQ_SPLIT(HD, B, 1) : OTT_KVQ_SPLIT(HD, B, 4))
 #define OTT_KVQ_BITS(HD)                                                                                               \
     (g.bits_k == 2 ? OTT_KVQ_ROWS(HD, 2) : g.bits_k == 3 ? OTT_KVQ_ROWS(HD, 3) : OTT_KVQ_ROWS(HD, 4))
+#define OTT_KVQ_MMA(HD)                                                                                                \
+    (g.bits_k == 2   ? launch_mma<HD, 2>(g, groups, n_groups, rope, kq_scale, n_splits, partials, stream, occ)         \
+     : g.bits_k == 3 ? launch_mma<HD, 3>(g, groups, n_groups, rope, kq_scale, n_splits, partials, stream, occ)         \
+                     : launch_mma<HD, 4>(g, groups, n_groups, rope, kq_scale, n_splits, partials, stream, occ))
+    if (mma_serves(g, max_rows)) return g.head_dim == 64 ? OTT_KVQ_MMA(64) : OTT_KVQ_MMA(128);
     switch (g.head_dim) {
         case 64:  return OTT_KVQ_BITS(64);
         case 128: return OTT_KVQ_BITS(128);
         default:  return OTT_KVQ_BITS(256);
     }
+#undef OTT_KVQ_MMA
 #undef OTT_KVQ_BITS
 #undef OTT_KVQ_ROWS
 #undef OTT_KVQ_SPLIT
@@ -231,7 +259,7 @@ int32_t ott_cuda_kvq_attn_splits(const ott_kvq_geom & g, int32_t n_groups, int32
             cudaSuccess ||
         per_sm < 1)
         per_sm = 1;
-    const int64_t chunks = max_rows == 1 ? 1 : (max_rows + 3) / 4;
+    const int64_t chunks = max_rows == 1 || mma_serves(g, max_rows) ? 1 : (max_rows + 3) / 4;
     const int64_t units  = (max_keys + split::UNIT - 1) / split::UNIT;
     const int64_t most   = std::max<int64_t>(1, std::min<int64_t>(64, units / (2 * split::WARPS)));
     const double slots   = (double)per_sm * n_sm;
@@ -247,6 +275,8 @@ int32_t ott_cuda_kvq_attn_splits(const ott_kvq_geom & g, int32_t n_groups, int32
     }
     return best;
 }
+
+bool ott_cuda_kvq_attn_tensor_cores(const ott_kvq_geom & g, int32_t max_rows) { return mma_serves(g, max_rows); }
 
 size_t ott_cuda_kvq_partial_floats(const ott_kvq_geom & g, int32_t n_groups, int32_t n_splits) {
     if (!split_serves(g)) return 0;

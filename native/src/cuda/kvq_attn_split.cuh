@@ -168,6 +168,24 @@ template <int NR> struct warp_rows {
     }
 };
 
+// A block's partial of nr rows, out [nr][HD+2] (split kernels' layout): per row the largest
+// of its warps' maxima m[w][r], then the warps' sums l[w][r] and weighted values
+// vals(w, r, c), each rescaled to it.
+template <int HD, int N, typename V>
+__device__ void write_partial(float * out, int nr, const float (*m)[N], const float (*l)[N], V vals) {
+    for (int e = threadIdx.x; e < nr * (HD + 2); e += blockDim.x) {
+        const int r = e / (HD + 2), c = e % (HD + 2);
+        float mx = -INFINITY;
+        for (int ww = 0; ww < WARPS; ++ww) mx = fmaxf(mx, m[ww][r]);
+        float x = 0.0f;
+        for (int ww = 0; ww < WARPS; ++ww) {
+            if (l[ww][r] == 0.0f) continue;
+            x += exp2f(m[ww][r] - mx) * (c == 1 ? l[ww][r] : vals(ww, r, c - 2));
+        }
+        out[e] = c == 0 ? mx : x;
+    }
+}
+
 template <int HD, int BITS, int NR, typename Groups>
 __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
     kvq_split_kernel(const ott_kvq_geom g, const Groups groups, const ott_rope_table R, float kq_scale,
@@ -439,17 +457,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
     __syncthreads();
     // the warps' states combined: split y's partial of rows r0 ..
     float * out = partials + (((size_t)blockIdx.x * n_splits + blockIdx.y) * OTT_CUDA_KVQ_ROWS + r0) * (HD + 2);
-    for (int e = threadIdx.x; e < nr * (HD + 2); e += blockDim.x) {
-        const int r = e / (HD + 2), c = e % (HD + 2);
-        float mx = -INFINITY;
-        for (int ww = 0; ww < WARPS; ++ww) mx = fmaxf(mx, S.m[ww][r]);
-        float x = 0.0f;
-        for (int ww = 0; ww < WARPS; ++ww) {
-            if (S.l[ww][r] == 0.0f) continue;
-            x += exp2f(S.m[ww][r] - mx) * (c == 1 ? S.l[ww][r] : S.vc[ww][r][c - 2]);
-        }
-        out[e] = c == 0 ? mx : x;
-    }
+    write_partial<HD>(out, nr, S.m, S.l, [&](int ww, int r, int c) { return S.vc[ww][r][c]; });
 }
 
 // grid: n_groups; threads over channels. Each group's rows from its n_splits partials.

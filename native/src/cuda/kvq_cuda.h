@@ -20,7 +20,7 @@
 
 // n blocks, each of one KV head: k, v fp16 [n][block][head_dim]; tables [n] (device pointers
 // inside); out [n] head-blocks of ott_kvq_block_layout_of(g).size bytes; scratch [n] of
-// ott_cuda_kvq_event_scratch(g) bytes each.
+// ott_cuda_kvq_event_scratch(g) bytes each (0 where a block's scratch fits in shared memory).
 size_t ott_cuda_kvq_event_scratch(const ott_kvq_geom & g);
 cudaError_t ott_cuda_kvq_event(const ott_kvq_geom & g, const ott_kvq_tables * tabs, const ott_fp16 * k,
                                const ott_fp16 * v, int32_t n, uint8_t * out, uint8_t * scratch, cudaStream_t stream);
@@ -34,6 +34,9 @@ constexpr int OTT_CUDA_KVQ_ROWS = 16;  // query rows of a group, at most
 int32_t ott_cuda_kvq_attn_splits(const ott_kvq_geom & g, int32_t n_groups, int32_t max_rows, int64_t max_keys,
                                  int32_t n_sm);
 size_t ott_cuda_kvq_partial_floats(const ott_kvq_geom & g, int32_t n_groups, int32_t n_splits);
+// Whether groups of max_rows rows are attended on tensor cores (fp16 operands: a looser error
+// budget than the float32 kernels').
+bool ott_cuda_kvq_attn_tensor_cores(const ott_kvq_geom & g, int32_t max_rows);
 
 // n_groups query groups, group i: tables tabs[i], stores st[i], rows q + i·n_q·head_dim,
 // output out + i·n_q·head_dim (all device memory); n_q <= OTT_CUDA_KVQ_ROWS.
