@@ -15,7 +15,11 @@ SINK (the fp16 sink) take no part. Per layer:
   the thresholds, values by the block's sparse selection and the token's range), each entry
   weighted by its Fisher information. The entries go into HIST_BINS bins on -1 .. 1 (their
   weight and weighted sum), Lloyd's iterations run on the bins from the weighted quantiles
-  (i + 0.5)/2^b, until no bin changes cluster or KMEANS_ITERS.
+  (i + 0.5)/2^b, until no bin changes cluster or KMEANS_ITERS;
+- Q-Norm codebooks beside them (KVQuant's centroid normalization; `qnorm=1` reads them):
+  each codebook shifted and scaled so that the same entries, coded with it and decoded,
+  keep their (unweighted) mean and standard deviation; the affine map is refitted until
+  they stay (the midpoints that code the entries move with the levels).
 
 Everything is deterministic for a given torch build and thread count (torch's CPU matmuls
 may sum in another order with another thread count).
@@ -38,13 +42,16 @@ OUTLIERS = (0, 100)  # default thresholds calibrated: no outliers and 1 %
 SINK = 1  # positions kept in fp16 (the presets' sink)
 HIST_BINS = 8192
 KMEANS_ITERS = 100
+QNORM_ITERS = 500
+QNORM_TOL = 1e-4
 ROPE_KINDS = ("pre", "post")
 
 
 @dataclass
 class KVQCalibration:
     """Per layer: k_range[(rope, outliers)] float32 [n_head_kv, d, 2] (lo, hi);
-    codebook_k[(rope, outliers, bits)] and codebook_v[(outliers, bits)] float32 [2^bits]."""
+    codebook_k[(rope, outliers, bits)] and codebook_v[(outliers, bits)] float32 [2^bits];
+    qnorm_k, qnorm_v: their Q-Norm twins (empty in sidecars written before them)."""
 
     n_layer: int
     block: int  # value blocks the codebooks were fitted on
@@ -53,6 +60,8 @@ class KVQCalibration:
     n_tokens: int = 0  # calibration tokens (windows · n_ctx)
     codebook_k: list[dict] = field(default_factory=list)
     codebook_v: list[dict] = field(default_factory=list)
+    qnorm_k: list[dict] = field(default_factory=list)
+    qnorm_v: list[dict] = field(default_factory=list)
 
     def layers(self, cfg: KVConfig) -> list[kvquant.KVQLayer]:
         """The tables a KVQuant config reads, per layer (uniform levels if cfg.uniform)."""
@@ -62,16 +71,19 @@ class KVQCalibration:
                 f"calibration sidecar: no KVQuant thresholds for {cfg.outliers / 100:g} % outliers "
                 f"(it has {', '.join(f'{o / 100:g} %' for o in self.outliers)}; calibrate with --kv-outliers)"
             )
+        if cfg.qnorm and not self.qnorm_k:
+            raise InvalidArgumentError(
+                "calibration sidecar: no Q-Norm codebooks (written before them; calibrate again for qnorm=1)"
+            )
+        books_k, books_v = (self.qnorm_k, self.qnorm_v) if cfg.qnorm else (self.codebook_k, self.codebook_v)
         out = []
         for il in range(self.n_layer):
             r = self.k_range[il][(rope, cfg.outliers)]
             if cfg.uniform:
                 lk, lv = nuq.uniform_levels(cfg.bits_k), nuq.uniform_levels(cfg.bits_v)
             else:
-                lk = nuq.check_levels(
-                    self.codebook_k[il][(rope, cfg.outliers, cfg.bits_k)], cfg.bits_k, f"layer {il} keys"
-                )
-                lv = nuq.check_levels(self.codebook_v[il][(cfg.outliers, cfg.bits_v)], cfg.bits_v, f"layer {il} values")
+                lk = nuq.check_levels(books_k[il][(rope, cfg.outliers, cfg.bits_k)], cfg.bits_k, f"layer {il} keys")
+                lv = nuq.check_levels(books_v[il][(cfg.outliers, cfg.bits_v)], cfg.bits_v, f"layer {il} values")
             out.append(kvquant.KVQLayer(r[..., 0], r[..., 1], lk, lv))
         return out
 
@@ -102,20 +114,48 @@ def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
     return levels
 
 
-def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.ndarray, dict]:
-    """Thresholds float32 [H, d, 2] and codebooks {bits: levels} of keys k fp16 [N, H, d]."""
+def qnorm_levels(t: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Q-Norm of a codebook: levels mapped by a * L + c so that the entries t (1-D, in -1 .. 1),
+    coded with the result (nearest level) and decoded, keep their mean and standard deviation.
+    The map is refitted until the coding stops moving the moments (QNORM_TOL of the standard
+    deviation, at most QNORM_ITERS times), on the entries binned as weighted_kmeans bins them.
+    float32 [2^bits], ascending."""
+    edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
+    n, _ = np.histogram(t, bins=edges)
+    s, _ = np.histogram(t, bins=edges, weights=t)
+    centre = np.where(n > 0, s / np.maximum(n, 1), (edges[:-1] + edges[1:]) / 2)
+    t64 = t.astype(np.float64)
+    mean, std = t64.mean(), t64.std()
+    out = levels.astype(np.float64)
+    for _ in range(QNORM_ITERS):
+        q = out[np.searchsorted((out[:-1] + out[1:]) / 2, centre)]
+        q_mean = (n * q).sum() / n.sum()
+        q_std = np.sqrt(max((n * q * q).sum() / n.sum() - q_mean**2, 0.0))
+        if q_std == 0 or (abs(q_mean - mean) <= QNORM_TOL * std and abs(q_std - std) <= QNORM_TOL * std):
+            break
+        out = (out - q_mean) * (std / q_std) + mean
+    return out.astype(np.float32)
+
+
+def _fit(t: np.ndarray, w: np.ndarray) -> tuple[dict, dict]:
+    """Codebooks and their Q-Norm twins {bits: levels} of entries t weighted by w."""
+    books = {b: weighted_kmeans(t, w, b) for b in BITS}
+    return books, {b: qnorm_levels(t, lv) for b, lv in books.items()}
+
+
+def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.ndarray, dict, dict]:
+    """Thresholds float32 [H, d, 2], codebooks and Q-Norm codebooks {bits: levels} of keys k fp16 [N, H, d]."""
     kf = k.astype(np.float32)
     q = outliers / 20000
     lo, hi = np.quantile(kf, [q, 1 - q], axis=0) if q else (kf.min(axis=0), kf.max(axis=0))
     zero, scale = nuq.channel_params(lo.astype(np.float32), hi.astype(np.float32))
     t = nuq.normalize(k, zero, scale)
     inside = np.abs(t) <= 1
-    books = {b: weighted_kmeans(t[inside], fisher[inside], b) for b in BITS}
-    return np.stack([lo, hi], axis=-1).astype(np.float32), books
+    return np.stack([lo, hi], axis=-1).astype(np.float32), *_fit(t[inside], fisher[inside])
 
 
-def _value_tables(v: np.ndarray, fisher: np.ndarray, outliers: int, block: int) -> dict:
-    """Codebooks {bits: levels} of values v fp16 [W, n, H, d] (n a multiple of block)."""
+def _value_tables(v: np.ndarray, fisher: np.ndarray, outliers: int, block: int) -> tuple[dict, dict]:
+    """Codebooks and Q-Norm codebooks {bits: levels} of values v fp16 [W, n, H, d] (n a multiple of block)."""
     W, n, H, d = v.shape
     blocks = v.reshape(W, n // block, block, H, d).transpose(0, 1, 3, 2, 4)  # [W, nb, H, block, d]
     fw = fisher.reshape(W, n // block, block, H, d).transpose(0, 1, 3, 2, 4)
@@ -123,7 +163,7 @@ def _value_tables(v: np.ndarray, fisher: np.ndarray, outliers: int, block: int) 
     out = kvquant.value_outliers(blocks, kvquant.n_outliers(cfg, d))
     t, _, _ = kvquant.normalize_values(blocks, out)
     keep = ~out
-    return {b: weighted_kmeans(t[keep], fw[keep], b) for b in BITS}
+    return _fit(t[keep], fw[keep])
 
 
 def collect_kvq(
@@ -186,16 +226,21 @@ def collect_kvq(
     for il in tqdm(range(tm.n_layer), desc="fit codebooks", unit="layer", disable=not progress):
         a = {name: np.stack(x) for name, x in acts[il].items()}  # [W, n_used, H, d]
         acts[il] = None
-        ranges, books_k, books_v = {}, {}, {}
+        ranges, books_k, books_v, qn_k, qn_v = {}, {}, {}, {}, {}
         for o in outliers:
             for rope in ROPE_KINDS:
                 flat = a[rope].reshape(-1, *a[rope].shape[2:])
-                ranges[(rope, o)], books = _key_tables(flat, a["f_" + rope].reshape(flat.shape), o)
+                ranges[(rope, o)], books, qn = _key_tables(flat, a["f_" + rope].reshape(flat.shape), o)
                 books_k.update({(rope, o, b): lv for b, lv in books.items()})
-            books_v.update({(o, b): lv for b, lv in _value_tables(a["v"], a["f_v"], o, block).items()})
+                qn_k.update({(rope, o, b): lv for b, lv in qn.items()})
+            books, qn = _value_tables(a["v"], a["f_v"], o, block)
+            books_v.update({(o, b): lv for b, lv in books.items()})
+            qn_v.update({(o, b): lv for b, lv in qn.items()})
         cal.k_range.append(ranges)
         cal.codebook_k.append(books_k)
         cal.codebook_v.append(books_v)
+        cal.qnorm_k.append(qn_k)
+        cal.qnorm_v.append(qn_v)
     return cal
 
 
@@ -204,10 +249,15 @@ def collect_kvq(
 
 def tensor_names(cal: KVQCalibration, il: int) -> dict[str, np.ndarray]:
     """Sidecar tensors of layer il: ott.kvq.{pre|post}.{outliers}.k_range.{il} [H, d, 2],
-    ott.kvq.{pre|post}.{outliers}.{bits}.codebook_k.{il} and ott.kvq.{outliers}.{bits}.codebook_v.{il} [2^bits]."""
+    ott.kvq.{pre|post}.{outliers}.{bits}.codebook_k.{il} and ott.kvq.{outliers}.{bits}.codebook_v.{il} [2^bits],
+    and the Q-Norm twins of the codebooks, qnorm_k and qnorm_v in their place."""
     out = {f"ott.kvq.{r}.{o}.k_range.{il}": x for (r, o), x in cal.k_range[il].items()}
-    out.update({f"ott.kvq.{r}.{o}.{b}.codebook_k.{il}": x for (r, o, b), x in cal.codebook_k[il].items()})
-    out.update({f"ott.kvq.{o}.{b}.codebook_v.{il}": x for (o, b), x in cal.codebook_v[il].items()})
+    books = [("codebook", cal.codebook_k, cal.codebook_v)] + (
+        [("qnorm", cal.qnorm_k, cal.qnorm_v)] if cal.qnorm_k else []
+    )
+    for kind, bk, bv in books:
+        out.update({f"ott.kvq.{r}.{o}.{b}.{kind}_k.{il}": x for (r, o, b), x in bk[il].items()})
+        out.update({f"ott.kvq.{o}.{b}.{kind}_v.{il}": x for (o, b), x in bv[il].items()})
     return out
 
 
@@ -238,18 +288,23 @@ def read_sidecar(path: str | os.PathLike, n_layer: int) -> KVQCalibration:
         tuple(int(o) for o in r.fields["ott.kvq.outliers"].contents()),
     )
     tensors = {t.name: np.array(t.data, dtype=np.float32) for t in r.tensors if t.name.startswith("ott.kvq.")}
+    kinds = ("codebook", "qnorm") if any(".qnorm_k." in name for name in tensors) else ("codebook",)
     for il in range(n_layer):
-        ranges, bk, bv = {}, {}, {}
+        ranges, books = {}, {kind: ({}, {}) for kind in kinds}
         for o in cal.outliers:
             for rope in ROPE_KINDS:
                 ranges[(rope, o)] = _tensor(tensors, path, f"ott.kvq.{rope}.{o}.k_range.{il}")
-                bk.update(
-                    {(rope, o, b): _tensor(tensors, path, f"ott.kvq.{rope}.{o}.{b}.codebook_k.{il}") for b in BITS}
-                )
-            bv.update({(o, b): _tensor(tensors, path, f"ott.kvq.{o}.{b}.codebook_v.{il}") for b in BITS})
+            for kind, (bk, bv) in books.items():
+                for b in BITS:
+                    for rope in ROPE_KINDS:
+                        bk[(rope, o, b)] = _tensor(tensors, path, f"ott.kvq.{rope}.{o}.{b}.{kind}_k.{il}")
+                    bv[(o, b)] = _tensor(tensors, path, f"ott.kvq.{o}.{b}.{kind}_v.{il}")
         cal.k_range.append(ranges)
-        cal.codebook_k.append(bk)
-        cal.codebook_v.append(bv)
+        cal.codebook_k.append(books["codebook"][0])
+        cal.codebook_v.append(books["codebook"][1])
+        if "qnorm" in books:
+            cal.qnorm_k.append(books["qnorm"][0])
+            cal.qnorm_v.append(books["qnorm"][1])
     return cal
 
 

@@ -556,8 +556,8 @@ def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike |
 
 
 # KVConfig knobs that are not fields of ott_kv_params: the scheme is its type, and uniform
-# levels are a choice of the tables (_kvq_tables)
-_PYTHON_KNOBS = ("kvq", "uniform")
+# or Q-Norm levels are a choice of the tables (_kvq_tables)
+_PYTHON_KNOBS = ("kvq", "uniform", "qnorm")
 
 
 def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:

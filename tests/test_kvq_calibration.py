@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch")
 from ott_gguf import cli  # noqa: E402
 from ott_gguf.calibrate import collect, write  # noqa: E402
 from ott_gguf.errors import InvalidArgumentError, ModelFileError  # noqa: E402
-from ott_gguf.kvq_calibration import BITS, collect_kvq, read_sidecar, weighted_kmeans  # noqa: E402
+from ott_gguf.kvq_calibration import BITS, collect_kvq, qnorm_levels, read_sidecar, weighted_kmeans  # noqa: E402
 from ott_gguf.model import Model  # noqa: E402
+from ott_gguf.reference import nuq  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 from ott_gguf.torch_model import TorchModel  # noqa: E402
 
@@ -76,10 +77,28 @@ def test_tables_deterministic_and_round_trip(kvq_sidecar, calib_text):
     back = read_sidecar(path, kvq.n_layer)
     assert back.outliers == (0, 100) and back.block == 16
     for il in range(kvq.n_layer):
-        for table in ("k_range", "codebook_k", "codebook_v"):
+        for table in ("k_range", "codebook_k", "codebook_v", "qnorm_k", "qnorm_v"):
             a, b, c = (getattr(x, table)[il] for x in (kvq, again, back))
             assert a.keys() == b.keys() == c.keys()
             assert all((a[key] == b[key]).all() and (a[key] == c[key]).all() for key in a), (il, table)
+
+
+def test_qnorm_keeps_the_mean_and_spread():
+    """Fisher weights pull a codebook toward the sensitive entries, so the entries it codes
+    come back with another mean and a smaller spread; the Q-Norm codebook restores both
+    (within 1 %), and it still ascends."""
+    rng = np.random.default_rng(3)
+    t = np.clip(rng.gamma(2.0, 0.15, 60000) - 0.4, -1, 1).astype(np.float32)  # skewed, in -1 .. 1
+    w = np.where(t > 0.2, 50.0, 1.0)
+    for bits in (2, 3):
+        levels = weighted_kmeans(t, w, bits)
+        qn = qnorm_levels(t, levels)
+        before = levels[nuq.nearest_codes(t, levels)]
+        after = qn[nuq.nearest_codes(t, qn)]
+        assert abs(before.mean() - t.mean()) > 0.02 * t.std() or abs(before.std() / t.std() - 1) > 0.02
+        assert abs(after.mean() - t.mean()) < 0.01 * t.std()
+        assert abs(after.std() / t.std() - 1) < 0.01
+        assert (np.diff(qn) > 0).all()
 
 
 def test_tables_describe_the_keys(kvq_sidecar):
@@ -99,6 +118,9 @@ def test_tables_describe_the_keys(kvq_sidecar):
     uniform = kvq.layers(preset("kvquant2").with_overrides(uniform=1))
     assert uniform[3].levels_k.tolist() == pytest.approx([-1, -1 / 3, 1 / 3, 1])
     assert not np.allclose(layers[3].levels_k, uniform[3].levels_k, atol=0.02)
+    qn = kvq.layers(preset("kvquant2").with_overrides(qnorm=1))
+    assert not np.array_equal(layers[3].levels_k, qn[3].levels_k)
+    assert (np.diff(qn[3].levels_k) > 0).all() and (np.diff(qn[3].levels_v) > 0).all()
 
 
 def test_sidecar_errors_are_one_line(kvq_sidecar, tmp_path):

@@ -134,6 +134,10 @@ def test_invalid_kvquant_configs(overrides, match):
 def test_kvquant_knobs_need_the_scheme():
     with pytest.raises(InvalidArgumentError, match="KVQuant scheme only"):
         preset("kivi2").with_overrides(outliers=100)
+    with pytest.raises(InvalidArgumentError, match="KVQuant scheme only"):
+        preset("ott2").with_overrides(qnorm=1)
+    with pytest.raises(InvalidArgumentError, match="both choose the levels"):
+        preset("kvquant2").with_overrides(qnorm=1, uniform=1)
     with pytest.raises(InvalidArgumentError, match="bits_k=3"):
         preset("kivi2").with_overrides(bits_k=3)
     with pytest.raises(InvalidArgumentError, match="65536"):

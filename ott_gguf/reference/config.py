@@ -44,6 +44,7 @@ class KVConfig:
     kvq: int = 0  # 1: the KVQuant scheme (kvquant.py): calibrated channel ranges, codebooks
     pre_rope: int = 0  # 1: keys cached before RoPE, rotated at their position in attention (kvq)
     uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
+    qnorm: int = 0  # 1: the codebooks of Q-Norm: dequantized calibration entries keep their mean and std (kvq)
     outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
     key_axis: int = 0  # key groups: 0 per channel (KIVI), 1 per token along the head dimension
     hi_k: int = 0  # key tiers (block.py): of every 16 channels of a head-block, ranked by range
@@ -82,6 +83,7 @@ class KVConfig:
             "kvq",
             "pre_rope",
             "uniform",
+            "qnorm",
             "outliers",
             "key_axis",
             "hi_k",
@@ -98,10 +100,10 @@ class KVConfig:
             raise InvalidArgumentError(f"kv config: kvq={self.kvq} must be 0 (KIVI / OTT groups) or 1 (KVQuant)")
         if self.kvq:
             self._check_kvq()
-        elif self.pre_rope or self.uniform or self.outliers:
+        elif self.pre_rope or self.uniform or self.qnorm or self.outliers:
             raise InvalidArgumentError(
-                f"kv config: pre_rope={self.pre_rope} uniform={self.uniform} outliers={self.outliers} "
-                f"apply to the KVQuant scheme only (kvq=1)"
+                f"kv config: pre_rope={self.pre_rope} uniform={self.uniform} qnorm={self.qnorm} "
+                f"outliers={self.outliers} apply to the KVQuant scheme only (kvq=1)"
             )
         for name in () if self.kvq else ("bits_k", "bits_v"):
             if getattr(self, name) not in QUANT_BITS:
@@ -172,8 +174,12 @@ class KVConfig:
                 f"kv config: group_k={self.group_k} must equal block={self.block} with KVQuant "
                 f"(keys take calibrated per-channel ranges)"
             )
-        if self.pre_rope > 1 or self.uniform > 1:
-            raise InvalidArgumentError(f"kv config: pre_rope={self.pre_rope} and uniform={self.uniform} are 0 or 1")
+        if self.pre_rope > 1 or self.uniform > 1 or self.qnorm > 1:
+            raise InvalidArgumentError(
+                f"kv config: pre_rope={self.pre_rope}, uniform={self.uniform} and qnorm={self.qnorm} are 0 or 1"
+            )
+        if self.uniform and self.qnorm:
+            raise InvalidArgumentError("kv config: uniform=1 and qnorm=1 both choose the levels: take one")
         if self.outliers > 1000:
             raise InvalidArgumentError(f"kv config: outliers={self.outliers} per 10000 is more than 10 %")
 
