@@ -1,12 +1,13 @@
 // kvq_attn.cu — attention over KVQuant stores on the GPU: which kernel serves a geometry, how
 // many splits, the launches. The split kernel (kvq_attn_split.cuh) serves head sizes 64, 128
-// and 256 with blocks of a multiple of 32 tokens and equal key and value widths; the tile
-// kernel below serves every other geometry, the steps of the CPU's (cpu/kvq_attn_cpu.h):
+// and 256 with blocks of a multiple of 32 tokens and equal key and value widths, the
+// tensor-core kernel (kvq_attn_mma.cuh) those of head size 64 and 128 in groups of more than
+// 4 rows; the tile kernel below serves every other geometry, the steps of the CPU's (cpu/kvq_attn_cpu.h):
 // one thread block per query group (up to OTT_CUDA_KVQ_ROWS query rows of one KV head of one
 // sequence); per tile of KT keys the threads dequantize keys and values from their codes into
 // shared memory (codebook level times scale plus zero, sparse entries put back), rotate the
 // keys by RoPE at their positions, score every row, and fold the tile into each row's online
-// softmax. Both read the two kinds of group of kvq_attn_groups.cuh.
+// softmax. All read the two kinds of group of kvq_attn_groups.cuh.
 #include "cuda/kvq_attn_mma.cuh"
 
 #include <algorithm>
