@@ -114,21 +114,34 @@ def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
     return levels
 
 
-def qnorm_levels(t: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Q-Norm of a codebook: levels mapped by a * L + c so that the entries t (1-D, in -1 .. 1),
-    coded with the result (nearest level) and decoded, keep their mean and standard deviation.
-    The map is refitted until the coding stops moving the moments (QNORM_TOL of the standard
-    deviation, at most QNORM_ITERS times), on the entries binned as weighted_kmeans bins them.
-    float32 [2^bits], ascending."""
-    edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
-    n, _ = np.histogram(t, bins=edges)
-    s, _ = np.histogram(t, bins=edges, weights=t)
-    centre = np.where(n > 0, s / np.maximum(n, 1), (edges[:-1] + edges[1:]) / 2)
-    t64 = t.astype(np.float64)
-    mean, std = t64.mean(), t64.std()
+@dataclass
+class EntryBins:
+    """Entries in -1 .. 1 as qnorm_levels reads them: counts and mean entry of the HIST_BINS
+    bins weighted_kmeans uses, and the entries' own mean and standard deviation."""
+
+    n: np.ndarray
+    centre: np.ndarray
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, t: np.ndarray) -> EntryBins:
+        edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
+        n, _ = np.histogram(t, bins=edges)
+        s, _ = np.histogram(t, bins=edges, weights=t)
+        t64 = t.astype(np.float64)
+        return cls(n, np.where(n > 0, s / np.maximum(n, 1), (edges[:-1] + edges[1:]) / 2), t64.mean(), t64.std())
+
+
+def qnorm_levels(bins: EntryBins, levels: np.ndarray) -> np.ndarray:
+    """Q-Norm of a codebook: levels mapped by a * L + c so that the binned entries, coded with
+    the result (nearest level) and decoded, keep their mean and standard deviation. The map is
+    refitted until the coding stops moving the moments (QNORM_TOL of the standard deviation,
+    at most QNORM_ITERS times). float32 [2^bits], ascending."""
+    n, mean, std = bins.n, bins.mean, bins.std
     out = levels.astype(np.float64)
     for _ in range(QNORM_ITERS):
-        q = out[np.searchsorted((out[:-1] + out[1:]) / 2, centre)]
+        q = out[np.searchsorted((out[:-1] + out[1:]) / 2, bins.centre)]
         q_mean = (n * q).sum() / n.sum()
         q_std = np.sqrt(max((n * q * q).sum() / n.sum() - q_mean**2, 0.0))
         if q_std == 0 or (abs(q_mean - mean) <= QNORM_TOL * std and abs(q_std - std) <= QNORM_TOL * std):
@@ -140,7 +153,8 @@ def qnorm_levels(t: np.ndarray, levels: np.ndarray) -> np.ndarray:
 def _fit(t: np.ndarray, w: np.ndarray) -> tuple[dict, dict]:
     """Codebooks and their Q-Norm twins {bits: levels} of entries t weighted by w."""
     books = {b: weighted_kmeans(t, w, b) for b in BITS}
-    return books, {b: qnorm_levels(t, lv) for b, lv in books.items()}
+    bins = EntryBins.of(t)
+    return books, {b: qnorm_levels(bins, lv) for b, lv in books.items()}
 
 
 def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.ndarray, dict, dict]:

@@ -12,7 +12,14 @@ torch = pytest.importorskip("torch")
 from ott_gguf import cli  # noqa: E402
 from ott_gguf.calibrate import collect, write  # noqa: E402
 from ott_gguf.errors import InvalidArgumentError, ModelFileError  # noqa: E402
-from ott_gguf.kvq_calibration import BITS, collect_kvq, qnorm_levels, read_sidecar, weighted_kmeans  # noqa: E402
+from ott_gguf.kvq_calibration import (  # noqa: E402
+    BITS,
+    EntryBins,
+    collect_kvq,
+    qnorm_levels,
+    read_sidecar,
+    weighted_kmeans,
+)
 from ott_gguf.model import Model  # noqa: E402
 from ott_gguf.reference import nuq  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
@@ -92,7 +99,7 @@ def test_qnorm_keeps_the_mean_and_spread():
     w = np.where(t > 0.2, 50.0, 1.0)
     for bits in (2, 3):
         levels = weighted_kmeans(t, w, bits)
-        qn = qnorm_levels(t, levels)
+        qn = qnorm_levels(EntryBins.of(t), levels)
         before = levels[nuq.nearest_codes(t, levels)]
         after = qn[nuq.nearest_codes(t, qn)]
         assert abs(before.mean() - t.mean()) > 0.02 * t.std() or abs(before.std() / t.std() - 1) > 0.02
