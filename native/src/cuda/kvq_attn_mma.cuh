@@ -56,9 +56,7 @@ template <int HD> struct tile_dims {
 template <int HD> struct smem_t {
     __half q16[ROWS][HD + 8];  // queries times kq_scale·log2 e, fp16 (A operand)
     float q[ROWS][HD];         // the same in fp32 (sparse keys' corrections)
-    float4 kc[HD];             // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
-    float2 a8[4][HD / 2];      // per pair the angle at position 8·sg (identity where not rotated)
-    float2 a1[HD / 2];         // and at 1
+    split::key_tables<HD> tabs;
     float s[WARPS][ROWS][UNIT + 1];
     float m[WARPS][ROWS];
     float l[WARPS][ROWS];
@@ -94,35 +92,11 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         S.q[r][c]     = x;
         S.q16[r][c]   = __float2half_rn(x);
     }
-    for (int c = threadIdx.x; c < HD; c += blockDim.x) {
-        const float sc = G.tab.k_scale[c], z = G.tab.k_zero[c];
-        S.kc[c] = BITS == 2 ? split::cubic_through(G.tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
-    }
-    for (int e = threadIdx.x; e < 5 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1
-        const int i = e % (HD / 2), p = e < 2 * HD ? 8 * (e / (HD / 2)) : 1;
-        const float2 a = i < half && p < R.n_pos ? split::angle(R, i, p) : make_float2(1.0f, 0.0f);
-        if (e < 2 * HD)
-            S.a8[e / (HD / 2)][i] = a;
-        else
-            S.a1[i] = a;
-    }
+    S.tabs.template fill<BITS>(G.tab, R, half);
     const float4 va = BITS == 2 ? split::cubic_through(G.tab.levels_v, 1.0, 0.0) : make_float4(1.0f, 0.0f, 0.0f, 0.0f);
     const float lk  = BITS == 2 ? 0.0f : G.tab.levels_k[lane & MASK];
     const float lv  = BITS == 2 ? 0.0f : G.tab.levels_v[lane & MASK];
     __syncthreads();
-
-    auto deq = [&](uint32_t x, int j, const float4 & a, float lev_lane) {  // level j of x, scaled
-        if constexpr (BITS == 2)
-            return split::cubic(a, split::f2(x, j));
-        else
-            return fmaf(a.x, __shfl_sync(FULL, lev_lane, (x >> (j * BITS)) & MASK), a.y);
-    };
-    auto level_at = [&](uint32_t code, const float4 & a, const float * levels) {  // deq of one code
-        if constexpr (BITS == 2)
-            return split::cubic(a, 1.0f + (float)code * 0.25f);
-        else
-            return fmaf(a.x, levels[code], a.y);
-    };
 
     uint32_t qf[NK][4];  // A fragments of Q
 #pragma unroll
@@ -158,12 +132,12 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                               *kb_row  = b + Lb.k_codes + (size_t)c.b * k_row;
                 const uint32_t xa      = split::codes8<BITS>(ka_row, (t0 + 8 * sg) * BITS / 8);
                 const uint32_t xb      = split::codes8<BITS>(kb_row, (t0 + 8 * sg) * BITS / 8);
-                const float4 A = S.kc[c.a], B = S.kc[c.b];
-                const float2 step = S.a1[i];
-                float2 cs = c.rot ? split::compose(split::angle(R, i, P0), S.a8[sg][i]) : make_float2(1.0f, 0.0f);
+                const float4 A = S.tabs.kc[c.a], B = S.tabs.kc[c.b];
+                const float2 step = S.tabs.a1[i];
+                float2 cs = c.rot ? split::compose(split::angle(R, i, P0), S.tabs.a8[sg][i]) : make_float2(1.0f, 0.0f);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    const float ka = deq(xa, j, A, lk), kb = deq(xb, j, B, lk);
+                    const float ka = split::deq<BITS>(xa, j, A, lk), kb = split::deq<BITS>(xb, j, B, lk);
                     __half * row = kt + (8 * sg + j) * D::KS;
                     row[c.a]     = __float2half_rn(ka * cs.x - kb * cs.y);
                     row[c.b]     = __float2half_rn(ka * cs.y + kb * cs.x);
@@ -203,16 +177,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 const int32_t idx = load16(b + Lb.k_out_idx + 2 * e), tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
                 const uint32_t code = ott_kvq_code_at(b + Lb.k_codes + (size_t)ch * k_row, t0 + tt, BITS, k_row);
-                const float d       = f16(load16(b + Lb.k_out_val + 2 * e)) - level_at(code, S.kc[ch], G.tab.levels_k);
-                const bool rot      = ch < 2 * half;
-                const int i         = !rot ? ch / 2 : R.neox ? ch % half : ch / 2;
+                const float d =
+                    f16(load16(b + Lb.k_out_val + 2 * e)) - split::level_at<BITS>(code, S.tabs.kc[ch], G.tab.levels_k);
+                const int i            = split::pair_index(ch, half, R.neox);
                 const split::pair_ch c = split::pair_of(i, half, R.neox);
                 const int32_t P0       = G.pos0() + jb * g.block + t0;
-                const float2 cs        = rot ? split::angle(R, i, P0 + tt) : make_float2(1.0f, 0.0f);
-                for (int r = 0; r < nr; ++r) {
-                    const float qa = S.q[r][c.a], qb = S.q[r][c.b];
-                    atomicAdd(&S.s[w][r][tt], d * (ch == c.a ? qa * cs.x + qb * cs.y : qb * cs.x - qa * cs.y));
-                }
+                const float2 cs        = c.rot ? split::angle(R, i, P0 + tt) : make_float2(1.0f, 0.0f);
+                for (int r = 0; r < nr; ++r) atomicAdd(&S.s[w][r][tt], d * split::rotated_query(S.q[r], c, ch, cs));
             }
             __syncwarp();
         }
@@ -265,7 +236,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 const uint32_t x = split::codes8<BITS>(vrow, c0 * BITS / 8);
 #pragma unroll
                 for (int ch = 0; ch < 8; ++ch)
-                    vt[(c0 + ch) * D::VS + lane] = __float2half_rn(fmaf(deq(x, ch, va, lv), vs, z));
+                    vt[(c0 + ch) * D::VS + lane] = __float2half_rn(fmaf(split::deq<BITS>(x, ch, va, lv), vs, z));
             }
             __syncwarp();
             for (int e = lane; e < g.n_out; e += 32) {

@@ -112,6 +112,57 @@ __device__ __forceinline__ float2 compose(const float2 & a, const float2 & b) {
     return make_float2(a.x * b.x - a.y * b.y, a.y * b.x + a.x * b.y);
 }
 
+// The pair of channel ch (pair_of's i).
+__device__ __forceinline__ int pair_index(int ch, int half, int neox) {
+    return ch < 2 * half && neox ? ch % half : ch / 2;
+}
+
+// The weight of a key entry at channel ch (of pair c) in q·k once k's pair is rotated by cs:
+// the query's pair rotated back, at ch.
+__device__ __forceinline__ float rotated_query(const float * q, const pair_ch & c, int ch, const float2 & cs) {
+    const float qa = q[c.a], qb = q[c.b];
+    return ch == c.a ? qa * cs.x + qb * cs.y : qb * cs.x - qa * cs.y;
+}
+
+// Level j of the 8 codes in x, scaled by a: 2 bits the cubic a at f2(x, j); wider codes
+// a.x · level + a.y, the level from the lane that holds it in lev_lane (every lane calls).
+template <int BITS> __device__ __forceinline__ float deq(uint32_t x, int j, const float4 & a, float lev_lane) {
+    if constexpr (BITS == 2)
+        return cubic(a, f2(x, j));
+    else
+        return fmaf(a.x, __shfl_sync(FULL, lev_lane, (x >> (j * BITS)) & ((1u << BITS) - 1)), a.y);
+}
+
+// deq of one code, the levels read from memory.
+template <int BITS> __device__ __forceinline__ float level_at(uint32_t code, const float4 & a, const float * levels) {
+    if constexpr (BITS == 2)
+        return cubic(a, 1.0f + (float)code * 0.25f);
+    else
+        return fmaf(a.x, levels[code], a.y);
+}
+
+// A group's tables for dequantising and rotating keys, in shared memory, filled by the block.
+template <int HD> struct key_tables {
+    float4 kc[HD];         // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
+    float2 a8[4][HD / 2];  // per pair the angle at position 8·sg (identity where not rotated)
+    float2 a1[HD / 2];     // and at 1
+
+    template <int BITS> __device__ void fill(const ott_kvq_tables & tab, const ott_rope_table & R, int half) {
+        for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+            const float sc = tab.k_scale[c], z = tab.k_zero[c];
+            kc[c] = BITS == 2 ? cubic_through(tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
+        }
+        for (int e = threadIdx.x; e < 5 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1
+            const int i = e % (HD / 2), p = e < 2 * HD ? 8 * (e / (HD / 2)) : 1;
+            const float2 a = i < half && p < R.n_pos ? angle(R, i, p) : make_float2(1.0f, 0.0f);
+            if (e < 2 * HD)
+                a8[e / (HD / 2)][i] = a;
+            else
+                a1[i] = a;
+        }
+    }
+};
+
 // 4-byte asynchronous copies into shared memory, one group per unit and lane.
 __device__ __forceinline__ void cp4(uint32_t * dst, const void * src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
@@ -126,10 +177,8 @@ __host__ __device__ constexpr int32_t stage_words(int32_t hd, int32_t bits, int3
 }
 
 template <int HD, int NR> struct smem_t {
-    float q[NR][HD];            // the rows' queries times kq_scale·log2 e
-    float4 kc[HD];              // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
-    float2 a8[4][HD / 2];       // per pair the angle at position 8·sg (identity where not rotated)
-    float2 a1[HD / 2];          // and at 1
+    float q[NR][HD];  // the rows' queries times kq_scale·log2 e
+    key_tables<HD> tabs;
     float s[WARPS][NR][UNIT];   // a unit's scores
     float p[WARPS][NR][UNIT];   // their probabilities
     float pw[WARPS][NR][UNIT];  // the probabilities times their slot's value scale (fp16 rows: 1)
@@ -205,36 +254,12 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
         S.q[r][e % HD] = r < nr ? G.query(r0 + r)[e % HD] * (kq_scale * LOG2E) : 0.0f;
         for (int ww = 0; ww < WARPS; ++ww) S.vc[ww][r][e % HD] = 0.0f;
     }
-    for (int c = threadIdx.x; c < HD; c += blockDim.x) {
-        const float sc = G.tab.k_scale[c], z = G.tab.k_zero[c];
-        S.kc[c] = BITS == 2 ? cubic_through(G.tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
-    }
-    for (int e = threadIdx.x; e < 5 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1
-        const int i = e % (HD / 2), p = e < 2 * HD ? 8 * (e / (HD / 2)) : 1;
-        const float2 a = i < half && p < R.n_pos ? angle(R, i, p) : make_float2(1.0f, 0.0f);
-        if (e < 2 * HD)
-            S.a8[e / (HD / 2)][i] = a;
-        else
-            S.a1[i] = a;
-    }
+    S.tabs.template fill<BITS>(G.tab, R, half);
     // levels: 2 bits the values' cubic; else lane j holds level j (of keys, of values)
     const float4 va = BITS == 2 ? cubic_through(G.tab.levels_v, 1.0, 0.0) : make_float4(1.0f, 0.0f, 0.0f, 0.0f);
     const float lk  = BITS == 2 ? 0.0f : G.tab.levels_k[lane & MASK];
     const float lv  = BITS == 2 ? 0.0f : G.tab.levels_v[lane & MASK];
     __syncthreads();
-
-    auto deq = [&](uint32_t x, int j, const float4 & a, float lev_lane) {  // level j of x, scaled
-        if constexpr (BITS == 2)
-            return cubic(a, f2(x, j));
-        else
-            return fmaf(a.x, __shfl_sync(FULL, lev_lane, (x >> (j * BITS)) & MASK), a.y);
-    };
-    auto level_at = [&](uint32_t code, const float4 & a, const float * levels) {  // deq of one code
-        if constexpr (BITS == 2)
-            return cubic(a, 1.0f + (float)code * 0.25f);
-        else
-            return fmaf(a.x, levels[code], a.y);
-    };
 
     warp_rows<NR> W;
 #pragma unroll
@@ -303,9 +328,9 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 const pair_ch c   = pair_of(i, half, R.neox);
                 const uint32_t xa = codes8<BITS>(kcode, c.a * BITS * 4 + sg * BITS);
                 const uint32_t xb = codes8<BITS>(kcode, c.b * BITS * 4 + sg * BITS);
-                const float4 A = S.kc[c.a], B = S.kc[c.b];
-                const float2 step = S.a1[i];
-                float2 cs         = c.rot ? compose(a0[i], S.a8[sg][i]) : make_float2(1.0f, 0.0f);
+                const float4 A = S.tabs.kc[c.a], B = S.tabs.kc[c.b];
+                const float2 step = S.tabs.a1[i];
+                float2 cs         = c.rot ? compose(a0[i], S.tabs.a8[sg][i]) : make_float2(1.0f, 0.0f);
                 float qa[NR], qb[NR];
 #pragma unroll
                 for (int r = 0; r < NR; ++r) {
@@ -316,7 +341,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                     float ua = qa[0] * cs.x + qb[0] * cs.y, ub = qb[0] * cs.x - qa[0] * cs.y;
 #pragma unroll
                     for (int j = 0; j < 8; ++j) {
-                        sc[j][0]       = fmaf(deq(xa, j, A, lk), ua, fmaf(deq(xb, j, B, lk), ub, sc[j][0]));
+                        sc[j][0]       = fmaf(deq<BITS>(xa, j, A, lk), ua, fmaf(deq<BITS>(xb, j, B, lk), ub, sc[j][0]));
                         const float un = ua * step.x + ub * step.y;
                         ub             = ub * step.x - ua * step.y;
                         ua             = un;
@@ -324,7 +349,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 } else {  // the keys' pair rotated to each slot's position
 #pragma unroll
                     for (int j = 0; j < 8; ++j) {
-                        const float ka = deq(xa, j, A, lk), kb = deq(xb, j, B, lk);
+                        const float ka = deq<BITS>(xa, j, A, lk), kb = deq<BITS>(xb, j, B, lk);
                         const float ra = ka * cs.x - kb * cs.y, rb = ka * cs.y + kb * cs.x;
 #pragma unroll
                         for (int r = 0; r < NR; ++r) sc[j][r] = fmaf(qa[r], ra, fmaf(qb[r], rb, sc[j][r]));
@@ -351,15 +376,11 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 const int32_t idx = sp[e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
                 const uint32_t code = ott_kvq_code_at(kcode + ch * BITS * 4, tt, BITS, BITS * 4);
-                const float d       = f16(sp[g.n_out + e]) - level_at(code, S.kc[ch], G.tab.levels_k);
-                const bool rot      = ch < 2 * half;
-                const int i         = !rot ? ch / 2 : R.neox ? ch % half : ch / 2;
+                const float d       = f16(sp[g.n_out + e]) - level_at<BITS>(code, S.tabs.kc[ch], G.tab.levels_k);
+                const int i         = pair_index(ch, half, R.neox);
                 const pair_ch c     = pair_of(i, half, R.neox);
-                const float2 cs     = rot ? compose(a0[i], angle(R, i, tt)) : make_float2(1.0f, 0.0f);
-                for (int r = 0; r < NR; ++r) {
-                    const float qa = S.q[r][c.a], qb = S.q[r][c.b];
-                    atomicAdd(&S.s[w][r][tt], d * (ch == c.a ? qa * cs.x + qb * cs.y : qb * cs.x - qa * cs.y));
-                }
+                const float2 cs     = c.rot ? compose(a0[i], angle(R, i, tt)) : make_float2(1.0f, 0.0f);
+                for (int r = 0; r < NR; ++r) atomicAdd(&S.s[w][r][tt], d * rotated_query(S.q[r], c, ch, cs));
             }
             __syncwarp();
 #pragma unroll
@@ -378,7 +399,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 const int32_t idx = sp[2 * g.n_out + e], tt = idx / HD - t0, ch = idx % HD;
                 if (tt < 0 || tt >= UNIT) continue;
                 const uint32_t code = ott_kvq_code_at(vcode + tt * v_row, ch, BITS, v_row);
-                const float dense   = fmaf(level_at(code, va, G.tab.levels_v), f16(vz[32 + tt]), f16(vz[tt]));
+                const float dense   = fmaf(level_at<BITS>(code, va, G.tab.levels_v), f16(vz[32 + tt]), f16(vz[tt]));
                 const float d       = f16(sp[3 * g.n_out + e]) - dense;
                 for (int r = 0; r < NR; ++r) atomicAdd(&S.vc[w][r][ch], S.p[w][r][tt] * d);
             }
@@ -391,7 +412,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 for (int r = 0; r < NR; ++r) wt[r] = S.pw[w][r][tt];
 #pragma unroll
                 for (int ch = 0; ch < 8; ++ch) {
-                    const float lev = deq(x, ch, va, lv);
+                    const float lev = deq<BITS>(x, ch, va, lv);
 #pragma unroll
                     for (int r = 0; r < NR; ++r) W.acc[ch][r] = fmaf(wt[r], lev, W.acc[ch][r]);
                 }
