@@ -1,6 +1,7 @@
-"""KVQuant calibration (DESIGN §8): per-channel key thresholds and Fisher-weighted nuq codebooks
-from a torch forward and backward pass of the GGUF model's own weights (torch_model.py) on
-calibration text, written into the same sidecar as the rotations (calibrate.py).
+"""KVQuant calibration (docs/kvquant.md, docs/design.md §8): per-channel key thresholds and
+Fisher-weighted nuq codebooks from a torch forward and backward pass of the GGUF model's own
+weights (torch_model.py) on calibration text, written into the same sidecar as the rotations
+(calibrate.py).
 
 Per calibration window of n_ctx tokens (BOS first when the vocabulary adds it), the loss is
 the mean next-token cross entropy; the Fisher information of a key or value entry is the

@@ -1,5 +1,5 @@
 // kvq_attn_cpu.h — attention of one KV head's queries over its KVQuant stores, on the CPU
-// (DESIGN §8; ott_gguf/reference/attention.py with cfg.kvq is the float64 specification).
+// (docs/kvquant.md; ott_gguf/reference/attention.py with cfg.kvq is the float64 specification).
 // Implemented in ott_ops_cpu.cpp with the tiles of the other caches' attention, which the
 // runtime's step runs as well (ott_cpu_attn_partial), so this entry point is what the tests and
 // the CUDA check (tests/cuda_ops.cpp) compare with.
