@@ -550,9 +550,14 @@ def cmd_info(args) -> int:
     from .reference.config import preset
     from .reference.footprint import ring_rows
 
-    # the KVQuant cache needs its calibrated tables, info does not: the formula's footprint on an f16 context
+    # the KVQuant cache needs its calibrated tables, info does not: the formula's footprint on an
+    # f16 context; a sidecar named with --kv-calib is still read, so that a bad one is an error here too
     kv_cfg = _kv_config(args)
     model = _load(args, _NO_EVAL_CTX, kv=preset("f16") if kv_cfg.kvq else None)
+    if kv_cfg.kvq and args.kv_calib is not None:
+        from .model import check_kvq_sidecar
+
+        check_kvq_sidecar(kv_cfg, args.kv_calib, model.weights)
     kv_name = kv_mode_name(kv_cfg)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size

@@ -572,6 +572,12 @@ def _set_kv_params(c_kv, cfg: KVConfig, prefill_fp16: bool) -> None:
         c_kv.type = lib.OTT_KV_F16
 
 
+def check_kvq_sidecar(cfg: KVConfig, given: str | os.PathLike, weights: Weights) -> None:
+    """Read the KVQuant tables of the sidecar given for these weights; a missing, foreign or
+    malformed one is the error a context would raise."""
+    _kvq_tables(cfg, _calibration_for(cfg, weights.path, given), weights)
+
+
 def _kvq_tables(cfg: KVConfig, sidecar: Path, weights: Weights) -> np.ndarray:
     """ott_kv_params.kvq_tables of a KVQuant config from the calibration sidecar of these
     weights: per layer k_lo, k_hi [n_head_kv][head_dim], levels_k, levels_v (float32, one

@@ -129,3 +129,10 @@ def test_sidecar_errors(tmp_path, capsys):
     assert cli.main(["run", str(path), "--kv", "kvquant2", "-p", "hi", "-n", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "--kvquant" in err[0]
+    # info needs no sidecar for the footprint, but one named with --kv-calib is read
+    assert cli.main(["info", str(path), "--kv", "kvquant2"]) == 0
+    assert cli.main(["info", str(path), "--kv", "kvquant2", "--kv-calib", str(right)]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", str(path), "--kv", "kvquant2", "--kv-calib", str(wrong)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "for another model file" in err[0]
