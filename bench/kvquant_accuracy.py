@@ -3,17 +3,19 @@ WikiText-2 windows of n_ctx tokens (BOS first when the vocabulary adds it), the 
 scored, decode-faithful; perplexity, mean KL to the f16 cache, top-1 agreement, and bits per
 element at n_ctx counted from the stores (reference/footprint.py: measure).
 
-The runtime has no KVQuant cache yet, so this runs the model in torch (ott_gguf/torch_model.py,
-the GGUF's own weights dequantized) with the cache of the numpy specification: per layer, the
+This runs the model in torch (ott_gguf/torch_model.py, the GGUF's own weights dequantized)
+with the cache of the numpy specification, so it also measures what the runtime does not run
+(the compositions of --compose; bench/accuracy.py measures the runtime's cache): per layer, the
 window's keys (before RoPE with pre_rope) and values go through reference.LayerCache, events
 and all, and attention mixes, for query i and key j, the dequantized key and value when
 token j is already in a quantized block as token i is decoded (j in sink .. sink + nb(i)·block,
 nb(i) = (i - sink - R) // block), else the fp16 ones — which is what decoding token by token
-sees, since a block is quantized from its own tokens only. The f16 row is the same torch
-forward with exact fp16 attention.
+sees, since a block is quantized from its own tokens only. A token an event puts into the OTT
+pool (--compose) stays exact from then on, in the pool or the extra pool. The f16 row is the
+same torch forward with exact fp16 attention.
 
     python bench/kvquant_accuracy.py MODEL --sidecar MODEL.kvcalib.gguf \
-        -f ../shared/data/wikitext-2-raw/wiki.test.raw --windows 2 [--ablate]
+        -f ../shared/data/wikitext-2-raw/wiki.test.raw --windows 2 [--ablate] [--compose]
 
 Prints the markdown table after every window (the windows done so far).
 """
@@ -29,6 +31,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy import parse_mode  # noqa: E402
 
 from ott_gguf.kvq_calibration import read_sidecar  # noqa: E402
 from ott_gguf.model import Weights  # noqa: E402
@@ -46,6 +51,11 @@ ABLATIONS = {  # what each part buys, on kvquant2
     "kvquant2 no sink": dict(sink=0),
 }
 
+COMPOSITIONS = {  # OTT's pool on top (ott2's sizes): the tokens of smallest key norm in fp16
+    "kvquant2 + OTT pool": ("kvquant2", dict(pool=3, extra_pool=32)),
+    "kvquant3 + OTT pool": ("kvquant3", dict(pool=3, extra_pool=32)),
+}
+
 
 class SimulatedCache:
     """The attention hook of TorchModel.forward for one window through a reference cache."""
@@ -55,12 +65,14 @@ class SimulatedCache:
         self.layers: list[LayerCache] = []
 
     def stored(self, layer: LayerCache, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """k, v [n, H_kv, d] with every quantized token replaced by its dequantized value (float64)."""
+        """k, v [n, H_kv, d] with every quantized token replaced by its dequantized value
+        (float64); pooled tokens keep theirs."""
         k, v = k.astype(np.float64), v.astype(np.float64)
         for h, head in enumerate(layer.heads):
             for b in head.blocks:
                 kh, vh = b.dequantize(self.cfg, head.kvq)
-                k[b.positions, h], v[b.positions, h] = kh, vh
+                live = ~b.masked
+                k[b.positions[live], h], v[b.positions[live], h] = kh[live], vh[live]
         return k, v
 
     def attend(self, il, q, k_pre, k_post, v):
@@ -134,8 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("-f", "--file", required=True)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--windows", type=int, default=2)
-    ap.add_argument("--modes", default="kvquant2,kvquant3,kvquant4")
+    ap.add_argument("--modes", default="kvquant2,kvquant3,kvquant4", help="presets, with knobs: kvquant2:outliers=116")
     ap.add_argument("--ablate", action="store_true", help="also the ablations of kvquant2")
+    ap.add_argument("--compose", action="store_true", help="also kvquant2/3 with OTT's pool")
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -147,9 +160,11 @@ def main(argv=None) -> int:
     weights.close()
     tm = TorchModel(args.model)
     cal = read_sidecar(args.sidecar, tm.n_layer)
-    configs = {m: preset(m) for m in args.modes.split(",")}
+    configs = {name: preset(kv) if isinstance(kv, str) else kv for name, kv in map(parse_mode, args.modes.split(","))}
     if args.ablate:
         configs.update({name: preset("kvquant2").with_overrides(**o) for name, o in ABLATIONS.items()})
+    if args.compose:
+        configs.update({name: preset(base).with_overrides(**o) for name, (base, o) in COMPOSITIONS.items()})
     rows = {name: {"nll": [], "kl": [], "top1": [], "bits": []} for name in ["f16", *configs]}
     half = args.ctx // 2
     for w in range(min(args.windows, len(ids) // args.ctx)):

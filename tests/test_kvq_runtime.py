@@ -124,6 +124,8 @@ def test_sidecar_errors(tmp_path, capsys):
     right = write_kvq_sidecar(path, tmp_path / "right.kvcalib.gguf")
     with pytest.raises(InvalidArgumentError, match="no KVQuant thresholds for 0.5 % outliers"):
         Model(path, n_ctx=64, kv=preset("kvquant2").with_overrides(outliers=50), kv_calib=right)
+    with pytest.raises(InvalidArgumentError, match="pool=3 does not apply to KVQuant"):  # the spec's composition only
+        Model(path, n_ctx=64, kv=preset("kvquant2").with_overrides(pool=3), kv_calib=right)
     with pytest.raises(InvalidArgumentError, match="no Q-Norm codebooks"):  # tables without their Q-Norm twins
         Model(path, n_ctx=64, kv=preset("kvquant2").with_overrides(qnorm=1), kv_calib=right)
     assert cli.main(["run", str(path), "--kv", "kvquant2", "-p", "hi", "-n", "1"]) == 1

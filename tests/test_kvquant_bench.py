@@ -19,7 +19,7 @@ from ott_gguf.reference.kvquant import KVQLayer  # noqa: E402
 from ott_gguf.reference.rope import Rope  # noqa: E402
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(pre_rope=0), dict(sink=0, window=8)])
+@pytest.mark.parametrize("overrides", [dict(), dict(pre_rope=0), dict(sink=0, window=8), dict(pool=3, extra_pool=8)])
 def test_one_pass_equals_chunked_decode(overrides):
     rng = np.random.default_rng(0)
     n, H, H_kv, d = 90, 4, 2, 64

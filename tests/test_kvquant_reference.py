@@ -6,6 +6,7 @@ import pytest
 from ott_gguf.errors import InvalidArgumentError
 from ott_gguf.reference import LayerCache, attend, footprint, measure, nuq, pack_codes, preset, unpack_codes
 from ott_gguf.reference.kvquant import KVQLayer, n_outliers, quantize_block
+from ott_gguf.reference.outliers import substitute_mean
 from ott_gguf.reference.rope import Rope
 
 HD, N_KV, N_HEAD = 64, 2, 4
@@ -116,10 +117,48 @@ def test_quantized_attention_close_to_exact_and_footprint_measured():
     assert fp.bytes == formula.bytes and fp.bytes["sparse"] == 3 * N_KV * 2 * n_outliers(cfg, HD) * 4
 
 
+def test_ott_pool_on_kvquant_keeps_the_smallest_keys_exact():
+    """KVQuant with OTT's pool (the specification's composition): each event pools the
+    tokens of smallest key L1 norm, they stay exact in fp16 and are masked in their block;
+    the rest is the plain KVQuant block of the mean-substituted tokens, and the footprint
+    counts the pool and the masks."""
+    rng = np.random.default_rng(5)
+    cfg = preset("kvquant2").with_overrides(pool=3, extra_pool=8)
+    n = 1 + 3 * cfg.block + 5
+    k = rng.normal(0, 0.5, size=(n, N_KV, HD)).astype(np.float32)
+    v = rng.normal(size=(n, N_KV, HD)).astype(np.float32)
+    small = [4, 40, 41]  # tokens of tiny keys: the pool at the end, the tokens they displaced in the extra pool
+    k[small] *= 1e-3
+    tab = tables(cfg, rng)
+    layer = LayerCache.new(cfg, 0, N_KV, HD, tab)
+    layer.append(k, v)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    for h, head in enumerate(layer.heads):
+        pooled = np.concatenate([head.pool.pos, head.extra.pos])
+        assert head.pool.pos.tolist() == small and len(head.extra) == 2
+        assert (head.pool.k == k16[head.pool.pos, h]).all() and (head.pool.v == v16[head.pool.pos, h]).all()
+        for j, b in enumerate(head.blocks):
+            slot = b.positions[b.masked]
+            assert set(slot.tolist()) == set(pooled.tolist()) & set(b.positions.tolist()), (h, j)
+            blk = k16[b.positions, h], v16[b.positions, h]
+            sub = [substitute_mean(x, b.masked) for x in blk]
+            want = quantize_block(*sub, int(b.positions[0]), cfg, tab.head(h), b.masked)
+            assert block_bytes(b) == block_bytes(want), (h, j)
+        pos, kh, _ = head.tokens()
+        assert len(pos) == n and sorted(pos.tolist()) == list(range(n))
+    fp, formula = measure([layer]), footprint(cfg, n, HD, N_KV, 1)
+    assert fp.bytes["masks"] == formula.bytes["masks"] == 3 * N_KV * cfg.block // 8
+    assert fp.bytes["pool"] == formula.bytes["pool"] > 0
+
+
+def block_bytes(b):
+    return b"".join(np.ascontiguousarray(getattr(b, f)).tobytes() for f in b.__dataclass_fields__ if f != "pos0")
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(pool=3), "pool=3 does not apply"),
+        (dict(rot_v=1), "rot_v=1 does not apply"),
         (dict(bits_k=8), "bits_k=8 is not one of"),
         (dict(param_bits=8), "param_bits=8"),
         (dict(outliers=2000), "more than 10 %"),

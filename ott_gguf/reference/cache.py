@@ -24,7 +24,8 @@ no extra pool, never substitute, and all their mask bits are 0 (KIVI).
 Positions are sequence positions: the n-th token appended has position n (0-based).
 
 The KVQuant scheme (kvq = 1) keeps this schedule and replaces what an event stores: a
-KVQBlock (kvquant.py) from the head's calibrated tables, and no outlier tracing. With
+KVQBlock (kvquant.py) from the head's calibrated tables; it traces outlier tokens only with
+a pool (the specification's composition of the two schemes; the runtime refuses it). With
 pre_rope its stores (sink and window too) hold keys before RoPE.
 """
 
@@ -96,9 +97,6 @@ class HeadCache:
     def _quantize_oldest_block(self) -> None:
         blk = self.window.select(slice(0, self.cfg.block))
         self.window = self.window.select(slice(self.cfg.block, None))
-        if self.cfg.kvq:
-            self.blocks.append(kvquant.quantize_block(blk.k, blk.v, int(blk.pos[0]), self.cfg, self.kvq))
-            return
         masked = np.zeros(self.cfg.block, dtype=bool)
         if self.tracing and not can_trace(self.pool, self.extra, self.cfg.extra_pool):
             self.tracing = False
@@ -106,7 +104,10 @@ class HeadCache:
             self.pool, self.extra, masked = trace(self.pool, self.extra, blk, self.cfg.pool)
         k = substitute_mean(blk.k, masked)
         v = substitute_mean(blk.v, masked)
-        self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg, self.tier_scale))
+        if self.cfg.kvq:
+            self.blocks.append(kvquant.quantize_block(k, v, int(blk.pos[0]), self.cfg, self.kvq, masked))
+        else:
+            self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg, self.tier_scale))
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live token once, in attention order (sink, blocks minus masked slots, pool,

@@ -157,14 +157,15 @@ class KVConfig:
             )
 
     def _check_kvq(self) -> None:
-        """KVQuant: no token pools, no groups of its own (keys take calibrated channel ranges,
-        values one range per token), fp16 parameters, no rotation."""
+        """KVQuant: no groups of its own (keys take calibrated channel ranges, values one range
+        per token), fp16 parameters, no rotation; OTT's token pools compose with it in the
+        specification (cache.py), not in the runtime."""
         for name in ("bits_k", "bits_v"):
             if getattr(self, name) not in KVQ_BITS:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)"
                 )
-        for name in ("pool", "extra_pool", "clip", "rot_k", "rot_v", "key_axis", "hi_k", "lo_k"):
+        for name in ("clip", "rot_k", "rot_v", "key_axis", "hi_k", "lo_k"):
             if getattr(self, name):
                 raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
         if self.param_bits != 16:

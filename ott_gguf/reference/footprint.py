@@ -131,11 +131,11 @@ def measure(layers: list[LayerCache]) -> Footprint:
             by_store["extra_pool"] += len(head.extra) * (token + POS_BYTES)
             for b in head.blocks:
                 by_store["codes"] += b.k_codes.nbytes + b.v_codes.nbytes
+                by_store["masks"] += b.mask.nbytes if traces else 0
                 if layer.cfg.kvq:
                     by_store["scales"] += b.v_zero.nbytes + b.v_scale.nbytes
                     by_store["sparse"] += sum(a.nbytes for a in (b.k_out_idx, b.k_out_val, b.v_out_idx, b.v_out_val))
                     continue
                 by_store["scales"] += b.k_scale.nbytes + b.k_min.nbytes + b.v_scale.nbytes + b.v_min.nbytes
                 by_store["scales"] += b.k_order.nbytes
-                by_store["masks"] += b.mask.nbytes if traces else 0
     return _summarize(by_store, first.n_tokens, len(layers), first.n_head_kv, first.head_dim)

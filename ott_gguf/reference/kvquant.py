@@ -22,6 +22,11 @@ What a block stores, and how (config knob kvq = 1):
   64-128, where a 0.5 % quantile is not one value, so the budget is spent over the block.
   A fixed count keeps every head-block the same size.
 - codes of an outlier are those of its own value (the nearest end level): never read.
+- with an OTT pool (pool > 0; the numpy specification only, the runtime refuses it), an
+  event first traces the block as the OTT scheme does (outliers.py: the tokens of smallest
+  key L1 norm as stored, pre-RoPE with pre_rope), substitutes the mean for the pooled
+  tokens' keys and values, and then quantizes the block as above; `mask` marks the pooled
+  slots (a bit per slot, block.py's layout), which attention skips.
 
 Byte layout of a head-block (native/src/kv/kv_layout.h: ott_kvq_block_layout):
 
@@ -132,11 +137,12 @@ class KVQBlock:
     k_out_val: np.ndarray  # fp16   [n_out]
     v_out_idx: np.ndarray  # uint16 [n_out]
     v_out_val: np.ndarray  # fp16   [n_out]
+    mask: np.ndarray  # uint8 [block/8], block.py's bits: slots whose token is in the OTT pool
 
     @property
     def masked(self) -> np.ndarray:
-        """bool [block]: no slot is masked (KVQuant has no token pools)."""
-        return np.zeros(len(self.v_zero), dtype=bool)
+        """bool [block]: True where the slot is masked out of attention (its token is pooled)."""
+        return np.unpackbits(self.mask, bitorder="little").astype(bool)
 
     @property
     def positions(self) -> np.ndarray:
@@ -162,8 +168,14 @@ def check_geometry(cfg: KVConfig, head_dim: int) -> None:
         )
 
 
-def quantize_block(k: np.ndarray, v: np.ndarray, pos0: int, cfg: KVConfig, tab: KVQHead) -> KVQBlock:
-    """Quantize one block of one KV head. k, v: fp16 [block, head_dim] (keys pre-RoPE with pre_rope)."""
+def quantize_block(
+    k: np.ndarray, v: np.ndarray, pos0: int, cfg: KVConfig, tab: KVQHead, masked: np.ndarray | None = None
+) -> KVQBlock:
+    """Quantize one block of one KV head. k, v: fp16 [block, head_dim] (keys pre-RoPE with
+    pre_rope); masked: bool [block], the pooled slots, already substituted (outliers.py), or
+    None: no slot."""
+    if masked is None:
+        masked = np.zeros(len(k), dtype=bool)
     n_out = n_outliers(cfg, k.shape[1])
     tk = normalize_keys(k, tab)
     k_out = key_outliers(tk, n_out)
@@ -183,4 +195,5 @@ def quantize_block(k: np.ndarray, v: np.ndarray, pos0: int, cfg: KVConfig, tab: 
         k_val,
         v_idx,
         v_val,
+        np.packbits(masked.astype(np.uint8), bitorder="little"),
     )
