@@ -144,7 +144,7 @@ def test_ott_pool_on_kvquant_keeps_the_smallest_keys_exact():
             sub = [substitute_mean(x, b.masked) for x in blk]
             want = quantize_block(*sub, int(b.positions[0]), cfg, tab.head(h), b.masked)
             assert block_bytes(b) == block_bytes(want), (h, j)
-        pos, kh, _ = head.tokens()
+        pos = head.tokens()[0]
         assert len(pos) == n and sorted(pos.tolist()) == list(range(n))
     fp, formula = measure([layer]), footprint(cfg, n, HD, N_KV, 1)
     assert fp.bytes["masks"] == formula.bytes["masks"] == 3 * N_KV * cfg.block // 8
