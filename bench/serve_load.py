@@ -10,6 +10,7 @@ its binary is given), and for each client count:
 4. report failed requests, responses that differ from the reference, generated tokens/s
    summed over all clients, time to first token (median, p95) and the server's RSS after
    the reference answers, a fifth of the way into the load (all slots in use) and at the end.
+The table of the runs so far is printed after every run, so a long series reports as it goes.
 
     python bench/serve_load.py MODEL --clients 64 --duration 300 --kv f16,ott2 -t 2 \
         --llama-server ../peers/llamacpp/build/bin/llama-server
@@ -340,8 +341,12 @@ def main() -> None:
 
     args.logs.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kv.split(",") if k] + (["llama-server"] if args.llama_server else [])
-    runs = [run_one(args, kind, int(n), args.logs) for n in args.clients.split(",") for kind in kinds]
-    report(runs, args)
+    runs = []
+    for n in args.clients.split(","):
+        for kind in kinds:
+            runs.append(run_one(args, kind, int(n), args.logs))
+            report(runs, args)  # after every run: a long series reports as it goes
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
