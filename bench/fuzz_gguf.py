@@ -87,6 +87,10 @@ def main() -> int:
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
         while True:
+            if time.monotonic() > deadline:  # checked before every line: a fast worker never pauses
+                proc.kill()
+                proc.wait()
+                break
             try:
                 line = lines.get(timeout=0.05)
             except queue.Empty:
@@ -111,10 +115,6 @@ def main() -> int:
                 proc.kill()
                 proc.wait()
                 findings.append({"seed": args.seed, "iteration": current, "what": f"over {args.timeout:g} s"})
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
                 break
         start = (current if current is not None else start) + 1
         if findings and findings[-1]["iteration"] == current:
