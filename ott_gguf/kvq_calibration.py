@@ -89,12 +89,31 @@ class KVQCalibration:
         return out
 
 
-def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
-    """Levels float32 [2^bits], ascending, of entries t in -1 .. 1 weighted by w (1-D, binned)."""
-    edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
-    wsum, _ = np.histogram(t, bins=edges, weights=w)
-    tsum, _ = np.histogram(t, bins=edges, weights=w * t)
-    centre = np.where(wsum > 0, tsum / np.where(wsum > 0, wsum, 1), (edges[:-1] + edges[1:]) / 2)
+@dataclass
+class EntryBins:
+    """Entries t in -1 .. 1, optionally weighted, in HIST_BINS bins: each bin's weight (its
+    count without weights) and weighted mean entry, and the entries' own (unweighted) mean and
+    standard deviation. weighted_kmeans and qnorm_levels read entries only through these."""
+
+    n: np.ndarray
+    centre: np.ndarray
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, t: np.ndarray, w: np.ndarray | None = None) -> EntryBins:
+        edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
+        n, _ = np.histogram(t, bins=edges, weights=w)
+        s, _ = np.histogram(t, bins=edges, weights=t if w is None else w * t)
+        centre = np.where(n > 0, s / np.where(n > 0, n, 1), (edges[:-1] + edges[1:]) / 2)
+        t64 = t.astype(np.float64)
+        return cls(n, centre, t64.mean(), t64.std())
+
+
+def weighted_kmeans(bins: EntryBins, bits: int) -> np.ndarray:
+    """Levels float32 [2^bits], ascending, of the binned entries (EntryBins.of(t, w): 1-D
+    entries t weighted by w)."""
+    wsum, centre = bins.n, bins.centre
     k = 2**bits
     cdf = np.cumsum(wsum) / max(wsum.sum(), np.finfo(float).tiny)
     levels = centre[np.minimum(np.searchsorted(cdf, (np.arange(k) + 0.5) / k), HIST_BINS - 1)]
@@ -113,25 +132,6 @@ def weighted_kmeans(t: np.ndarray, w: np.ndarray, bits: int) -> np.ndarray:
     if (np.diff(levels) <= 0).any():  # merged clusters
         levels = np.maximum.accumulate(levels + np.arange(k, dtype=np.float32) * np.float32(1e-6))
     return levels
-
-
-@dataclass
-class EntryBins:
-    """Entries in -1 .. 1 as qnorm_levels reads them: counts and mean entry of the HIST_BINS
-    bins weighted_kmeans uses, and the entries' own mean and standard deviation."""
-
-    n: np.ndarray
-    centre: np.ndarray
-    mean: float
-    std: float
-
-    @classmethod
-    def of(cls, t: np.ndarray) -> EntryBins:
-        edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
-        n, _ = np.histogram(t, bins=edges)
-        s, _ = np.histogram(t, bins=edges, weights=t)
-        t64 = t.astype(np.float64)
-        return cls(n, np.where(n > 0, s / np.maximum(n, 1), (edges[:-1] + edges[1:]) / 2), t64.mean(), t64.std())
 
 
 def qnorm_levels(bins: EntryBins, levels: np.ndarray) -> np.ndarray:
@@ -153,9 +153,10 @@ def qnorm_levels(bins: EntryBins, levels: np.ndarray) -> np.ndarray:
 
 def _fit(t: np.ndarray, w: np.ndarray) -> tuple[dict, dict]:
     """Codebooks and their Q-Norm twins {bits: levels} of entries t weighted by w."""
-    books = {b: weighted_kmeans(t, w, b) for b in BITS}
-    bins = EntryBins.of(t)
-    return books, {b: qnorm_levels(bins, lv) for b, lv in books.items()}
+    weighted = EntryBins.of(t, w)  # binned once for every width
+    books = {b: weighted_kmeans(weighted, b) for b in BITS}
+    plain = EntryBins.of(t)
+    return books, {b: qnorm_levels(plain, lv) for b, lv in books.items()}
 
 
 def _key_tables(k: np.ndarray, fisher: np.ndarray, outliers: int) -> tuple[np.ndarray, dict, dict]:

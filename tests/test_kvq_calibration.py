@@ -57,13 +57,15 @@ def test_torch_forward_matches_the_runtime(torch_smol, smollm2_path, calib_text)
 def test_weighted_kmeans_finds_clusters_and_follows_weights():
     rng = np.random.default_rng(0)
     t = np.concatenate([rng.normal(c, 0.01, 4000) for c in (-0.8, -0.3, 0.1, 0.7)]).clip(-1, 1)
-    levels = weighted_kmeans(t, np.ones_like(t), 2)
+    levels = weighted_kmeans(EntryBins.of(t, np.ones_like(t)), 2)
     assert np.abs(levels - [-0.8, -0.3, 0.1, 0.7]).max() < 0.01
     u = rng.uniform(-1, 1, 20000)
-    heavy = weighted_kmeans(u, np.where(u > 0.5, 100.0, 1.0), 2)  # sensitivity near 0.75
-    plain = weighted_kmeans(u, np.ones_like(u), 2)
+    heavy = weighted_kmeans(EntryBins.of(u, np.where(u > 0.5, 100.0, 1.0)), 2)  # sensitivity near 0.75
+    plain = weighted_kmeans(EntryBins.of(u, np.ones_like(u)), 2)
     assert (heavy > 0.5).sum() >= 2 and (plain > 0.5).sum() == 1
-    assert (np.diff(weighted_kmeans(np.zeros(10), np.ones(10), 3)) > 0).all()  # degenerate data: still ascending
+    assert (
+        np.diff(weighted_kmeans(EntryBins.of(np.zeros(10), np.ones(10)), 3)) > 0
+    ).all()  # degenerate data: still ascending
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ def test_qnorm_keeps_the_mean_and_spread():
     t = np.clip(rng.gamma(2.0, 0.15, 60000) - 0.4, -1, 1).astype(np.float32)  # skewed, in -1 .. 1
     w = np.where(t > 0.2, 50.0, 1.0)
     for bits in (2, 3):
-        levels = weighted_kmeans(t, w, bits)
+        levels = weighted_kmeans(EntryBins.of(t, w), bits)
         qn = qnorm_levels(EntryBins.of(t), levels)
         before = levels[nuq.nearest_codes(t, levels)]
         after = qn[nuq.nearest_codes(t, qn)]
