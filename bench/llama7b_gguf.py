@@ -7,7 +7,8 @@ available offline; decode speed does not depend on their values).
 13.5 GB. Tensors are streamed one at a time (at most one tensor in memory, ~260 MB): the
 header and tensor index are written first, then each tensor's data. Values are slices of a
 pool of N(0, 1) draws scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The
-vocabulary is a byte-level BPE alphabet padded with unused tokens.
+vocabulary is a byte-level BPE alphabet padded with filler tokens ("[PAD123]"): normal tokens, so that
+the text a server streams from random weights is visible.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
 
     tokens = byte_alphabet() + ["Ġt", "<|endoftext|>"]
     types = [TokenType.NORMAL] * (len(tokens) - 1) + [TokenType.CONTROL]
-    types += [TokenType.UNUSED] * (N_VOCAB - len(tokens))
+    types += [TokenType.NORMAL] * (N_VOCAB - len(tokens))  # random weights pick these: visible text
     tokens += [f"[PAD{i}]" for i in range(len(tokens), N_VOCAB)]
 
     w = GGUFWriter(str(path), "llama")

@@ -297,11 +297,11 @@ def report(runs: list[Run], args) -> None:
     for run in runs:
         ok = [r for r in run.results if r.ok]
         differ = sum(r.text != run.reference[r.prompt] for r in ok)
-        ttft = [r.ttft for r in ok if r.ttft is not None]
-        tps = tokens_per_s(run)
+        ttft = [r.ttft for r in ok if r.ttft is not None]  # none when no answer had visible text
+        median, p95 = (f"{statistics.median(ttft):.3f}", f"{percentile(ttft, 0.95):.3f}") if ttft else ("-", "-")
         print(
             f"| {run.server} | {run.clients} | {len(run.results)} | {len(run.results) - len(ok)} | {differ} "
-            f"| {tps:.1f} | {statistics.median(ttft):.3f} | {percentile(ttft, 0.95):.3f} "
+            f"| {tokens_per_s(run):.1f} | {median} | {p95} "
             f"| {run.rss_start_mib:.0f} | {run.rss_warm_mib:.0f} | {run.rss_end_mib:.0f} |"
         )
     base = {r.clients: r for r in runs if r.server.startswith("llama-server")}
