@@ -381,6 +381,24 @@ OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_
         }                                                                                                              \
     }
 
+// max(-inf, x[0], .., x[n-1]); a NaN is skipped, as by std::max(m, x[t])
+OTT_INLINE float max_row(const float * x, int32_t n) {
+    v8f a = (v8f) {} - INFINITY, b = a;  // two chains of 8 lanes: the loop is not latency-bound
+    int32_t t = 0;
+    for (; t + VL <= n; t += VL) {
+        v8f lo, hi;
+        std::memcpy(&lo, x + t, sizeof lo);
+        std::memcpy(&hi, x + t + 8, sizeof hi);
+        a = lo > a ? lo : a;
+        b = hi > b ? hi : b;
+    }
+    a        = b > a ? b : a;
+    float mx = -INFINITY;
+    for (int i = 0; i < 8; ++i) mx = std::max(mx, a[i]);
+    for (; t < n; ++t) mx = std::max(mx, x[t]);
+    return mx;
+}
+
 // Online softmax over a tile's scores w.s (n_t keys): masks, new max, rescaled sums and
 // accumulators; w.s then holds the probabilities. dead: per key, 1 = invisible (or
 // nullptr); causal: row r sees keys t < w.lim[r].
@@ -393,8 +411,7 @@ OTT_INLINE void softmax_tile(const attn_ws & w, int32_t rows, int32_t n_t, const
         if (causal) {
             for (int32_t t = std::max(0, w.lim[r]); t < n_t; ++t) s[t] = -INFINITY;
         }
-        float mx = -INFINITY;
-        for (int32_t t = 0; t < n_t; ++t) mx = std::max(mx, s[t]);
+        const float mx = max_row(s, n_t);
         if (mx == -INFINITY) {  // nothing visible in this tile
             std::fill(s, s + n_t, 0.0f);
             continue;
@@ -467,16 +484,25 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
     // values, one value group at a time: pw = p·scale, mt = Σ p·min
     params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
     const uint8_t * vcodes = hb + L.v_codes + (size_t)t0 * ott_kv_v_row_bytes(&g);
-    for (int32_t gi = 0; gi < n_gv; ++gi) {
+    // pw[r][t] = p[r][t]·vs[t·stride], mt[r] = Σ_t p[r][t]·vm[t·stride]: contiguous (it
+    // vectorises) when a token has one value group
+    auto weigh = [&](const float * vs, const float * vm, auto stride) __attribute__((always_inline)) {
         for (int32_t r = 0; r < rows; ++r) {
             const float * p = w.s + (size_t)r * LD;
             float * pw      = w.pw + (size_t)r * LD;
             float mt        = 0.0f;
             for (int32_t t = 0; t < n_t; ++t) {
-                pw[t] = p[t] * w.vsc[t * n_gv + gi];
-                mt += p[t] * w.vmn[t * n_gv + gi];
+                pw[t] = p[t] * vs[t * stride];
+                mt += p[t] * vm[t * stride];
             }
             w.mt[r] = mt;
+        }
+    };
+    for (int32_t gi = 0; gi < n_gv; ++gi) {
+        if (n_gv == 1) {
+            weigh(w.vsc, w.vmn, std::integral_constant<int32_t, 1>());
+        } else {
+            weigh(w.vsc + gi, w.vmn + gi, n_gv);
         }
 #define OTT_VALUES(RB)                                                                                                 \
     values_codes_rb<RB>(w.pw + (size_t)r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t, gi * gv,     \
