@@ -386,11 +386,9 @@ OTT_INLINE float max_row(const float * x, int32_t n) {
     v8f a = (v8f) {} - INFINITY, b = a;  // two chains of 8 lanes: the loop is not latency-bound
     int32_t t = 0;
     for (; t + VL <= n; t += VL) {
-        v8f lo, hi;
-        std::memcpy(&lo, x + t, sizeof lo);
-        std::memcpy(&hi, x + t + 8, sizeof hi);
-        a = lo > a ? lo : a;
-        b = hi > b ? hi : b;
+        const v16f v = load16(x + t);
+        a            = v.lo > a ? v.lo : a;
+        b            = v.hi > b ? v.hi : b;
     }
     a        = b > a ? b : a;
     float mx = -INFINITY;
