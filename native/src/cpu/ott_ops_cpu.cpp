@@ -14,7 +14,8 @@
 //                 then the same kernels as the fp16 stores run on it
 // Vectors are GCC/Clang vector extensions (SSE2 … AVX-512 from one source), VL floats as two
 // halves of 8 (v16f below); on x86-64 Linux the kernels are cloned for x86-64-v4 (AVX-512),
-// v3 (AVX2/FMA) and the baseline, picked at load time. This file may reassociate float sums: attention is
+// v3 (AVX2/FMA) and the baseline, picked at load time, and the fused path has an AVX-512
+// version in 64-byte vectors (v16z). This file may reassociate float sums: attention is
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
 #include "cpu/ott_ops_cpu.h"
@@ -40,10 +41,11 @@ constexpr int32_t LD         = KEY_TILE + VL;  // row stride of per-key buffers 
 constexpr int32_t RB_MAX     = 4;              // query rows whose accumulators stay in registers together
 constexpr int32_t FUSED_ROWS = 8;              // items with at most this many rows read codes directly
 
-// A vector of VL floats is two halves of 8 floats. With one 64-byte vector type GCC kept the
-// register-blocked accumulators (arrays of vectors) on the stack in the AVX2 clone and moved
-// them through general registers on every update; halves of 32 bytes stay in registers there
-// (an AVX-512 clone runs each half as its own 256-bit operation).
+// A vector of VL floats is two halves of 8 floats (v16f). With one 64-byte vector type GCC kept
+// the register-blocked accumulators (arrays of vectors) on the stack in the AVX2 clone and moved
+// them through general registers on every update; halves of 32 bytes stay in registers there.
+// The fused kernels have a version of their own for AVX-512 (attend_codes), where one 64-byte
+// register holds the VL floats (v16z) and an iteration takes two of them.
 typedef float v8f __attribute__((vector_size(8 * sizeof(float))));
 typedef uint32_t v8u __attribute__((vector_size(8 * sizeof(uint32_t))));
 typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
@@ -51,7 +53,12 @@ typedef uint8_t v8b __attribute__((vector_size(8)));
 struct v16f {
     v8f lo, hi;
 };
-static_assert(VL == 16, "a v16f is VL floats");
+typedef float v16z __attribute__((vector_size(VL * sizeof(float))));
+typedef uint32_t v16zu __attribute__((vector_size(VL * sizeof(uint32_t))));
+typedef int32_t v16zi __attribute__((vector_size(VL * sizeof(int32_t))));
+typedef uint64_t v8zq __attribute__((vector_size(VL * sizeof(uint32_t))));
+typedef uint8_t v16b __attribute__((vector_size(VL)));
+static_assert(VL == 16 && sizeof(v16f) == sizeof(v16z), "v16f and v16z are VL floats");
 
 OTT_INLINE v16f operator+(v16f a, v16f b) { return { a.lo + b.lo, a.hi + b.hi }; }
 OTT_INLINE v16f operator+(v16f a, float b) { return { a.lo + b, a.hi + b }; }
@@ -61,23 +68,50 @@ OTT_INLINE v16f & operator+=(v16f & a, v16f b) {
     a.hi += b.hi;
     return a;
 }
-OTT_INLINE v16f load16(const float * p) {
-    v16f v;
-    std::memcpy(&v.lo, p, sizeof v.lo);
-    std::memcpy(&v.hi, p + 8, sizeof v.hi);
+// V: v16f or v16z
+template <class V = v16f> OTT_INLINE V load16(const float * p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
     return v;
 }
-OTT_INLINE void store16(float * p, v16f v) {
-    std::memcpy(p, &v.lo, sizeof v.lo);
-    std::memcpy(p + 8, &v.hi, sizeof v.hi);
-}
+template <class V> OTT_INLINE void store16(float * p, V v) { std::memcpy(p, &v, sizeof v); }
 OTT_INLINE v16f splat(float x) { return { (v8f) {} + x, (v8f) {} + x }; }
 OTT_INLINE v8f to_float(v8u x) { return __builtin_convertvector((v8i)x, v8f); }
+OTT_INLINE v16z to_float(v16zu x) { return __builtin_convertvector((v16zi)x, v16z); }
+
+// 16 consecutive codes of a packed row, from the first bit of byte p, as one 64-byte vector:
+// a word broadcast to every lane, each lane shifted to its code (4 bits: the two words of 8
+// codes permuted into the lanes' halves)
+template <int BITS> OTT_INLINE v16z codes16z(const uint8_t * p) {
+    if constexpr (BITS == 1) {
+        const v16zu sh = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return to_float(((v16zu) {} + (uint32_t)h) >> sh & 1u);
+    } else if constexpr (BITS == 2) {
+        const v16zu sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
+        uint32_t x;
+        std::memcpy(&x, p, 4);
+        return to_float(((v16zu) {} + x) >> sh & 3u);
+    } else if constexpr (BITS == 4) {
+        const v16zu sh = { 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28 };
+        uint64_t x;
+        std::memcpy(&x, p, 8);
+        const v16zu w = (v16zu)((v8zq) {} + x);
+        return to_float(__builtin_shufflevector(w, w, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) >> sh & 15u);
+    } else {
+        v16b a;
+        std::memcpy(&a, p, sizeof a);
+        return __builtin_convertvector(a, v16z);
+    }
+}
 
 // 16 consecutive codes of a packed row, from the first bit of byte p
-template <int BITS> OTT_INLINE v16f codes16(const uint8_t * p) {
+template <int BITS, class V = v16f> OTT_INLINE V codes16(const uint8_t * p) {
     static_assert(BITS == 1 || BITS == 2 || BITS == 4 || BITS == 8, "1, 2, 4 or 8 bits");
-    if constexpr (BITS == 1) {
+    if constexpr (std::is_same_v<V, v16z>) {
+        return codes16z<BITS>(p);
+    } else if constexpr (BITS == 1) {
         const v8u sh = { 0, 1, 2, 3, 4, 5, 6, 7 };
         uint16_t h;
         std::memcpy(&h, p, 2);
@@ -316,57 +350,72 @@ template <typename F> OTT_INLINE void with_code_width(int32_t bits, F f) {
     }
 }
 
-// s[r][t] (+)= Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over the
-// rows of one run of BITS-bit codes; the first run starts from qm[r], the others from s
-template <int RB, int BITS>
-OTT_INLINE void scores_run_rb(const float * qs, const float * qm, int32_t hdp, const key_rows & kr, bool first,
-                              int32_t ta, int32_t tb, float * s) {
-    for (int32_t t = ta; t < tb; t += VL) {
-        v16f a[RB];
-        for (int r = 0; r < RB; ++r) a[r] = first ? splat(qm[r]) : load16(s + (size_t)r * LD + (t - ta));
-        const uint8_t * col = kr.codes + (size_t)t * BITS / 8;
-        for (int32_t c = kr.r0; c < kr.r1; ++c) {
-            const v16f k = codes16<BITS>(col + (c - kr.r0) * kr.row_bytes);
-            for (int r = 0; r < RB; ++r) a[r] += qs[(size_t)r * hdp + c] * k;
+// s[r][t] += Σ_c qs[r][c]·code[c][t] for the NV·VL tokens from t of one key group, c over the
+// rows of one run of BITS-bit codes (s: the group's first token ta)
+template <class V, int NV, int RB, int BITS>
+OTT_INLINE void scores_step(const float * qs, int32_t hdp, const key_rows & kr, int32_t ta, int32_t t, float * s) {
+    V a[RB][NV];
+    for (int r = 0; r < RB; ++r) {
+        for (int v = 0; v < NV; ++v) a[r][v] = load16<V>(s + (size_t)r * LD + (t - ta) + v * VL);
+    }
+    const uint8_t * col = kr.codes + (size_t)t * BITS / 8;
+    for (int32_t c = kr.r0; c < kr.r1; ++c) {
+        V k[NV];
+        for (int v = 0; v < NV; ++v) k[v] = codes16<BITS, V>(col + (c - kr.r0) * kr.row_bytes + v * VL * BITS / 8);
+        for (int r = 0; r < RB; ++r) {
+            for (int v = 0; v < NV; ++v) a[r][v] += qs[(size_t)r * hdp + c] * k[v];
         }
-        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + (t - ta), a[r]);
+    }
+    for (int r = 0; r < RB; ++r) {
+        for (int v = 0; v < NV; ++v) store16(s + (size_t)r * LD + (t - ta) + v * VL, a[r][v]);
     }
 }
 
 // s[r][t] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over
-// the key rows of the n_runs runs
-template <int RB>
+// the key rows of the n_runs runs, each run NV vectors of tokens at a time, then one
+template <class V, int NV, int RB>
 OTT_INLINE void scores_codes_rb(const float * qs, const float * qm, int32_t hdp, const key_rows * runs, int32_t n_runs,
                                 int32_t ta, int32_t tb, float * s) {
+    for (int r = 0; r < RB; ++r) std::fill(s + (size_t)r * LD, s + (size_t)r * LD + (tb - ta), qm[r]);
     for (int32_t i = 0; i < n_runs; ++i) {
         with_code_width(runs[i].bits, [&](auto B) __attribute__((always_inline)) {
-            scores_run_rb<RB, B>(qs, qm, hdp, runs[i], i == 0, ta, tb, s);
+            int32_t t = ta;
+            for (; t + NV * VL <= tb; t += NV * VL) scores_step<V, NV, RB, B>(qs, hdp, runs[i], ta, t, s);
+            for (; t < tb; t += VL) scores_step<V, 1, RB, B>(qs, hdp, runs[i], ta, t, s);
         });
     }
 }
 
-// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the channels [ca, cb) of one value group
-template <int RB, int BITS>
-OTT_INLINE void values_run_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t n_t,
-                              int32_t ca, int32_t cb, int32_t hdp, float * acc) {
-    for (int32_t c = ca; c < cb; c += VL) {
-        v16f a[RB];
-        for (int r = 0; r < RB; ++r) a[r] = load16(acc + (size_t)r * hdp + c) + mt[r];
-        const uint8_t * col = vcodes + (size_t)c * BITS / 8;
-        for (int32_t t = 0; t < n_t; ++t) {
-            const v16f v = codes16<BITS>(col + t * vrow);
-            for (int r = 0; r < RB; ++r) a[r] += pw[(size_t)r * LD + t] * v;
+// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the NV·VL channels from c of one value group
+template <class V, int NV, int RB, int BITS>
+OTT_INLINE void values_step(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t n_t,
+                            int32_t c, int32_t hdp, float * acc) {
+    V a[RB][NV];
+    for (int r = 0; r < RB; ++r) {
+        for (int v = 0; v < NV; ++v) a[r][v] = load16<V>(acc + (size_t)r * hdp + c + v * VL) + mt[r];
+    }
+    const uint8_t * col = vcodes + (size_t)c * BITS / 8;
+    for (int32_t t = 0; t < n_t; ++t) {
+        V x[NV];
+        for (int v = 0; v < NV; ++v) x[v] = codes16<BITS, V>(col + t * vrow + v * VL * BITS / 8);
+        for (int r = 0; r < RB; ++r) {
+            for (int v = 0; v < NV; ++v) a[r][v] += pw[(size_t)r * LD + t] * x[v];
         }
-        for (int r = 0; r < RB; ++r) store16(acc + (size_t)r * hdp + c, a[r]);
+    }
+    for (int r = 0; r < RB; ++r) {
+        for (int v = 0; v < NV; ++v) store16(acc + (size_t)r * hdp + c + v * VL, a[r][v]);
     }
 }
 
-// values_run_rb for codes of `bits` bits
-template <int RB>
+// values_step over the channels [ca, cb) of one value group, NV vectors at a time, then one,
+// for codes of `bits` bits
+template <class V, int NV, int RB>
 OTT_INLINE void values_codes_rb(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t bits,
                                 int32_t n_t, int32_t ca, int32_t cb, int32_t hdp, float * acc) {
     with_code_width(bits, [&](auto B) __attribute__((always_inline)) {
-        values_run_rb<RB, B>(pw, mt, vcodes, vrow, n_t, ca, cb, hdp, acc);
+        int32_t c = ca;
+        for (; c + NV * VL <= cb; c += NV * VL) values_step<V, NV, RB, B>(pw, mt, vcodes, vrow, n_t, c, hdp, acc);
+        for (; c < cb; c += VL) values_step<V, 1, RB, B>(pw, mt, vcodes, vrow, n_t, c, hdp, acc);
     });
 }
 
@@ -445,9 +494,10 @@ OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const 
 }
 
 // Slots t0 .. t0+n_t-1 of a head-block straight from the codes (fused path; group_k,
-// group_v multiples of VL, n_t a multiple of VL).
-OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
-                             int32_t rows, const uint8_t * dead) {
+// group_v multiples of VL, n_t a multiple of VL); the kernels in vectors V, NV per iteration.
+template <class V, int NV>
+OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t,
+                               const attn_ws & w, int32_t rows, const uint8_t * dead) {
     const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
@@ -471,8 +521,8 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
             w.qm[r] = qm;
         }
 #define OTT_SCORES(RB)                                                                                                 \
-    scores_codes_rb<RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, runs, n_runs, ta, tb,                                 \
-                        w.s + (size_t)r0 * LD + (ta - t0))
+    scores_codes_rb<V, NV, RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, runs, n_runs, ta, tb,                          \
+                               w.s + (size_t)r0 * LD + (ta - t0))
         OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
         ta = tb;
@@ -503,11 +553,31 @@ OTT_CLONES void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int3
             weigh(w.vsc + gi, w.vmn + gi, n_gv);
         }
 #define OTT_VALUES(RB)                                                                                                 \
-    values_codes_rb<RB>(w.pw + (size_t)r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t, gi * gv,     \
-                        (gi + 1) * gv, hdp, w.acc + (size_t)r0 * hdp)
+    values_codes_rb<V, NV, RB>(w.pw + (size_t)r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t,       \
+                               gi * gv, (gi + 1) * gv, hdp, w.acc + (size_t)r0 * hdp)
         OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
 #undef OTT_VALUES
     }
+}
+
+// attend_codes_v in 64-byte vectors, two per iteration, where AVX-512 runs; in halves of 8
+// floats, one per iteration, elsewhere
+#if OTT_VERSIONS
+OTT_V4 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
+                         int32_t rows, const uint8_t * dead) {
+    attend_codes_v<v16z, 2>(cfg, hb, t0, n_t, w, rows, dead);
+}
+
+OTT_V3 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
+                         int32_t rows, const uint8_t * dead) {
+    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead);
+}
+
+OTT_BASELINE
+#endif
+void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
+                  int32_t rows, const uint8_t * dead) {
+    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead);
 }
 
 // ---- tiles: fill w.kc / w.vc with n_t keys and values ------------------------------------

@@ -76,11 +76,18 @@ struct ott_kv_step {
 };
 
 // A hot CPU function compiled for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the baseline,
-// picked at load time (x86-64 Linux with GCC; elsewhere the baseline only).
+// picked at load time (x86-64 Linux with GCC; elsewhere the baseline only). Where
+// OTT_VERSIONS is 1, a function may instead have versions of its own source for these
+// targets (GCC's function multiversioning: OTT_V4, OTT_V3, OTT_BASELINE).
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 #define OTT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define OTT_VERSIONS 1
+#define OTT_V4 __attribute__((target("arch=x86-64-v4")))
+#define OTT_V3 __attribute__((target("arch=x86-64-v3")))
+#define OTT_BASELINE __attribute__((target("default")))
 #else
 #define OTT_CLONES
+#define OTT_VERSIONS 0
 #endif
 
 // Threads a ggml CPU backend may run (ott_context_set_threads allows up to 512).
