@@ -55,7 +55,6 @@ struct v16f {
 };
 typedef float v16z __attribute__((vector_size(VL * sizeof(float))));
 typedef uint32_t v16zu __attribute__((vector_size(VL * sizeof(uint32_t))));
-typedef int32_t v16zi __attribute__((vector_size(VL * sizeof(int32_t))));
 typedef uint64_t v8zq __attribute__((vector_size(VL * sizeof(uint32_t))));
 typedef uint8_t v16b __attribute__((vector_size(VL)));
 static_assert(VL == 16 && sizeof(v16f) == sizeof(v16z), "v16f and v16z are VL floats");
@@ -77,34 +76,60 @@ template <class V = v16f> OTT_INLINE V load16(const float * p) {
 template <class V> OTT_INLINE void store16(float * p, V v) { std::memcpy(p, &v, sizeof v); }
 OTT_INLINE v16f splat(float x) { return { (v8f) {} + x, (v8f) {} + x }; }
 OTT_INLINE v8f to_float(v8u x) { return __builtin_convertvector((v8i)x, v8f); }
-OTT_INLINE v16z to_float(v16zu x) { return __builtin_convertvector((v16zi)x, v16z); }
 
-// 16 consecutive codes of a packed row, from the first bit of byte p, as one 64-byte vector:
-// a word broadcast to every lane, each lane shifted to its code (4 bits: the two words of 8
-// codes permuted into the lanes' halves)
+// 16 consecutive codes of a packed row, from the first bit of byte p, as one 64-byte vector
+// whose lane i holds code_i·2^(BITS·i) (4 bits: 2^(4·(i mod 8))): a word broadcast to every
+// lane and masked to the lane's code, left where it is (4 bits: the two words of 8 codes
+// permuted into the lanes' halves). One uop less than shifting each lane down; the kernels
+// scale their accumulators by lane_scale, a power of two per lane, which changes no rounding.
 template <int BITS> OTT_INLINE v16z codes16z(const uint8_t * p) {
     if constexpr (BITS == 1) {
-        const v16zu sh = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+        const v16zu m = { 1u << 0, 1u << 1, 1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+                          1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15 };
         uint16_t h;
         std::memcpy(&h, p, 2);
-        return to_float(((v16zu) {} + (uint32_t)h) >> sh & 1u);
+        return __builtin_convertvector(((v16zu) {} + (uint32_t)h) & m, v16z);
     } else if constexpr (BITS == 2) {
-        const v16zu sh = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
+        const v16zu m = { 3u << 0,  3u << 2,  3u << 4,  3u << 6,  3u << 8,  3u << 10, 3u << 12, 3u << 14,
+                          3u << 16, 3u << 18, 3u << 20, 3u << 22, 3u << 24, 3u << 26, 3u << 28, 3u << 30 };
         uint32_t x;
         std::memcpy(&x, p, 4);
-        return to_float(((v16zu) {} + x) >> sh & 3u);
+        return __builtin_convertvector(((v16zu) {} + x) & m, v16z);  // unsigned: lane 15 reaches bit 31
     } else if constexpr (BITS == 4) {
-        const v16zu sh = { 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28 };
+        const v16zu m = { 15u << 0, 15u << 4, 15u << 8, 15u << 12, 15u << 16, 15u << 20, 15u << 24, 15u << 28,
+                          15u << 0, 15u << 4, 15u << 8, 15u << 12, 15u << 16, 15u << 20, 15u << 24, 15u << 28 };
         uint64_t x;
         std::memcpy(&x, p, 8);
         const v16zu w = (v16zu)((v8zq) {} + x);
-        return to_float(__builtin_shufflevector(w, w, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) >> sh & 15u);
+        return __builtin_convertvector(
+            __builtin_shufflevector(w, w, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) & m, v16z);
     } else {
         v16b a;
         std::memcpy(&a, p, sizeof a);
         return __builtin_convertvector(a, v16z);
     }
 }
+
+// Lane i's factor between codes16z's lanes and the codes: 2^(BITS·i) (up) and its inverse
+// (down); 1 for 8 bits and for the halves of 8 floats (v16f), whose codes16 shifts.
+template <class V, int BITS> struct lane_scale {
+    static OTT_INLINE V up(V x) { return x; }
+    static OTT_INLINE V down(V x) { return x; }
+};
+template <int BITS> struct lane_factors {
+    float f[VL];
+    constexpr explicit lane_factors(bool up) : f {} {
+        for (int i = 0; i < VL; ++i) {
+            const int e = BITS == 8 ? 0 : BITS * (BITS == 4 ? i % 8 : i);
+            f[i]        = up ? (float)(1u << e) : 1.0f / (float)(1u << e);
+        }
+    }
+};
+template <int BITS> struct lane_scale<v16z, BITS> {
+    static constexpr lane_factors<BITS> UP { true }, DOWN { false };
+    static OTT_INLINE v16z up(v16z x) { return BITS == 8 ? x : x * load16<v16z>(UP.f); }
+    static OTT_INLINE v16z down(v16z x) { return BITS == 8 ? x : x * load16<v16z>(DOWN.f); }
+};
 
 // 16 consecutive codes of a packed row, from the first bit of byte p
 template <int BITS, class V = v16f> OTT_INLINE V codes16(const uint8_t * p) {
@@ -355,8 +380,9 @@ template <typename F> OTT_INLINE void with_code_width(int32_t bits, F f) {
 template <class V, int NV, int RB, int BITS>
 OTT_INLINE void scores_step(const float * qs, int32_t hdp, const key_rows & kr, int32_t ta, int32_t t, float * s) {
     V a[RB][NV];
+    using L = lane_scale<V, BITS>;
     for (int r = 0; r < RB; ++r) {
-        for (int v = 0; v < NV; ++v) a[r][v] = load16<V>(s + (size_t)r * LD + (t - ta) + v * VL);
+        for (int v = 0; v < NV; ++v) a[r][v] = L::up(load16<V>(s + (size_t)r * LD + (t - ta) + v * VL));
     }
     const uint8_t * col = kr.codes + (size_t)t * BITS / 8;
     for (int32_t c = kr.r0; c < kr.r1; ++c) {
@@ -367,7 +393,7 @@ OTT_INLINE void scores_step(const float * qs, int32_t hdp, const key_rows & kr, 
         }
     }
     for (int r = 0; r < RB; ++r) {
-        for (int v = 0; v < NV; ++v) store16(s + (size_t)r * LD + (t - ta) + v * VL, a[r][v]);
+        for (int v = 0; v < NV; ++v) store16(s + (size_t)r * LD + (t - ta) + v * VL, L::down(a[r][v]));
     }
 }
 
@@ -391,8 +417,9 @@ template <class V, int NV, int RB, int BITS>
 OTT_INLINE void values_step(const float * pw, const float * mt, const uint8_t * vcodes, size_t vrow, int32_t n_t,
                             int32_t c, int32_t hdp, float * acc) {
     V a[RB][NV];
+    using L = lane_scale<V, BITS>;
     for (int r = 0; r < RB; ++r) {
-        for (int v = 0; v < NV; ++v) a[r][v] = load16<V>(acc + (size_t)r * hdp + c + v * VL) + mt[r];
+        for (int v = 0; v < NV; ++v) a[r][v] = L::up(load16<V>(acc + (size_t)r * hdp + c + v * VL) + mt[r]);
     }
     const uint8_t * col = vcodes + (size_t)c * BITS / 8;
     for (int32_t t = 0; t < n_t; ++t) {
@@ -403,7 +430,7 @@ OTT_INLINE void values_step(const float * pw, const float * mt, const uint8_t * 
         }
     }
     for (int r = 0; r < RB; ++r) {
-        for (int v = 0; v < NV; ++v) store16(acc + (size_t)r * hdp + c + v * VL, a[r][v]);
+        for (int v = 0; v < NV; ++v) store16(acc + (size_t)r * hdp + c + v * VL, L::down(a[r][v]));
     }
 }
 
@@ -905,6 +932,17 @@ void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const
     }
 }
 
+// w.dead[t] = bit t0 + t of a head-block's mask (1: the token moved to the pool), t in
+// [0, n_t), t0 a multiple of 8; false, and dead left as it is, when no bit of the tile is set
+bool tile_dead(const uint8_t * mask, int32_t t0, int32_t n_t, uint8_t * dead) {
+    const uint8_t * m = mask + t0 / 8;
+    uint8_t any       = 0;
+    for (int32_t i = 0; i < (n_t + 7) / 8; ++i) any |= m[i];
+    if (!any) return false;
+    for (int32_t t = 0; t < n_t; ++t) dead[t] = (m[t >> 3] >> (t & 7)) & 1;
+    return true;
+}
+
 }  // namespace
 
 void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -945,15 +983,8 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             for (int32_t b = I.b0; b < I.b1; ++b) {
                 const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
-                    const int32_t n_t = std::min(KEY_TILE, block - t0);
-                    bool any_dead     = false;
-                    if (traces) {
-                        const uint8_t * mask = hb + cfg.layout.mask;
-                        for (int32_t t = 0; t < n_t; ++t) {
-                            w.dead[t] = (mask[(t0 + t) >> 3] >> ((t0 + t) & 7)) & 1;
-                            any_dead |= w.dead[t] != 0;
-                        }
-                    }
+                    const int32_t n_t   = std::min(KEY_TILE, block - t0);
+                    const bool any_dead = traces && tile_dead(hb + cfg.layout.mask, t0, n_t, w.dead);
                     if (fused) {
                         attend_codes(cfg, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
                     } else {
