@@ -32,9 +32,9 @@ def read_prompt(ctx: Context, seq: int, tokens: list[int], chunk: int) -> np.nda
     i = 0
     while i < len(tokens):
         n = min(len(tokens) - i, chunk, ctx.tokens_until_event(seq) or chunk)
-        out = ctx.decode_batch(tokens[i : i + n], range(i, i + n), [seq] * n, [False] * (n - 1) + [True])
+        logits = ctx.eval(tokens[i : i + n], seq)
         i += n
-    return out[-1]
+    return logits
 
 
 def drift(w: Weights, kv: str, batch: int, n_ctx: int, steps: int, chunk: int, rng) -> str:
@@ -45,8 +45,8 @@ def drift(w: Weights, kv: str, batch: int, n_ctx: int, steps: int, chunk: int, r
     for s in tracked:
         logits = [read_prompt(ctx, s, prompts[s], chunk)]
         toks = [int(logits[0].argmax())]
-        for k in range(steps - 1):
-            logits.append(ctx.decode_batch([toks[-1]], [len(prompts[s]) + k], [s], [True])[0])
+        for _ in range(steps - 1):
+            logits.append(ctx.eval([toks[-1]], s))
             toks.append(int(logits[-1].argmax()))
         alone[s] = (np.array(logits), toks)
         ctx.truncate(s, 0)
