@@ -240,6 +240,58 @@ def test_copied_sequence_continues_alike(random_llama, kv):
     np.testing.assert_array_equal(a, b)
 
 
+# relative L2 of a step's logits, one sequence alone vs in a busy batch on the GPU (the same
+# model): what the batch size changes in ggml-cuda's matmul kernels, and with a 2-bit cache the
+# codes that rounding flips
+BATCH_BUDGET = {"f16": 1e-2, "ott2": 0.15}
+
+
+def read_prompt(model: Model, seq: int, tokens: list[int], chunk: int) -> list[list[int]]:
+    """The prompt in decode-faithful chunks of at most `chunk` (the quantized caches' events end them)."""
+    out, i = [], 0
+    while i < len(tokens):
+        n = min(len(tokens) - i, chunk, model.tokens_until_event(seq) or chunk)
+        out.append(tokens[i : i + n])
+        model.eval(out[-1], seq)
+        i += n
+    return out
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_a_sequence_in_a_busy_batch_stays_within_budget(random_llama, kv):
+    """Sequence 0 reads a prompt and is fed 24 tokens alone, then the same while 31 others of
+    other lengths decode or read prompt chunks in the same batches, as the server batches them
+    (docs/server.md): its logits move within BATCH_BUDGET."""
+    n_seq, steps = 32, 24
+    rng = np.random.default_rng(13)
+    model = Model(random_llama, n_ctx=512, n_seq_max=n_seq, n_ubatch=512, kv=kv, device="cuda")
+    prompt = rng.integers(0, 512, 200).tolist()
+    forced = rng.integers(0, 512, steps).tolist()
+    chunks = read_prompt(model, 0, prompt, 64)  # the same chunks again in the busy batches
+    alone = [model.eval([t], 0) for t in forced]
+    model.truncate(0)
+    for s in range(1, n_seq):
+        read_prompt(model, s, rng.integers(0, 512, int(rng.integers(20, 250))).tolist(), 64)
+
+    together = []
+    for feed in chunks + [[t] for t in forced]:
+        start = model.seq_len(0)
+        tokens, pos, seqs = list(feed), list(range(start, start + len(feed))), [0] * len(feed)
+        want = [False] * (len(feed) - 1) + [True]
+        for s in range(1, n_seq):  # every fourth reads a prompt chunk, the others decode
+            n = 1 if s % 4 else min(4, model.tokens_until_event(s) or 4)
+            tokens += rng.integers(0, 512, n).tolist()
+            pos += range(model.seq_len(s), model.seq_len(s) + n)
+            seqs += [s] * n
+            want += [False] * (n - 1) + [True]
+        together.append(model.decode_batch(tokens, pos, seqs, want)[0])
+    together = together[len(chunks) :]
+    errs = [float(np.linalg.norm(a - b) / np.linalg.norm(a)) for a, b in zip(alone, together)]
+    print(f"kv={kv}: logits rel L2 alone vs in a batch of {n_seq}: median {np.median(errs):.2e}, max {max(errs):.2e}")
+    assert max(errs) < BATCH_BUDGET[kv]
+
+
 @needs_gpu
 def test_cuda_kv_stats_count_quantized_bytes(random_llama):
     f16 = Model(random_llama, n_ctx=512, kv="f16", device="cuda")
