@@ -1,10 +1,10 @@
 """Write a GGUF with the shapes of Llama-2-7B and random F16 weights (real 7B weights are not
 available offline; decode speed does not depend on their values).
 
-    python bench/llama7b_gguf.py OUT.gguf [--n-ctx-train 32768]
+    python bench/llama7b_gguf.py OUT.gguf [--n-ctx-train 32768] [--n-head-kv 8]
 
-32 layers, n_embd 4096, 32 heads (no GQA), n_ff 11008, n_vocab 32000: 6.74 G parameters,
-13.5 GB. Tensors are streamed one at a time (at most one tensor in memory, ~260 MB): the
+32 layers, n_embd 4096, 32 heads (no GQA; `--n-head-kv 8` gives Llama-3-8B's grouping of
+8 KV heads), n_ff 11008, n_vocab 32000: 6.74 G parameters, 13.5 GB. Tensors are streamed one at a time (at most one tensor in memory, ~260 MB): the
 header and tensor index are written first, then each tensor's data. Values are slices of a
 pool of N(0, 1) draws scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The
 vocabulary is a byte-level BPE alphabet padded with filler tokens ("[PAD123]"): normal tokens, so that
@@ -35,16 +35,17 @@ def byte_alphabet() -> list[str]:
     return out
 
 
-def tensor_list(n_layer: int) -> list[tuple[str, tuple[int, ...], int]]:
+def tensor_list(n_layer: int, n_head_kv: int = N_HEAD) -> list[tuple[str, tuple[int, ...], int]]:
     """(name, numpy shape [n_out, n_in] or [n], n_in for the scale; 0 = a norm vector)."""
     out = [("token_embd.weight", (N_VOCAB, N_EMBD), N_EMBD)]
+    n_embd_kv = N_EMBD // N_HEAD * n_head_kv
     for il in range(n_layer):
         b = f"blk.{il}"
         out += [
             (f"{b}.attn_norm.weight", (N_EMBD,), 0),
             (f"{b}.attn_q.weight", (N_EMBD, N_EMBD), N_EMBD),
-            (f"{b}.attn_k.weight", (N_EMBD, N_EMBD), N_EMBD),
-            (f"{b}.attn_v.weight", (N_EMBD, N_EMBD), N_EMBD),
+            (f"{b}.attn_k.weight", (n_embd_kv, N_EMBD), N_EMBD),
+            (f"{b}.attn_v.weight", (n_embd_kv, N_EMBD), N_EMBD),
             (f"{b}.attn_output.weight", (N_EMBD, N_EMBD), N_EMBD),
             (f"{b}.ffn_norm.weight", (N_EMBD,), 0),
             (f"{b}.ffn_gate.weight", (N_FF, N_EMBD), N_EMBD),
@@ -54,7 +55,9 @@ def tensor_list(n_layer: int) -> list[tuple[str, tuple[int, ...], int]]:
     return out + [("output_norm.weight", (N_EMBD,), 0), ("output.weight", (N_VOCAB, N_EMBD), N_EMBD)]
 
 
-def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: int = 0) -> Path:
+def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, n_head_kv: int = N_HEAD, seed: int = 0) -> Path:
+    if n_head_kv <= 0 or N_HEAD % n_head_kv:
+        raise SystemExit(f"error: --n-head-kv {n_head_kv} does not divide the {N_HEAD} heads")
     rng = np.random.default_rng(seed)
     normal = rng.standard_normal(POOL, dtype=np.float32)
     pools = {n: (normal / np.sqrt(n)).astype(np.float16) for n in (N_EMBD, N_FF)}  # one per fan-in
@@ -73,7 +76,7 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
     w.add_embedding_length(N_EMBD)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD)
+    w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(N_VOCAB)
@@ -87,7 +90,7 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, seed: in
     w.add_eos_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
 
-    tensors = tensor_list(n_layer)
+    tensors = tensor_list(n_layer, n_head_kv)
     for name, shape, n_in in tensors:
         dtype = np.float16 if n_in else np.float32
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -120,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--n-ctx-train", type=int, default=32768)
     ap.add_argument("--n-layer", type=int, default=N_LAYER, help="fewer layers for a quick check (default 32)")
+    ap.add_argument("--n-head-kv", type=int, default=N_HEAD, help=f"KV heads (default {N_HEAD}: no GQA)")
     args = ap.parse_args(argv)
-    write(args.out, args.n_ctx_train, args.n_layer)
+    write(args.out, args.n_ctx_train, args.n_layer, args.n_head_kv)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e9:.2f} GB)")
     return 0
 

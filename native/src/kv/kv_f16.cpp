@@ -110,28 +110,7 @@ public:
                                             ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * r.seq0);
             // [n_embd_head, n_head, n_tokens, n_seqs] -> [n_embd_head*n_head, n_tokens*n_seqs]
             ggml_tensor * fa;
-            if (use_fa && sh.cuda_device >= 0 && r.n_tokens == 1 && r.n_seqs > 1) {
-                // decode on a GPU: one attention per sequence, which ggml-cuda runs with its
-                // vector kernel (its kernel for several sequences at once is far slower here)
-                fa = nullptr;
-                for (int32_t j = 0; j < r.n_seqs; ++j) {
-                    ggml_tensor * qj = ggml_view_4d(gctx, q, hd, 1, q->ne[1], 1, q->nb[2], q->nb[1], q->nb[2],
-                                                    (size_t)(r.t0 + j) * q->nb[2]);
-                    ggml_tensor * kj =
-                        ggml_view_4d(gctx, k_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
-                                     ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
-                    ggml_tensor * vj =
-                        ggml_view_4d(gctx, v_l[il], hd, p.n_kv, sh.n_head_kv, 1, row_bytes,
-                                     ggml_row_size(GGML_TYPE_F16, hd), seq_bytes, seq_bytes * (r.seq0 + j));
-                    ggml_tensor * mj = ggml_view_4d(gctx, p.mask, p.n_kv, 1, 1, 1, p.mask->nb[1], p.mask->nb[2],
-                                                    p.mask->nb[3], (size_t)j * p.mask->nb[3]);
-                    ggml_tensor * aj = ggml_flash_attn_ext(gctx, qj, kj, vj, mj, kq_scale, 0.0f, 0.0f);
-                    ggml_flash_attn_ext_set_prec(aj, GGML_PREC_F32);
-                    ggml_format_name(aj, "kqv_fa-%d", il);
-                    aj = ggml_reshape_2d(gctx, aj, hd * q->ne[1], 1);
-                    fa = fa ? ggml_concat(gctx, fa, aj, 1) : aj;
-                }
-            } else if (use_fa) {
+            if (use_fa) {
                 fa = ggml_flash_attn_ext(gctx, qr, kr, vr, p.mask, kq_scale, 0.0f, 0.0f);
                 ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
                 ggml_format_name(fa, "kqv_fa-%d", il);
