@@ -247,7 +247,8 @@ BATCH_BUDGET = {"f16": 1e-2, "ott2": 0.15}
 
 
 def read_prompt(model: Model, seq: int, tokens: list[int], chunk: int) -> list[list[int]]:
-    """The prompt in decode-faithful chunks of at most `chunk` (the quantized caches' events end them)."""
+    """Feed `tokens` to sequence `seq` in decode-faithful chunks of at most `chunk` (the quantized
+    caches' events end them); the chunks."""
     out, i = [], 0
     while i < len(tokens):
         n = min(len(tokens) - i, chunk, model.tokens_until_event(seq) or chunk)
