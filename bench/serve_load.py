@@ -15,6 +15,7 @@ The table of the runs so far is printed after every run, so a long series report
     python bench/serve_load.py MODEL --clients 64 --duration 300 --kv f16,ott2 -t 2 \
         --llama-server ../peers/llamacpp/build/bin/llama-server
     # CUDA build, H200: --device cuda --clients 64,256 --llama-args="-ngl 99"
+    # our server's prompt cache: --ours-args=--prompt-cache
 
 Our server is `python -m ott_gguf serve` run from the current folder: run this script from
 outside the checkout to use the installed package, or from the checkout with OTT_NATIVE_DIR
@@ -148,6 +149,7 @@ def server_command(args, kind: str, clients: int, port: int) -> list[str]:
         str(args.threads),
         "--max-queue",
         str(clients),
+        *args.ours_args.split(),
     ]
     return cmd + (["--device", args.device] if args.device else [])
 
@@ -331,6 +333,9 @@ def main() -> None:
     ap.add_argument("--device", help="our device: cpu, cuda, cuda:N")
     ap.add_argument("--llama-server", help="llama-server binary; omitted: ours only")
     ap.add_argument("--llama-args", default="", help="extra llama-server arguments, with '=': --llama-args='-ngl 99'")
+    ap.add_argument(
+        "--ours-args", default="", help="extra arguments of our server, with '=': --ours-args=--prompt-cache"
+    )
     ap.add_argument(
         "--logs",
         type=Path,

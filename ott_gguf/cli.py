@@ -256,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="requests that may wait for a slot; more get 503 (default 64)",
     )
+    p.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="a new request reuses the cached prefix of its prompt that a free slot holds (a chat's "
+        "earlier turns); its output may then differ from the request alone by rounding",
+    )
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route except /health")
     p.add_argument("--alias", help="model id in the API (default: the file name without .gguf)")
     p.set_defaults(func=cmd_serve)
@@ -536,6 +542,7 @@ def cmd_serve(args) -> int:
         api_key=args.api_key,
         max_queue=args.max_queue,
         batch=args.batch,
+        prompt_cache=args.prompt_cache,
     )
     return 0
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from openai import APIStatusError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
@@ -454,9 +455,67 @@ def test_a_failing_request_fails_alone(smollm2_path):
         assert [text_of(together[0]), text_of(together[2])] == [alone[0], alone[2]]
         assert all(isinstance(ev[-1], Done) for ev in (together[0], together[2]))
         assert engine.stats.requests["error"] == 1
-        assert ctx.kv_stats().n_tokens == 0  # every slot freed
+        assert sorted(engine._free) == [0, 1, 2]  # every slot freed
     finally:
         engine.stop()
+
+
+def read_and_generate(ctx: Context, tokens: list[int], n_keep: int, n_gen: int) -> list[int]:
+    """What the engine does for one request on sequence 0 alone: cut the cache back to n_keep
+    tokens, read the rest of the prompt in chunks of at most 64 ending at the cache's events,
+    then n_gen greedy tokens (each fed but the last); the generated ids."""
+    ctx.truncate(0, n_keep)
+    i = n_keep
+    while i < len(tokens):
+        n = min(len(tokens) - i, 64, ctx.tokens_until_event(0) or 64)
+        logits = ctx.eval(tokens[i : i + n])
+        i += n
+    out = [int(np.argmax(logits))]
+    while len(out) < n_gen and not ctx.tokenizer.is_eog(out[-1]):
+        out.append(int(np.argmax(ctx.eval([out[-1]]))))
+    return [t for t in out if not ctx.tokenizer.is_eog(t)]
+
+
+@pytest.mark.parametrize("kv", ["f16", "ott2"])
+def test_prompt_cache_reads_only_what_a_free_slot_lacks(smollm2_path, kv):
+    """A chat's next turn resends the conversation: with prompt_cache the slot that served the
+    first turn keeps its tokens and the next request reads only what is new, exactly as a
+    context that keeps them and reads the rest. A prompt that leaves a long one inside ott2's
+    quantized blocks reads everything again; without prompt_cache nothing is reused."""
+    weights = Weights(smollm2_path, device="cpu")
+    greedy = SamplingParams(temperature=0)
+
+    def context() -> Context:
+        return Context(weights, n_ctx=512, n_seq_max=2, n_ubatch=64 + 2, n_threads=1, kv=kv)
+
+    def serve(requests: list[Request], prompt_cache: bool = True) -> tuple[list[str], int]:
+        """One after another on a fresh engine: the answers, and the prompt tokens reused."""
+        engine = Engine(context(), batch=64, chunk=64, max_queue=4, prompt_cache=prompt_cache)
+        engine.start()
+        try:
+            texts = [text_of(run_jobs(engine, [r])[0]) for r in requests]
+        finally:
+            engine.stop()
+        assert engine.stats.prompt_tokens + engine.stats.prompt_tokens_cached == sum(len(r.prompt) for r in requests)
+        return texts, engine.stats.prompt_tokens_cached
+
+    tok = weights.tokenize
+    first = tok("The sky is")
+    ctx = context()
+    answer = read_and_generate(ctx, first, 0, 24)
+    n_held = ctx.seq_len(0)  # the prompt and the reply but its last token, which was not fed
+    second = first + answer[: n_held - len(first)] + tok(" And the sea is", add_special=False)
+    want = [weights.detokenize(answer), weights.detokenize(read_and_generate(ctx, second, n_held, 24))]
+    assert serve([Request(first, 24, greedy), Request(second, 24, greedy)]) == (want, n_held)
+    assert serve([Request(first, 24, greedy), Request(second, 24, greedy)], prompt_cache=False)[1] == 0
+
+    long = tok(" ".join(["The history of the river is long and full of turns."] * 30))[:300]
+    other = long[:10] + tok(" Something else entirely.", add_special=False)
+    n_keep = 10 if kv == "f16" else 0  # ott2 quantized the first 256 tokens of `long`
+    read_and_generate(ctx, long, 0, 8)
+    want = [weights.detokenize(read_and_generate(ctx, other, n_keep, 8))]
+    texts, n_cached = serve([Request(long, 8, greedy), Request(other, 8, greedy)])
+    assert (texts[1:], n_cached) == (want, n_keep)
 
 
 @pytest.mark.parametrize(

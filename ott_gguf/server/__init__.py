@@ -58,6 +58,7 @@ def serve(
     api_key: str | None,
     max_queue: int,
     batch: int = DEFAULT_BATCH,
+    prompt_cache: bool = False,
 ) -> None:
     """Run the server until interrupted."""
     import uvicorn
@@ -67,7 +68,7 @@ def serve(
     from .metrics import ServerStats, StatsCollector
 
     stats = ServerStats()
-    engine = Engine(ctx, batch=batch, chunk=batch, max_queue=max_queue, stats=stats)
+    engine = Engine(ctx, batch=batch, chunk=batch, max_queue=max_queue, stats=stats, prompt_cache=prompt_cache)
     app = create_app(engine, model_id, StatsCollector(stats, plan, max_queue), api_key)
     print(f"serve: {ctx.path.name} as '{model_id}' on {ctx.info.device}; {plan.reason}", file=sys.stderr, flush=True)
     print(f"serve: listening on http://{host}:{port} (OpenAI routes under /v1)", file=sys.stderr, flush=True)

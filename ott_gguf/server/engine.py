@@ -8,6 +8,14 @@ first, so a request's chunks and hence its greedy output do not depend on what e
 the batch. Requests wait in a bounded queue and take a free slot between steps; a finished,
 failed or cancelled request frees its slot at once.
 
+With `prompt_cache`, a free slot keeps the tokens its cache holds, and a new request takes
+the free slot whose tokens share the longest prefix with its prompt: the cache is cut back to
+that prefix (where the cache can: a quantized one only within its fp16 window) and only the
+rest of the prompt is read, as a chat's next turn resends the conversation so far. The
+reused tokens were computed in other steps (an earlier reply token by token, where a fresh
+request reads them as one prompt chunk), so its output may then differ from the request
+alone by that rounding.
+
 Results go back through each job's `emit` callback, called on the worker thread with
 `Delta`, then one `Done` or `Failed`. An exception while serving one request fails that
 request only; the others go on.
@@ -99,16 +107,28 @@ class Slot:
 class Engine:
     """The worker thread, its slots (sequences 0 .. n_seq_max-1 of `ctx`) and the queue."""
 
-    def __init__(self, ctx, *, batch: int, chunk: int, max_queue: int, stats: ServerStats | None = None):
+    def __init__(
+        self,
+        ctx,
+        *,
+        batch: int,
+        chunk: int,
+        max_queue: int,
+        stats: ServerStats | None = None,
+        prompt_cache: bool = False,
+    ):
         """ctx: a Context with one sequence per slot and n_ubatch >= batch + n_seq_max, so a
         step is one graph. batch: tokens per step (decode tokens first, then whole prompt
         chunks while they fit). chunk: the most prompt tokens a slot feeds in one step.
-        max_queue: requests that may wait while every slot is busy."""
+        max_queue: requests that may wait while every slot is busy. prompt_cache: reuse a free
+        slot's cached prefix of a new prompt (above)."""
         self.ctx = ctx
         self.batch, self.chunk, self.max_queue = batch, chunk, max_queue
+        self.prompt_cache = prompt_cache
         self.stats = stats or ServerStats()
         self._queue: deque[Job] = deque()
         self._free = list(range(ctx.n_seq_max))[::-1]  # free sequence ids, lowest last
+        self._held: dict[int, list[int]] = {}  # free sequence id -> the tokens its cache holds
         self._active: list[Slot] = []  # in admission order
         self._cond = threading.Condition()
         self._stopping = False
@@ -168,12 +188,34 @@ class Engine:
                 self.stats.record_request("cancelled")
                 continue
             try:
-                self._active.append(Slot(self._free[-1], job, self.ctx.tokenizer))
+                slot = Slot(self._free[-1], job, self.ctx.tokenizer)
             except Exception as e:
                 self.stats.record_request("error")
                 _tell(job, Failed(e))
                 continue
-            self._free.pop()
+            self._take_sequence(slot)
+            self._active.append(slot)
+
+    def _take_sequence(self, slot: Slot) -> None:
+        """Give the slot the free sequence whose cached tokens share the longest prefix with its
+        prompt (the lowest id among equals), cut back to that prefix; at least the prompt's last
+        token is read again, for its logits."""
+        prompt = slot.prompt
+        best, n_best = self._free[-1], 0
+        for seq in reversed(self._free):
+            n = _common_prefix(self._held.get(seq, ()), prompt, len(prompt) - 1)
+            if n > n_best:
+                best, n_best = seq, n
+        self._free.remove(best)
+        held = self._held.pop(best, [])
+        if n_best < len(held):
+            try:
+                self.ctx.truncate(best, n_best)
+            except OttError:  # a quantized cache keeps what has left its fp16 window
+                self.ctx.truncate(best, 0)
+                n_best = 0
+        slot.seq, slot.n_cached = best, n_best
+        self.stats.record_cached(n_best)
 
     def _release_cancelled(self) -> None:
         for slot in [s for s in self._active if s.job.cancelled]:
@@ -286,10 +328,13 @@ class Engine:
             slot.job.emit(Delta(text))
 
     def _release(self, slot: Slot) -> None:
-        """Free the slot's sequence at once."""
+        """Free the slot's sequence at once (with prompt_cache it keeps its tokens for a later prompt)."""
         if slot in self._active:
             self._active.remove(slot)
-            self.ctx.truncate(slot.seq, 0)
+            if self.prompt_cache:
+                self._held[slot.seq] = slot.history[: slot.n_cached]
+            else:
+                self.ctx.truncate(slot.seq, 0)
             self._free.append(slot.seq)
 
     def _record_load(self) -> None:
@@ -306,6 +351,16 @@ class Engine:
             self._fail(slot, error)
         while self._queue:
             _tell(self._queue.popleft(), Failed(error))
+
+
+def _common_prefix(a, b, limit: int) -> int:
+    """Length of the common prefix of a and b, at most limit."""
+    n = 0
+    for x, y in zip(a, b):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n
 
 
 def _tell(job: Job, event: Failed) -> None:

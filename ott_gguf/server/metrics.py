@@ -31,6 +31,7 @@ class ServerStats:
         self._lock = threading.Lock()
         self.requests = Counter()  # outcome -> requests
         self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0  # prompt tokens a slot's cache already held
         self.generated_tokens = 0
         self.queue_depth = 0
         self.active_slots = 0
@@ -45,6 +46,10 @@ class ServerStats:
             self._steps.append((now, n_prompt, n_generated))
             while self._steps and self._steps[0][0] < now - RATE_WINDOW_S:
                 self._steps.popleft()
+
+    def record_cached(self, n: int) -> None:
+        with self._lock:
+            self.prompt_tokens_cached += n
 
     def record_request(self, outcome: str) -> None:
         with self._lock:
@@ -77,6 +82,9 @@ class StatsCollector:
             requests.add_metric([outcome], s.requests[outcome])
         yield requests
         yield CounterMetricFamily("ott_prompt_tokens", "Prompt tokens processed", value=s.prompt_tokens)
+        yield CounterMetricFamily(
+            "ott_prompt_tokens_cached", "Prompt tokens a slot's cache already held", value=s.prompt_tokens_cached
+        )
         yield CounterMetricFamily("ott_generated_tokens", "Tokens generated", value=s.generated_tokens)
         yield _gauge("ott_prompt_tokens_per_second", f"Prompt tokens/s over the last {RATE_WINDOW_S:g} s", prompt_rate)
         yield _gauge(
