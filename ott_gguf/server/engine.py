@@ -319,7 +319,7 @@ class Engine:
     def _fail(self, slot: Slot, error: Exception) -> None:
         log.warning("request failed: %s: %s", type(error).__name__, error)
         self.stats.record_request("error")
-        self._release(slot)
+        self._release(slot, keep=False)  # its cache may hold more than it counted
         _tell(slot.job, Failed(error))
 
     @staticmethod
@@ -327,11 +327,12 @@ class Engine:
         if text:
             slot.job.emit(Delta(text))
 
-    def _release(self, slot: Slot) -> None:
-        """Free the slot's sequence at once (with prompt_cache it keeps its tokens for a later prompt)."""
+    def _release(self, slot: Slot, keep: bool = True) -> None:
+        """Free the slot's sequence at once (with prompt_cache and keep, it keeps its tokens for a
+        later prompt)."""
         if slot in self._active:
             self._active.remove(slot)
-            if self.prompt_cache:
+            if self.prompt_cache and keep:
                 self._held[slot.seq] = slot.history[: slot.n_cached]
             else:
                 self.ctx.truncate(slot.seq, 0)
