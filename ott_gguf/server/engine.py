@@ -198,8 +198,8 @@ class Engine:
 
     def _take_sequence(self, slot: Slot) -> None:
         """Give the slot the free sequence whose cached tokens share the longest prefix with its
-        prompt (the lowest id among equals), cut back to that prefix; at least the prompt's last
-        token is read again, for its logits."""
+        prompt (none shares one: the next free sequence), cut back to that prefix; at least the
+        prompt's last token is read again, for its logits."""
         prompt = slot.prompt
         best, n_best = self._free[-1], 0
         for seq in reversed(self._free):
