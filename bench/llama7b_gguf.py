@@ -6,9 +6,9 @@ available offline; decode speed does not depend on their values).
 32 layers, n_embd 4096, 32 heads (no GQA; `--n-head-kv 8` gives Llama-3-8B's grouping of
 8 KV heads), n_ff 11008, n_vocab 32000: 6.74 G parameters, 13.5 GB. Tensors are streamed
 one at a time (at most one tensor in memory, ~260 MB): the header and tensor index are
-written first, then each tensor's data. Values are slices of a
-pool of N(0, 1) draws scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The
-vocabulary is a byte-level BPE alphabet padded with filler tokens ("[PAD123]"): normal tokens, so that
+written first, then each tensor's data. Values are slices of a pool of N(0, 1) draws
+scaled by 1/sqrt(n_in) (one pool per fan-in), so activations keep unit scale. The vocabulary
+is a byte-level BPE alphabet padded with filler tokens ("[PAD123]"): normal tokens, so that
 the text a server streams from random weights is visible.
 """
 
