@@ -146,6 +146,35 @@ def test_chat_templates_render(ggufs, name, messages, expected):
     assert weights.chat_template.render(messages, add_generation_prompt=True) == expected
 
 
+def test_global_layers_rank_key_tiers_by_their_own_query_scale(ggufs):
+    """Gemma 3's one global layer (2 of 4) keeps its quantized stores in a cache of its own
+    layers only: its key tiers must rank channels by layer 2's query scale, not by the scale of
+    the model's first layer. Tokens go in one at a time, each read back from the window before
+    an event quantizes it, into a reference cache of that layer; its blocks match bit for bit."""
+    from ott_gguf.reference import LayerCache
+
+    cfg = PRESETS["ottr2t"].with_overrides(block=16, group_k=16, window=4, rot_v=0, skip_layers=0)
+    model = Model(ggufs[0]["gemma3"], n_ctx=128, n_ubatch=8, n_threads=2, kv=cfg, device="cpu")
+    info, il = model.info, 2
+    assert model.weights.local_layers(128) == {0, 1, 3}
+    u = model.weights.tier_scale()
+    assert not np.allclose(u[il], u[0])
+    ref = LayerCache.new(cfg, il, info.n_head_kv, info.n_embd_head, tier_scale=u[il])
+    for tok in model.tokenize(PROMPT)[:N_PROMPT]:
+        model.eval([tok])
+        states = [model.kv_head_state(il, 0, h) for h in range(info.n_head_kv)]
+        k = np.stack([st.window_k[-1] for st in states])[None]  # [1, n_head_kv, head_dim]
+        v = np.stack([st.window_v[-1] for st in states])[None]
+        ref.append(k, v)
+    for h, head in enumerate(ref.heads):
+        st = model.kv_head_state(il, 0, h)
+        assert len(st.blocks) == len(head.blocks) >= 3
+        for j, rb in enumerate(head.blocks):
+            for name, off in st.block_offsets.items():
+                want = getattr(rb, name).view(np.uint8).ravel()
+                assert (st.blocks[j][off : off + want.size] == want).all(), f"head {h} block {j} {name}"
+
+
 def test_ring_cannot_truncate_into_dropped_positions(ggufs):
     """Local layers keep the last n_swa - 1 + n_ubatch positions: truncating further back than
     the ring holds fails and leaves the sequence as it was; clearing always works."""

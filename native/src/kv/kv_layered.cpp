@@ -23,7 +23,7 @@ ott_kv_shape ring_shape_of(const ott_kv_shape & sh, int32_t n_local, int32_t n_s
 }
 
 // The params and shape of the n_global global layers: skip_layers counts the model's layers,
-// so the global ones below it skip (KVQuant's tables are the caller's to pick).
+// so the global ones below it skip (the per-layer tables are the caller's to pick).
 void global_part(const ott_kv_params & params, const ott_kv_shape & sh, const std::vector<uint8_t> & local,
                  int32_t n_global, ott_kv_params & gp, ott_kv_shape & gs) {
     gp             = params;
@@ -52,15 +52,15 @@ public:
         ott_kv_params global_params;
         ott_kv_shape global_shape;
         global_part(params, sh, local, n_global, global_params, global_shape);
-        std::vector<float> tables;  // KVQuant: the global layers' tables, in their order
+        // per-layer tables of the model's layers, read for the global ones in their order
+        std::vector<float> tables, tier_scale;
         if (params.type == OTT_KV_KVQUANT && params.kvq_tables) {
-            const size_t per_layer = ott_kvq_layer_floats(params, sh.n_head_kv, sh.n_embd_head);
-            for (size_t il = 0; il < local.size(); ++il) {
-                if (!local[il])
-                    tables.insert(tables.end(), params.kvq_tables + il * per_layer,
-                                  params.kvq_tables + (il + 1) * per_layer);
-            }
-            global_params.kvq_tables = tables.data();
+            global_params.kvq_tables =
+                global_rows(params.kvq_tables, ott_kvq_layer_floats(params, sh.n_head_kv, sh.n_embd_head), tables);
+        }
+        if (params.tier_scale) {
+            global_params.tier_scale =
+                global_rows(params.tier_scale, (size_t)sh.n_head_kv * sh.n_embd_head, tier_scale);
         }
         return ott_kv_cache_create(global_params, global_shape, global);
     }
@@ -147,6 +147,15 @@ public:
 
 private:
     ott_kv_cache & part(int il) const { return local[il] ? *ring : *global; }
+
+    // The rows of the global layers of a per-layer table ([n_layer][per_layer] floats), copied
+    // into out in their order; returns out's data.
+    const float * global_rows(const float * table, size_t per_layer, std::vector<float> & out) const {
+        for (size_t il = 0; il < local.size(); ++il) {
+            if (!local[il]) out.insert(out.end(), table + il * per_layer, table + (il + 1) * per_layer);
+        }
+        return out.data();
+    }
 
     ott_kv_shape sh;             // the whole model
     std::vector<uint8_t> local;  // [n_layer] 1: local layer
