@@ -138,7 +138,7 @@ ggml_tensor * ott_build_graph(ott_graph_builder & b) {
 }
 
 size_t ott_graph_max_nodes(const ott_model & model, const ott_ubatch & ub, bool rotated) {
-    size_t per_layer = 64 + 8 * ub.runs.size() + (rotated ? 24 : 0);
+    size_t per_layer = 64 + 8 * ub.runs.size() + (rotated ? 32 : 0);  // rotations: 4 products, 3 shifts
     for (const ott_run & r : ub.runs) {
         if (r.n_tokens == 1) per_layer += 10 * (size_t)r.n_seqs;  // the fp16 cache on a GPU: an attention per sequence
     }

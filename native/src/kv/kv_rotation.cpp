@@ -18,12 +18,23 @@ uint64_t splitmix64(uint64_t & state) {
 }
 
 // x [d, heads, n] times each head's matrix of m [d, d, heads_m] (head h takes m's head
-// h / (heads / heads_m)): one mat-vec per (head, token) in a single batched product.
+// h / (heads / heads_m)). One token: a mat-vec per head in one batched product. More tokens:
+// the tokens of a head side by side, so that each head is one matrix product (batched over
+// the heads) instead of a mat-vec per head and token.
 ggml_tensor * per_head(ggml_context * g, ggml_tensor * m, ggml_tensor * x) {
-    ggml_tensor * x4 = ggml_reshape_4d(g, x, x->ne[0], 1, x->ne[1], x->ne[2]);
-    ggml_tensor * y  = ggml_mul_mat(g, m, x4);  // [d, 1, heads, n]
+    const int64_t d = x->ne[0], heads = x->ne[1], n = x->ne[2];
+    if (n == 1) {
+        ggml_tensor * y = ggml_mul_mat(g, m, ggml_reshape_4d(g, x, d, 1, heads, n));  // [d, 1, heads, 1]
+        ggml_format_name(y, "kv_rot_%s", ggml_get_name(m));
+        return ggml_reshape_3d(g, y, d, heads, n);
+    }
+    ggml_tensor * xt = ggml_cont(g, ggml_permute(g, x, 0, 2, 1, 3));  // [d, n, heads]
+    ggml_tensor * y  = ggml_mul_mat(g, m, xt);                        // [d, n, heads]
+    ggml_tensor * yt = ggml_cont(g, ggml_permute(g, y, 0, 2, 1, 3));  // [d, heads, n]
+    ggml_format_name(xt, "kv_rot_%s_in", ggml_get_name(m));
     ggml_format_name(y, "kv_rot_%s", ggml_get_name(m));
-    return ggml_reshape_3d(g, y, x->ne[0], x->ne[1], x->ne[2]);
+    ggml_format_name(yt, "kv_rot_%s_out", ggml_get_name(m));
+    return yt;
 }
 
 // x [d, heads, n] minus (add = false) or plus c [d, 1, heads, 1]
