@@ -152,6 +152,7 @@ def test_global_layers_rank_key_tiers_by_their_own_query_scale(ggufs):
     the model's first layer. Tokens go in one at a time, each read back from the window before
     an event quantizes it, into a reference cache of that layer; its blocks match bit for bit."""
     from ott_gguf.reference import LayerCache
+    from test_kv_native import block_arrays
 
     cfg = PRESETS["ottr2t"].with_overrides(block=16, group_k=16, window=4, rot_v=0, skip_layers=0)
     model = Model(ggufs[0]["gemma3"], n_ctx=128, n_ubatch=8, n_threads=2, kv=cfg, device="cpu")
@@ -170,9 +171,8 @@ def test_global_layers_rank_key_tiers_by_their_own_query_scale(ggufs):
         st = model.kv_head_state(il, 0, h)
         assert len(st.blocks) == len(head.blocks) >= 3
         for j, rb in enumerate(head.blocks):
-            for name, off in st.block_offsets.items():
-                want = getattr(rb, name).view(np.uint8).ravel()
-                assert (st.blocks[j][off : off + want.size] == want).all(), f"head {h} block {j} {name}"
+            for name, arr in block_arrays(st.blocks[j], st.block_offsets, rb).items():
+                assert (arr.view(np.uint8) == getattr(rb, name).view(np.uint8)).all(), f"head {h} block {j} {name}"
 
 
 def test_ring_cannot_truncate_into_dropped_positions(ggufs):
