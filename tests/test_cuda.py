@@ -37,7 +37,7 @@ ARCHS = ("80", "86", "89", "90")
 N_GEN = 64
 TIERS = "ottr2:hi_k=4:lo_k=8"  # a mode with knobs, as bench/accuracy.py spells them
 # relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
-LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None), TIERS: (0.15, None)}
+LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None), "ottr2": (0.15, None), TIERS: (0.15, None)}
 # KVQuant's cache (tables of a made-up sidecar): keys before RoPE, and after it
 KVQ = ["kvquant2", "kvquant3:pre_rope=0"]
 LOGITS_BUDGET.update({kv: (0.15, None) for kv in KVQ})
@@ -178,6 +178,55 @@ def random_llama(tmp_path_factory):
 def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+# A prompt of three chunks of 150 tokens: the third attends over two quantized blocks, the
+# pools (layers 2 and 3) and the window; on the GPU, a chunk of one sequence alone attends by
+# flash attention over its gathered rows (kv_quant_cuda.cpp), beside other sequences by the
+# fused kernels, and on the CPU by the CPU's.
+CHUNK, N_CHUNKS = 150, 3
+# relative L2 of the third chunk's logits, flash attention vs the fused kernels over the same
+# stores on the GPU: fp16 rounding of the dequantised rows and of ggml's flash attention
+FA_BUDGET = 2e-2
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS])
+def test_prompt_chunks_over_quantized_blocks_cpu_equals_cuda(random_llama, kv):
+    prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
+    ends = {}
+    for device in ("cpu", "cuda"):
+        model = Model(random_llama, n_ctx=1024, n_threads=2, kv=kv_mode(kv), device=device)
+        ends[device] = [model.eval(prompt[i : i + CHUNK]) for i in range(0, len(prompt), CHUNK)]
+    errs = [rel_l2(a, b) for a, b in zip(ends["cpu"], ends["cuda"])]
+    print(f"kv={kv}: chunk ends' logits rel L2 CPU vs CUDA {', '.join(f'{e:.2e}' for e in errs)}")
+    assert max(errs) < LOGITS_BUDGET[kv][0]
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS])
+def test_flash_attention_chunk_equals_fused_kernels(random_llama, kv):
+    model = Model(random_llama, n_ctx=1024, n_seq_max=3, kv=kv_mode(kv), device="cuda")
+    prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
+    for i in range(0, CHUNK * (N_CHUNKS - 1), CHUNK):
+        model.eval(prompt[i : i + CHUNK], seq=0)
+    model.copy_sequence(0, 1)
+    model.copy_sequence(0, 2)
+    last, n_past = prompt[-CHUNK:], CHUNK * (N_CHUNKS - 1)
+    alone = model.eval(last, seq=0)  # flash attention
+    beside = model.decode_batch(  # the fused kernels: two sequences in the step
+        last + [7],
+        list(range(n_past, n_past + CHUNK)) + [n_past],
+        [1] * CHUNK + [2],
+        [False] * (CHUNK - 1) + [True, False],
+    )[0]
+    err = rel_l2(beside, alone)
+    print(f"kv={kv}: third chunk's logits rel L2, flash attention vs fused kernels {err:.2e}")
+    assert err < FA_BUDGET
 
 
 @pytest.fixture(scope="module")

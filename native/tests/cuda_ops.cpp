@@ -461,46 +461,59 @@ struct attn_case {
     int32_t n_splits;
 };
 
-// code·scale + min of parameter i of arrays sc, mn (fp16, or 8-bit: kv_layout.h)
-double dequant_code(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i) {
+// A quantized entry: its code, and its group's scale and minimum as floats.
+struct coded {
+    int code;
+    float scale, min;
+};
+
+// Parameter i of arrays sc, mn (fp16, or 8-bit: kv_layout.h) with its code.
+coded with_params(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i) {
     if (g.param_bits == 8) {
         const float s = ott_kv_scale8(sc[i]);
-        return code * (double)s + ott_kv_min8((int8_t)mn[i], s);
+        return { code, s, ott_kv_min8((int8_t)mn[i], s) };
     }
-    return code * (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]) +
-           ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
+    return { code, ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]), ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]) };
 }
 
-double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
+// Entry (t, c) of a head-block's keys or values.
+coded entry(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
     if (key && ott_kv_tiered(&g)) {  // key row r: the channel of rank r, one group per block
         const int32_t r    = (int32_t)(std::find(hb + L.k_order, hb + L.k_order + g.head_dim, c) - (hb + L.k_order));
         const int32_t bits = ott_kv_k_row_bits(&g, r);
         const uint8_t byte = hb[L.k_codes + ott_kv_k_row_offset(&g, r) + t * bits / 8];
-        return dequant_code(g, (byte >> ((t * bits) % 8)) & ((1 << bits) - 1), hb + L.k_scale, hb + L.k_min, r);
+        return with_params(g, (byte >> ((t * bits) % 8)) & ((1 << bits) - 1), hb + L.k_scale, hb + L.k_min, r);
     }
     if (key) {
         const uint8_t byte = hb[L.k_codes + (size_t)c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
         const int code     = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
-        return dequant_code(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c);
+        return with_params(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c);
     }
     const uint8_t byte = hb[L.v_codes + (size_t)t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
     const int code     = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
-    return dequant_code(g, code, hb + L.v_scale, hb + L.v_min, t * (g.head_dim / g.group_v) + c / g.group_v);
+    return with_params(g, code, hb + L.v_scale, hb + L.v_min, t * (g.head_dim / g.group_v) + c / g.group_v);
 }
 
-// tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h)
-void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fail) {
-    rng_t rng(seed);
-    const ott_kv_geom & g = c.g;
-    const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
-    const int32_t max_blocks = std::max(c.n_blocks[0], c.n_blocks[1]) + 1;
-    const int32_t win_cap    = ((c.n_win + block) / block + 1) * block;
-    const bool traces        = c.pool > 0;
-    layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, max_blocks);
-    st.draw_tier_scale(rng);
+// code·scale + min in float64 (the attention's reference)
+double dequant(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
+    const coded e = entry(g, hb, key, t, c);
+    return e.code * (double)e.scale + e.min;
+}
 
-    // stores: blocks from the reference quantizer (random masks where tracing), fp16 rows
+constexpr int32_t ATTN_SEQS = 2, ATTN_HEADS = 2;  // the stores of an attn_case
+
+// Window ring rows of an attn_case's stores.
+int32_t attn_win_cap(const attn_case & c) { return ((c.n_win + c.g.block) / c.g.block + 1) * c.g.block; }
+
+// Random stores of an attn_case (ATTN_SEQS sequences, ATTN_HEADS KV heads): blocks from the
+// reference quantizer (random masks where tracing), fp16 rows; the pools' positions are the
+// masked slots (the pool's first, then the extra pool's; cycling when they hold more).
+void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
+    const ott_kv_geom & g = c.g;
+    const int32_t S = ATTN_SEQS, H = ATTN_HEADS, hd = g.head_dim, block = g.block, win_cap = attn_win_cap(c);
+    const bool traces = c.pool > 0;
+    st.draw_tier_scale(rng);
     std::vector<ott_fp16> bk((size_t)block * hd), bv(bk.size());
     std::vector<uint8_t> masked(block);
     for (int32_t s = 0; s < S; ++s) {
@@ -532,8 +545,36 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
                 st.win_k[sh * win_cap * hd + i] = rand_f16(rng, 1.0f);
                 st.win_v[sh * win_cap * hd + i] = rand_f16(rng, 1.0f);
             }
+            std::vector<int32_t> pooled;
+            const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+            for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                for (int32_t t = 0; t < block; ++t) {
+                    if ((st.head_block(s, j, h)[L.mask + t / 8] >> (t % 8)) & 1) pooled.push_back(c.sink + j * block + t);
+                }
+            }
+            for (int32_t i = 0; i < st.n_pool[sh] + st.n_extra[sh] && !pooled.empty(); ++i) {
+                const int32_t pos = pooled[i % pooled.size()];
+                if (i < st.n_pool[sh]) {
+                    st.pool_pos[sh * c.pool + i] = pos;
+                } else {
+                    st.extra_pos[sh * c.extra + i - st.n_pool[sh]] = pos;
+                }
+            }
         }
     }
+}
+
+// tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h)
+void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fail) {
+    rng_t rng(seed);
+    const ott_kv_geom & g = c.g;
+    const int32_t S = ATTN_SEQS, H = ATTN_HEADS, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
+    const int32_t max_blocks = std::max(c.n_blocks[0], c.n_blocks[1]) + 1;
+    const int32_t win_cap    = attn_win_cap(c);
+    const bool traces        = c.pool > 0;
+    layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, max_blocks);
+    fill_stores(c, rng, st);
+
     // the step: sequence s has tokens t0 = s*n_q .. of the ubatch
     const int32_t n_tok = S * c.n_q;
     std::vector<float> q((size_t)n_tok * n_head * hd), k((size_t)n_tok * H * hd), v(k.size());
@@ -666,6 +707,82 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     report(std::string(tensor_cores ? "attn-tc/" : "attn/") + c.name, finite && rel < budget, detail, n_fail);
 }
 
+// ---- gather: ott_cuda_kv_gather vs the stores read in position order ---------------------------
+
+// fp16(code·scale + min), the product and the sum each rounded in float (cuda/kv_gather.cu)
+ott_fp16 entry_f16(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
+    const coded e     = entry(g, hb, key, t, c);
+    const float prod = (float)e.code * e.scale;
+    return ott_fp32_to_fp16_ref(prod + e.min);
+}
+
+// Each sequence's stores and a chunk as fp16 rows in position order, bit for bit: sink,
+// head-block entries (entry_f16), window, the chunk rounded to fp16, pooled slots from their
+// pools, then zero rows.
+void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
+    rng_t rng(seed);
+    const ott_kv_geom & g = c.g;
+    const int32_t S = ATTN_SEQS, H = ATTN_HEADS, hd = g.head_dim, block = g.block, win_cap = attn_win_cap(c);
+    layer_store st(g, S, H, c.sink, win_cap, c.pool, c.extra, std::max(c.n_blocks[0], c.n_blocks[1]) + 1);
+    fill_stores(c, rng, st);
+    std::vector<float> k((size_t)S * c.n_q * H * hd), v(k.size());
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float & x : k) x = nd(rng);
+    for (float & x : v) x = nd(rng);
+    st.to_device();
+    const ott_cuda_f32_3d dk = { st.upload(k), hd, (int64_t)H * hd }, dv = { st.upload(v), hd, (int64_t)H * hd };
+    bool ok = true;
+    for (int32_t s = 0; s < S; ++s) {
+        const int32_t n_past    = c.sink + c.n_blocks[s] * block + c.n_win;
+        const ott_cuda_gather G = { s, c.sink, c.n_blocks[s], c.n_win, c.n_q, s * c.n_q, n_past + c.n_q + 70 };
+        std::vector<ott_fp16> ko((size_t)H * G.n_rows * hd, 0x7E00), vo(ko.size(), 0x7E00);  // NaN
+        ott_fp16 *dko = st.upload(ko), *dvo = st.upload(vo);
+        CHECK_CUDA(ott_cuda_kv_gather(st.L, dk, dv, G, dko, dvo, nullptr));
+        CHECK_CUDA(cudaDeviceSynchronize());
+        layer_store::download(ko, dko);
+        layer_store::download(vo, dvo);
+
+        std::vector<ott_fp16> rk(ko.size(), 0), rv(vo.size(), 0);
+        for (int32_t h = 0; h < H; ++h) {
+            const size_t sh = (size_t)s * H + h;
+            auto row        = [&](int32_t p) { return ((size_t)h * G.n_rows + p) * hd; };
+            auto put        = [&](int32_t p, const ott_fp16 * kr, const ott_fp16 * vr) {
+                std::copy(kr, kr + hd, rk.begin() + row(p));
+                std::copy(vr, vr + hd, rv.begin() + row(p));
+            };
+            for (int32_t p = 0; p < c.sink; ++p) put(p, &st.sink_k[(sh * c.sink + p) * hd], &st.sink_v[(sh * c.sink + p) * hd]);
+            for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                for (int32_t t = 0; t < block; ++t) {
+                    for (int32_t ch = 0; ch < hd; ++ch) {
+                        rk[row(c.sink + j * block + t) + ch] = entry_f16(g, st.head_block(s, j, h), true, t, ch);
+                        rv[row(c.sink + j * block + t) + ch] = entry_f16(g, st.head_block(s, j, h), false, t, ch);
+                    }
+                }
+            }
+            for (int32_t i = 0; i < c.n_win; ++i) {
+                const int32_t p = c.sink + c.n_blocks[s] * block + i, r = (p - c.sink) % win_cap;
+                put(p, &st.win_k[(sh * win_cap + r) * hd], &st.win_v[(sh * win_cap + r) * hd]);
+            }
+            for (int32_t i = 0; i < c.n_q; ++i) {
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    const size_t x        = ((size_t)(s * c.n_q + i) * H + h) * hd + ch;
+                    rk[row(n_past + i) + ch] = ott_fp32_to_fp16_ref(k[x]);
+                    rv[row(n_past + i) + ch] = ott_fp32_to_fp16_ref(v[x]);
+                }
+            }
+            for (int32_t i = 0; i < st.n_pool[sh]; ++i) {
+                put(st.pool_pos[sh * c.pool + i], &st.pool_k[(sh * c.pool + i) * hd], &st.pool_v[(sh * c.pool + i) * hd]);
+            }
+            for (int32_t i = 0; i < st.n_extra[sh]; ++i) {
+                put(st.extra_pos[sh * c.extra + i], &st.extra_k[(sh * c.extra + i) * hd],
+                    &st.extra_v[(sh * c.extra + i) * hd]);
+            }
+        }
+        ok = ok && same(ko, rk) && same(vo, rv);
+    }
+    report(std::string("gather/") + c.name, ok, ok ? "bit-exact" : "differs from the stores", n_fail);
+}
+
 int run_checks() {
     int n_fail                 = 0;
     const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
@@ -746,6 +863,7 @@ int run_checks() {
         if (ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
             check_attn(c, seed, 1, n_fail);
         }
+        check_gather(c, seed, n_fail);
         ++seed;
     }
     const kvq_case kvqs[] = {

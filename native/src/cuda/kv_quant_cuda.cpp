@@ -8,6 +8,14 @@
 // returns an input tensor that our kernels fill; the context's executor (cuda/executor.h)
 // runs the segments and calls run_layer(il) between them: the deferred prefill_fp16 events,
 // attention partials and merge into layer il's input, then the step's appends and events.
+// A step of one sequence's chunk of FA_MIN_TOKENS or more (a prompt) attends instead by
+// ggml's flash attention on tensor cores, in the graph: run_layer gathers the sequence's
+// stores and the chunk as fp16 rows in position order (cuda/kv_gather.cu) into two of the
+// step's inputs, which the next segment's flash attention reads with a causal mask; the
+// rows are what the fused kernels read, dequantised and rounded to fp16.
+// A layer's appends and events (KIVI and OTT) run on a stream of their own, after its
+// attention and beside the graph's next layers (nothing reads the layer's stores again
+// before the next step); the last layer's run_layer joins that stream back.
 //
 // Memory: every store is allocated at creation for n_seq_max sequences of n_ctx tokens (as
 // the fp16 cache is), in one buffer of the device's ggml buffer type. The window ring of a
@@ -21,11 +29,15 @@
 #include "cpu/kvq_attn_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// A step of one sequence with at least this many new tokens attends by flash attention.
+constexpr int32_t FA_MIN_TOKENS = 64;
 
 #define OTT_CUDA_TRY(expr)                                                                                             \
     do {                                                                                                               \
@@ -42,6 +54,10 @@ public:
     ~kv_quant_cuda() override {
         cudaSetDevice(sh.cuda_device);
         if (stream) cudaStreamSynchronize(stream);
+        if (side) cudaStreamSynchronize(side);
+        if (ev_attn) cudaEventDestroy(ev_attn);
+        if (ev_side) cudaEventDestroy(ev_side);
+        if (side) cudaStreamDestroy(side);
         if (d_plan) cudaFree(d_plan);
         if (d_partials) cudaFree(d_partials);
         if (stream) cudaStreamDestroy(stream);
@@ -51,10 +67,14 @@ public:
     ott_status init() {
         OTT_CUDA_TRY(cudaSetDevice(sh.cuda_device));
         OTT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        OTT_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_attn, cudaEventDisableTiming));
+        OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_side, cudaEventDisableTiming));
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, sh.cuda_device));
         int cc_major = 0;
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, sh.cuda_device));
         tensor_cores = cc_major >= 8 ? 1 : 0;  // integer mma.sync m16n8k32: sm_80+
+        flash_attn   = !cfg.kvq && ott_kv_flash_attn_supported(sh);
 
         // one buffer: per layer, the arrays of ott_cuda_kv_layer
         const size_t S = sh.n_seq_max, H = sh.n_head_kv, hd = cfg.geom.head_dim;
@@ -168,11 +188,30 @@ public:
     }
 
     ott_status begin(const ott_ubatch & ub) override {
-        plan = ott_kv_plan_step(cfg, sched, ub);
+        plan    = ott_kv_plan_step(cfg, sched, ub);
+        fa_step = flash_attn && plan.seqs.size() == 1 && plan.seqs[0].n_new >= FA_MIN_TOKENS;
+        if (fa_step) {
+            const ott_kv_step_seq & S = plan.seqs[0];
+            const ott_kv_sched & sc   = S.before;
+            const int32_t n_kv        = sc.win_pos0(cfg) + sc.n_win + S.n_new;
+            gather = { S.seq, sc.n_sink, sc.n_blocks, sc.n_win, S.n_new, S.t0, (int32_t)align256(n_kv) };
+        }
         return OTT_OK;
     }
 
-    void build_inputs(ggml_context *) override {}
+    void build_inputs(ggml_context * gctx) override {
+        if (!fa_step) return;
+        // F16 [head_dim, n_rows, n_head_kv] (cuda/kv_gather.cu); F16 [n_rows, n_new]: 0 where
+        // the chunk's token may attend, -inf elsewhere
+        const int64_t hd = cfg.geom.head_dim;
+        fa_k             = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, hd, gather.n_rows, sh.n_head_kv);
+        fa_v             = ggml_new_tensor_3d(gctx, GGML_TYPE_F16, hd, gather.n_rows, sh.n_head_kv);
+        fa_mask          = ggml_new_tensor_2d(gctx, GGML_TYPE_F16, gather.n_rows, gather.n_new);
+        ggml_set_name(fa_k, "kv_gather_k");
+        ggml_set_name(fa_v, "kv_gather_v");
+        ggml_set_name(fa_mask, "kq_mask");
+        for (ggml_tensor * t : { fa_k, fa_v, fa_mask }) ggml_set_input(t);
+    }
 
     ggml_tensor * build_attn(ggml_context * gctx, ggml_cgraph * gf, int il, ggml_tensor * q, ggml_tensor * k,
                              ggml_tensor * v, float kq_scale) override {
@@ -181,18 +220,37 @@ public:
             ggml_set_output(t);
             ggml_build_forward_expand(gf, t);
         }
+        if ((int)io.size() != sh.n_layer) io.resize(sh.n_layer);
+        n_head         = (int32_t)q->ne[1];
+        this->kq_scale = kq_scale;
+        if (fa_step) {  // the next segment attends over what run_layer gathers
+            io[il]           = { q, k, v, nullptr, ggml_graph_n_nodes(gf) };
+            ggml_tensor * qr = ggml_permute(gctx, q, 0, 2, 1, 3);  // [head_dim, n_tokens, n_head]
+            ggml_tensor * fa = ggml_flash_attn_ext(gctx, qr, fa_k, fa_v, fa_mask, kq_scale, 0.0f, 0.0f);
+            ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+            ggml_format_name(fa, "kqv_fa-%d", il);
+            return ggml_reshape_2d(gctx, fa, q->ne[0] * q->ne[1], q->ne[2]);
+        }
         ggml_tensor * out = ggml_new_tensor_2d(gctx, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2]);
         ggml_format_name(out, "kqv-%d", il);
         ggml_set_input(out);
-        if ((int)io.size() != sh.n_layer) io.resize(sh.n_layer);
-        io[il]         = { q, k, v, out, ggml_graph_n_nodes(gf) };
-        n_head         = (int32_t)q->ne[1];
-        this->kq_scale = kq_scale;
+        io[il] = { q, k, v, out, ggml_graph_n_nodes(gf) };
         return out;
     }
 
     // the launch items need the query heads per KV head, known once build_attn has run
-    void set_inputs() override { pack_launches(); }
+    void set_inputs() override {
+        pack_launches();
+        if (!fa_step) return;
+        // the chunk's token i is position n_kv - n_new + i: it sees the positions up to its own
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+        const int32_t n_past   = gather.n_sink + gather.n_blocks * cfg.geom.block + gather.n_win;
+        std::vector<ggml_fp16_t> m((size_t)gather.n_rows * gather.n_new, ninf);
+        for (int32_t i = 0; i < gather.n_new; ++i) {
+            std::fill_n(m.begin() + (size_t)i * gather.n_rows, n_past + i + 1, zero);
+        }
+        ggml_backend_tensor_set(fa_mask, m.data(), 0, m.size() * sizeof(ggml_fp16_t));
+    }
 
     void commit() override {
         for (const ott_kv_step_seq & S : plan.seqs) sched[S.seq] = S.after;
@@ -224,22 +282,27 @@ public:
     ott_status run_layer(int il, cudaStream_t exec_stream) override {
         const ott_cuda_kv_layer & L = layers[il];
         const ott_kvq_tables * tabs = cfg.kvq ? kvq_tabs + (size_t)il * sh.n_head_kv : nullptr;  // KVQuant
-        auto events                 = [&](const span & s) {
+        auto events                 = [&](const span & s, cudaStream_t st) {
             return cfg.kvq ? ott_cuda_kvq_layer_event(cfg.kvq_geom, L, tabs, items<ott_cuda_event>(s), s.n, kvq_scratch,
-                                                      exec_stream)
-                           : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, exec_stream);
+                                                      st)
+                           : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, st);
         };
-        for (const span & s : pre_spans) OTT_CUDA_TRY(events(s));
+        for (const span & s : pre_spans) OTT_CUDA_TRY(events(s, exec_stream));
 
         const layer_io & x      = io[il];
         const ott_cuda_f32_3d k = view_of(x.k), v = view_of(x.v);
-        float * out           = (float *)x.out->data;
-        const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
-        if (cfg.kvq) {
+        if (fa_step) {
+            OTT_CUDA_TRY(ott_cuda_kv_gather(L, k, v, gather, (ott_fp16 *)fa_k->data, (ott_fp16 *)fa_v->data,
+                                            exec_stream));
+        } else if (cfg.kvq) {
+            float * out           = (float *)x.out->data;
+            const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
             OTT_CUDA_TRY(ott_cuda_kvq_layer_attn(cfg.kvq_geom, L, tabs, kvq_rope, view_of(x.q), k, v, n_rep(),
                                                  items<ott_cuda_attn_tile>(tiles_span), tiles_span.n, rows_per_tile,
                                                  kq_scale, n_splits, d_partials, out, out_nb1, exec_stream));
         } else {
+            float * out           = (float *)x.out->data;
+            const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
             ott_cuda_attn_args a {};
             a.L             = L;
             a.q             = view_of(x.q);
@@ -258,9 +321,20 @@ public:
             OTT_CUDA_TRY(ott_cuda_attn_merge(a, out, out_nb1, exec_stream));
         }
 
+        // the appends and events: KVQuant's share its event scratch between layers, so they
+        // stay on the executor's stream; the others go on `side` once the attention is done
+        cudaStream_t st = cfg.kvq ? exec_stream : side;
+        if (!cfg.kvq) {
+            OTT_CUDA_TRY(cudaEventRecord(ev_attn, exec_stream));
+            OTT_CUDA_TRY(cudaStreamWaitEvent(side, ev_attn, 0));
+        }
         for (const auto & r : round_spans) {
-            OTT_CUDA_TRY(ott_cuda_kv_append(L, k, v, items<ott_cuda_append>(r.first), r.first.n, exec_stream));
-            OTT_CUDA_TRY(events(r.second));
+            OTT_CUDA_TRY(ott_cuda_kv_append(L, k, v, items<ott_cuda_append>(r.first), r.first.n, st));
+            OTT_CUDA_TRY(events(r.second, st));
+        }
+        if (!cfg.kvq && il == sh.n_layer - 1) {  // the executor's stream ends the step after them
+            OTT_CUDA_TRY(cudaEventRecord(ev_side, side));
+            OTT_CUDA_TRY(cudaStreamWaitEvent(exec_stream, ev_side, 0));
         }
         return OTT_OK;
     }
@@ -380,7 +454,7 @@ private:
     };
 
     struct layer_io {
-        ggml_tensor *q, *k, *v, *out;
+        ggml_tensor *q, *k, *v, *out;  // out: null when the step attends by flash attention
         int cut;  // the graph's node count when the layer's q, k, v were added
     };
 
@@ -423,7 +497,7 @@ private:
             max_rows                = std::max(max_rows, rows);
             max_keys =
                 std::max<int64_t>(max_keys, (int64_t)sc.n_blocks * cfg.kvq_geom.block + sc.n_sink + sc.n_win + S.n_new);
-            for (int32_t h = 0; h < sh.n_head_kv; ++h) {
+            for (int32_t h = 0; h < sh.n_head_kv && !fa_step; ++h) {
                 for (int32_t row0 = 0; row0 < rows; row0 += max_tile_rows()) {
                     tiles.push_back({ S.seq, h, S.t0, S.n_new, row0, std::min(max_tile_rows(), rows - row0), sc.n_sink,
                                       sc.n_blocks, sc.n_win, sc.win_pos0(cfg) });
@@ -496,8 +570,12 @@ private:
     ggml_backend_buffer_t buf = nullptr;
 
     cudaStream_t stream  = nullptr;  // sequence copies and resets, outside steps
+    cudaStream_t side    = nullptr;  // a step's appends and events (not KVQuant's)
+    cudaEvent_t ev_attn  = nullptr;  // a layer's attention is done (on the executor's stream)
+    cudaEvent_t ev_side  = nullptr;  // the last layer's appends and events are done
     int n_sm             = 1;
-    int32_t tensor_cores = 0;  // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
+    int32_t tensor_cores = 0;      // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
+    bool flash_attn      = false;  // ggml's flash attention serves this head size (not KVQuant)
 
     // the step being built and run
     ott_kv_plan plan;  // kv/kv_schedule.h
@@ -509,6 +587,9 @@ private:
     std::vector<span> pre_spans;
     std::vector<std::pair<span, span>> round_spans;  // (appends, events)
     std::vector<layer_io> io;                        // [n_layer]
+    bool fa_step = false;                            // the step attends by flash attention
+    ott_cuda_gather gather {};                       // what run_layer gathers for it
+    ggml_tensor *fa_k = nullptr, *fa_v = nullptr, *fa_mask = nullptr;  // its inputs
 
     uint8_t * d_plan    = nullptr;
     size_t plan_cap     = 0;

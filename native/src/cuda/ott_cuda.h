@@ -14,6 +14,9 @@
 //                                       quantized-block phase on integer tensor cores
 //                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
+//   ott_cuda_kv_gather    kv_gather.cu  one sequence's stores and chunk as fp16 rows in position
+//                                       order (head-blocks dequantised, pooled slots from
+//                                       their pools), for ggml's flash attention of a prompt
 //
 // The stores of one layer live in device memory, indexed by (sequence, KV head) = sh:
 //   sink_k/v   fp16  [n_seq_max][n_head_kv][sink][head_dim]
@@ -164,3 +167,21 @@ int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32
 cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream);
 // out: F32 [head_dim*n_head, n_tokens] (row stride out_nb1 floats)
 cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream);
+
+// ---- gather (a prompt chunk's attention by ggml's flash attention) ----------------------------
+
+// One sequence's stores as attention sees them before the step (n_sink sink rows, n_blocks
+// head-blocks, n_win window rows), then its chunk: n_new tokens from ubatch token t0.
+struct ott_cuda_gather {
+    int32_t seq;
+    int32_t n_sink;
+    int32_t n_blocks;
+    int32_t n_win;
+    int32_t n_new;
+    int32_t t0;
+    int32_t n_rows;  // rows written per KV head: the positions, then zero rows up to n_rows
+};
+
+// ko, vo: fp16 [n_head_kv][n_rows][head_dim]; row p of head h holds position p.
+cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
+                               const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo, cudaStream_t stream);

@@ -109,6 +109,10 @@ ott_status ott_kv_cache_create(const ott_kv_params & params, const ott_kv_shape 
 // shape.n_ctx tokens: the fp16 cache's rows, or ott_kv_quant_seq_bytes (geometry only).
 ott_status ott_kv_cache_seq_bytes(const ott_kv_params & params, const ott_kv_shape & shape, int64_t & out);
 
+// Whether the device of shape.buft runs ggml's flash attention (fp32 precision, fp16 K/V)
+// at this head size (kv_f16.cpp).
+bool ott_kv_flash_attn_supported(const ott_kv_shape & shape);
+
 // The fp16 cache (kv_f16.cpp).
 ott_status ott_kv_f16_create(const ott_kv_shape & shape, std::unique_ptr<ott_kv_cache> & out);
 // The quantized cache, KIVI and OTT modes, in host memory with CPU custom ops (cpu/kv_quant_cpu.cpp).

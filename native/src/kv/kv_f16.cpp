@@ -43,7 +43,7 @@ public:
                             sh.n_layer, sh.n_seq_max, sh.n_ctx);
         }
         ggml_backend_buffer_clear(buf, 0);  // masked rows must hold finite values
-        use_fa = sh.cuda_device < 0 || flash_attn_supported();
+        use_fa = sh.cuda_device < 0 || ott_kv_flash_attn_supported(sh);
         return OTT_OK;
     }
 
@@ -260,21 +260,6 @@ private:
 
     bool holds_window(int32_t n_held, int32_t pos) const { return ott_kv_ring_holds(n_swa, seq_rows, n_held, pos); }
 
-    // Does the backend's flash attention take this cache's head size?
-    bool flash_attn_supported() const {
-        ggml_init_params ip = { ggml_tensor_overhead() * 8, nullptr, true };
-        ggml_context * c    = ggml_init(ip);
-        ggml_tensor * q     = ggml_new_tensor_4d(c, GGML_TYPE_F32, sh.n_embd_head, 1, sh.n_head_kv, 1);
-        ggml_tensor * k     = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
-        ggml_tensor * v     = ggml_new_tensor_4d(c, GGML_TYPE_F16, sh.n_embd_head, 256, sh.n_head_kv, 1);
-        ggml_tensor * m     = ggml_new_tensor_4d(c, GGML_TYPE_F16, 256, 1, 1, 1);
-        ggml_tensor * fa    = ggml_flash_attn_ext(c, q, k, v, m, 1.0f, 0.0f, 0.0f);
-        ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
-        const bool ok = ggml_backend_dev_supports_op(ggml_backend_buft_get_device(sh.buft), fa);
-        ggml_free(c);
-        return ok;
-    }
-
     ott_kv_shape sh;
     int32_t n_swa;  // sliding window in positions; 0: none
     ggml_context * ctx        = nullptr;
@@ -292,6 +277,20 @@ private:
 };
 
 }  // namespace
+
+bool ott_kv_flash_attn_supported(const ott_kv_shape & shape) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8, nullptr, true };
+    ggml_context * c    = ggml_init(ip);
+    ggml_tensor * q     = ggml_new_tensor_4d(c, GGML_TYPE_F32, shape.n_embd_head, 1, shape.n_head_kv, 1);
+    ggml_tensor * k     = ggml_new_tensor_4d(c, GGML_TYPE_F16, shape.n_embd_head, 256, shape.n_head_kv, 1);
+    ggml_tensor * v     = ggml_new_tensor_4d(c, GGML_TYPE_F16, shape.n_embd_head, 256, shape.n_head_kv, 1);
+    ggml_tensor * m     = ggml_new_tensor_4d(c, GGML_TYPE_F16, 256, 1, 1, 1);
+    ggml_tensor * fa    = ggml_flash_attn_ext(c, q, k, v, m, 1.0f, 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32);
+    const bool ok = ggml_backend_dev_supports_op(ggml_backend_buft_get_device(shape.buft), fa);
+    ggml_free(c);
+    return ok;
+}
 
 // On a GPU a sequence's rows are padded to a multiple of 256: ggml-cuda's fastest
 // flash-attention kernels want n_kv a multiple of 256 (the extra rows are masked out).

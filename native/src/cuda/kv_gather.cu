@@ -1,0 +1,101 @@
+// kv_gather.cu — one sequence's KV stores as fp16 rows in position order, for a prompt chunk
+// that attends through ggml's flash attention (kv_quant_cuda.cpp): sink rows as stored,
+// head-blocks dequantised (fp16 of code·scale + min, each rounded in float), window rows from the
+// ring, then the chunk's own K/V rounded to fp16 as ott_cuda_kv_append stores them; rows past
+// the chunk are zero. A slot a pool holds (its head-block's mask bit) takes the pool's fp16
+// row instead, so every head sees each position once, from the store attention reads it from.
+#include "cuda/ott_cuda.h"
+#include "cuda/kv_quant.cuh"
+
+namespace {
+
+constexpr int SLOTS = 64;  // positions per thread block
+
+// Code `i` of a row of `bits`-bit codes packed LSB-first (bits 1, 2, 4 or 8: no byte straddles).
+__device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits) {
+    return (row[i * bits / 8] >> (i * bits % 8)) & ((1u << bits) - 1);
+}
+
+__device__ __forceinline__ float2 param_of(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
+    if (g.param_bits == 8) {
+        const float s = ott_kv_scale8(sc[i]);
+        return make_float2(s, ott_kv_min8((int8_t)mn[i], s));
+    }
+    return make_float2(ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]), ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
+}
+
+// fp16(code·scale + min), the product and the sum each rounded in float
+__device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
+    return ott_fp32_to_fp16_ref(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
+}
+
+// grid: (n_rows / SLOTS, n_head_kv); threads over channels (blockDim.x = head_dim)
+__global__ void kv_gather_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3d k, const ott_cuda_f32_3d v,
+                                 const ott_cuda_gather G, ott_fp16 * ko, ott_fp16 * vo) {
+    const ott_kv_geom & g = L.geom;
+    const int32_t h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
+    const int64_t sh = (int64_t)G.seq * L.n_head_kv + h;
+    __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c in head-block j_tiers
+    int32_t j_tiers  = -1;
+    const int32_t q0 = G.n_sink + G.n_blocks * g.block, w1 = q0 + G.n_win, n1 = w1 + G.n_new;
+    const int32_t p1 = min(G.n_rows, (int32_t)(blockIdx.x + 1) * SLOTS);
+    for (int32_t p = blockIdx.x * SLOTS; p < p1; ++p) {  // p is the same in every thread
+        ott_fp16 kh = 0, vh = 0;
+        if (p < G.n_sink) {
+            kh = L.sink_k[((size_t)sh * L.sink + p) * hd + c];
+            vh = L.sink_v[((size_t)sh * L.sink + p) * hd + c];
+        } else if (p < q0) {
+            const int32_t j = (p - G.n_sink) / g.block, t = (p - G.n_sink) % g.block;
+            const uint8_t * hb = ott_cuda_head_block(L, G.seq, j, h);
+            if (ott_kv_tiered(&g) && j != j_tiers) {  // each head-block ranks its own channels
+                __syncthreads();
+                row_of[hb[L.layout.k_order + c]] = (uint8_t)c;
+                __syncthreads();
+                j_tiers = j;
+            }
+            const int32_t r     = ott_kv_tiered(&g) ? row_of[c] : c;
+            const uint8_t * row = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
+            const float2 kp     = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, (t / g.group_k) * hd + r);
+            const float2 vp = param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * (hd / g.group_v) + c / g.group_v);
+            const uint8_t * vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
+            kh                   = entry_f16(code_at(row, t, ott_kv_k_row_bits(&g, r)), kp);
+            vh                   = entry_f16(code_at(vrow, c, g.bits_v), vp);
+        } else if (p < w1) {
+            const size_t r = (size_t)sh * L.win_cap + (p - L.sink) % L.win_cap;
+            kh             = L.win_k[r * hd + c];
+            vh             = L.win_v[r * hd + c];
+        } else if (p < n1) {
+            const int64_t tok = G.t0 + (p - w1);
+            kh                = ott_fp32_to_fp16_ref(k.data[tok * k.nb2 + h * k.nb1 + c]);
+            vh                = ott_fp32_to_fp16_ref(v.data[tok * v.nb2 + h * v.nb1 + c]);
+        }
+        ko[((size_t)h * G.n_rows + p) * hd + c] = kh;
+        vo[((size_t)h * G.n_rows + p) * hd + c] = vh;
+    }
+}
+
+// grid: n_head_kv; threads over channels. Pool and extra-pool rows over their slots.
+__global__ void kv_gather_pools_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, ott_fp16 * ko,
+                                       ott_fp16 * vo) {
+    const int32_t h = blockIdx.x, hd = L.geom.head_dim, c = threadIdx.x;
+    const int64_t sh = (int64_t)G.seq * L.n_head_kv + h;
+    auto put         = [&](const ott_fp16 * sk, const ott_fp16 * sv, const int32_t * pos, int32_t n, int32_t cap) {
+        for (int32_t i = 0; i < n; ++i) {
+            const size_t src = ((size_t)sh * cap + i) * hd + c, dst = ((size_t)h * G.n_rows + pos[sh * cap + i]) * hd + c;
+            ko[dst] = sk[src];
+            vo[dst] = sv[src];
+        }
+    };
+    if (L.pool_cap) put(L.pool_k, L.pool_v, L.pool_pos, L.n_pool[sh], L.pool_cap);
+    if (L.extra_cap) put(L.extra_k, L.extra_v, L.extra_pos, L.n_extra[sh], L.extra_cap);
+}
+
+}  // namespace
+
+cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
+                               const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo, cudaStream_t stream) {
+    const dim3 grid((G.n_rows + SLOTS - 1) / SLOTS, L.n_head_kv);
+    kv_gather_kernel<<<grid, L.geom.head_dim, 0, stream>>>(L, k, v, G, ko, vo);
+    if (L.pool_cap || L.extra_cap) kv_gather_pools_kernel<<<L.n_head_kv, L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
+    return cudaGetLastError();
+}
