@@ -549,7 +549,8 @@ void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
             const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
                 for (int32_t t = 0; t < block; ++t) {
-                    if ((st.head_block(s, j, h)[L.mask + t / 8] >> (t % 8)) & 1) pooled.push_back(c.sink + j * block + t);
+                    if ((st.head_block(s, j, h)[L.mask + t / 8] >> (t % 8)) & 1)
+                        pooled.push_back(c.sink + j * block + t);
                 }
             }
             for (int32_t i = 0; i < st.n_pool[sh] + st.n_extra[sh] && !pooled.empty(); ++i) {
@@ -711,7 +712,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
 
 // fp16(code·scale + min), the product and the sum each rounded in float (cuda/kv_gather.cu)
 ott_fp16 entry_f16(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int32_t c) {
-    const coded e     = entry(g, hb, key, t, c);
+    const coded e    = entry(g, hb, key, t, c);
     const float prod = (float)e.code * e.scale;
     return ott_fp32_to_fp16_ref(prod + e.min);
 }
@@ -750,7 +751,8 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
                 std::copy(kr, kr + hd, rk.begin() + row(p));
                 std::copy(vr, vr + hd, rv.begin() + row(p));
             };
-            for (int32_t p = 0; p < c.sink; ++p) put(p, &st.sink_k[(sh * c.sink + p) * hd], &st.sink_v[(sh * c.sink + p) * hd]);
+            for (int32_t p = 0; p < c.sink; ++p)
+                put(p, &st.sink_k[(sh * c.sink + p) * hd], &st.sink_v[(sh * c.sink + p) * hd]);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
                 for (int32_t t = 0; t < block; ++t) {
                     for (int32_t ch = 0; ch < hd; ++ch) {
@@ -765,13 +767,14 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
             }
             for (int32_t i = 0; i < c.n_q; ++i) {
                 for (int32_t ch = 0; ch < hd; ++ch) {
-                    const size_t x        = ((size_t)(s * c.n_q + i) * H + h) * hd + ch;
+                    const size_t x           = ((size_t)(s * c.n_q + i) * H + h) * hd + ch;
                     rk[row(n_past + i) + ch] = ott_fp32_to_fp16_ref(k[x]);
                     rv[row(n_past + i) + ch] = ott_fp32_to_fp16_ref(v[x]);
                 }
             }
             for (int32_t i = 0; i < st.n_pool[sh]; ++i) {
-                put(st.pool_pos[sh * c.pool + i], &st.pool_k[(sh * c.pool + i) * hd], &st.pool_v[(sh * c.pool + i) * hd]);
+                put(st.pool_pos[sh * c.pool + i], &st.pool_k[(sh * c.pool + i) * hd],
+                    &st.pool_v[(sh * c.pool + i) * hd]);
             }
             for (int32_t i = 0; i < st.n_extra[sh]; ++i) {
                 put(st.extra_pos[sh * c.extra + i], &st.extra_k[(sh * c.extra + i) * hd],

@@ -21,7 +21,8 @@ __device__ __forceinline__ float2 param_of(const ott_kv_geom & g, const uint8_t 
         const float s = ott_kv_scale8(sc[i]);
         return make_float2(s, ott_kv_min8((int8_t)mn[i], s));
     }
-    return make_float2(ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]), ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
+    return make_float2(ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]),
+                       ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
 }
 
 // fp16(code·scale + min), the product and the sum each rounded in float
@@ -56,7 +57,8 @@ __global__ void kv_gather_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3
             const int32_t r     = ott_kv_tiered(&g) ? row_of[c] : c;
             const uint8_t * row = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
             const float2 kp     = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, (t / g.group_k) * hd + r);
-            const float2 vp = param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * (hd / g.group_v) + c / g.group_v);
+            const float2 vp =
+                param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * (hd / g.group_v) + c / g.group_v);
             const uint8_t * vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
             kh                   = entry_f16(code_at(row, t, ott_kv_k_row_bits(&g, r)), kp);
             vh                   = entry_f16(code_at(vrow, c, g.bits_v), vp);
@@ -81,9 +83,10 @@ __global__ void kv_gather_pools_kernel(const ott_cuda_kv_layer L, const ott_cuda
     const int64_t sh = (int64_t)G.seq * L.n_head_kv + h;
     auto put         = [&](const ott_fp16 * sk, const ott_fp16 * sv, const int32_t * pos, int32_t n, int32_t cap) {
         for (int32_t i = 0; i < n; ++i) {
-            const size_t src = ((size_t)sh * cap + i) * hd + c, dst = ((size_t)h * G.n_rows + pos[sh * cap + i]) * hd + c;
-            ko[dst] = sk[src];
-            vo[dst] = sv[src];
+            const size_t src = ((size_t)sh * cap + i) * hd + c,
+                         dst = ((size_t)h * G.n_rows + pos[sh * cap + i]) * hd + c;
+            ko[dst]          = sk[src];
+            vo[dst]          = sv[src];
         }
     };
     if (L.pool_cap) put(L.pool_k, L.pool_v, L.pool_pos, L.n_pool[sh], L.pool_cap);

@@ -244,7 +244,7 @@ public:
         if (!fa_step) return;
         // the chunk's token i is position n_kv - n_new + i: it sees the positions up to its own
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-        const int32_t n_past   = gather.n_sink + gather.n_blocks * cfg.geom.block + gather.n_win;
+        const int32_t n_past = gather.n_sink + gather.n_blocks * cfg.geom.block + gather.n_win;
         std::vector<ggml_fp16_t> m((size_t)gather.n_rows * gather.n_new, ninf);
         for (int32_t i = 0; i < gather.n_new; ++i) {
             std::fill_n(m.begin() + (size_t)i * gather.n_rows, n_past + i + 1, zero);
@@ -283,17 +283,17 @@ public:
         const ott_cuda_kv_layer & L = layers[il];
         const ott_kvq_tables * tabs = cfg.kvq ? kvq_tabs + (size_t)il * sh.n_head_kv : nullptr;  // KVQuant
         auto events                 = [&](const span & s, cudaStream_t st) {
-            return cfg.kvq ? ott_cuda_kvq_layer_event(cfg.kvq_geom, L, tabs, items<ott_cuda_event>(s), s.n, kvq_scratch,
-                                                      st)
-                           : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, st);
+            return cfg.kvq
+                       ? ott_cuda_kvq_layer_event(cfg.kvq_geom, L, tabs, items<ott_cuda_event>(s), s.n, kvq_scratch, st)
+                       : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, st);
         };
         for (const span & s : pre_spans) OTT_CUDA_TRY(events(s, exec_stream));
 
         const layer_io & x      = io[il];
         const ott_cuda_f32_3d k = view_of(x.k), v = view_of(x.v);
         if (fa_step) {
-            OTT_CUDA_TRY(ott_cuda_kv_gather(L, k, v, gather, (ott_fp16 *)fa_k->data, (ott_fp16 *)fa_v->data,
-                                            exec_stream));
+            OTT_CUDA_TRY(
+                ott_cuda_kv_gather(L, k, v, gather, (ott_fp16 *)fa_k->data, (ott_fp16 *)fa_v->data, exec_stream));
         } else if (cfg.kvq) {
             float * out           = (float *)x.out->data;
             const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
@@ -455,7 +455,7 @@ private:
 
     struct layer_io {
         ggml_tensor *q, *k, *v, *out;  // out: null when the step attends by flash attention
-        int cut;  // the graph's node count when the layer's q, k, v were added
+        int cut;                       // the graph's node count when the layer's q, k, v were added
     };
 
     // Counts, pools and tracing flags of sequence s as at its start.
@@ -585,10 +585,10 @@ private:
     std::vector<uint8_t> packed;  // launch items, uploaded once per step
     span tiles_span {};
     std::vector<span> pre_spans;
-    std::vector<std::pair<span, span>> round_spans;  // (appends, events)
-    std::vector<layer_io> io;                        // [n_layer]
-    bool fa_step = false;                            // the step attends by flash attention
-    ott_cuda_gather gather {};                       // what run_layer gathers for it
+    std::vector<std::pair<span, span>> round_spans;                    // (appends, events)
+    std::vector<layer_io> io;                                          // [n_layer]
+    bool fa_step = false;                                              // the step attends by flash attention
+    ott_cuda_gather gather {};                                         // what run_layer gathers for it
     ggml_tensor *fa_k = nullptr, *fa_v = nullptr, *fa_mask = nullptr;  // its inputs
 
     uint8_t * d_plan    = nullptr;
