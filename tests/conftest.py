@@ -44,7 +44,7 @@ def _require(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    return _require(Path(os.environ.get("OTT_MODELS_DIR", REPO / ".dev" / "models")))
+    return _require(Path(os.environ.get("OTT_MODELS_DIR", REPO / ".dev" / "models")).resolve())
 
 
 @pytest.fixture(scope="session")
