@@ -7,7 +7,8 @@
 // Three functions loop over independent channels or slots in the reference; here the threads
 // of the calling block share those loops (ott_substitute_mean_ref over channels,
 // ott_rank_channels_ref over channels for the weights, ott_quantize_block_ref over channels
-// or key rows, then slots). Their bodies are unchanged.
+// or key rows, then slots). Their bodies are unchanged, but for ott_pack_codes_ref, which
+// stores the same bytes in fewer memory operations.
 #pragma once
 
 #include "kv/kv_clip.h"
@@ -139,13 +140,15 @@ static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride
     }
 }
 
+// The reference's bytes (n·bits a multiple of 8), each assembled in a register and stored
+// once: OR-ing codes into global memory byte by byte made every event a chain of dependent
+// loads and stores.
 static __device__ void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
-    for (int32_t j = 0; j < n * bits / 8; ++j) out[j] = 0;
+    uint32_t acc = 0; /* bits not yet stored, LSB first */
+    int32_t held = 0, j = 0;
     for (int32_t i = 0; i < n; ++i) {
-        const int32_t at = i * bits; /* first bit of code i */
-        const uint32_t w = (uint32_t)codes[i] << (at % 8);
-        out[at / 8] |= (uint8_t)w;
-        if (at % 8 + bits > 8) out[at / 8 + 1] |= (uint8_t)(w >> 8); /* 3 bits: a code may cross a byte */
+        acc |= (uint32_t)codes[i] << held;
+        for (held += bits; held >= 8; held -= 8, acc >>= 8) out[j++] = (uint8_t)acc;
     }
 }
 
