@@ -7,15 +7,18 @@
 
 namespace {
 
-constexpr int EVENT_THREADS = 128;
+// Threads of an event; clipped ranges take more, their search having 12 candidates per group
+// to try in parallel (ott_clip_pick).
+constexpr int EVENT_THREADS = 128, EVENT_THREADS_CLIP = 512;
 
 // Shared memory: unpacked codes [block*head_dim] | scores int64 [n_cand] | best int32 [pool_cap]
-// | keep uint8 [n_cand]
+// | keep uint8 [n_cand] | picks uint8 [n_groups] (clipped ranges only)
 struct event_smem {
     uint8_t * codes;
     int64_t * score;
     int32_t * best;
     uint8_t * keep;
+    uint8_t * picks;
 };
 
 __host__ __device__ size_t codes_bytes(const ott_kv_geom & g) { return ((size_t)g.block * g.head_dim + 7) / 8 * 8; }
@@ -27,6 +30,7 @@ __device__ event_smem carve(uint8_t * smem, const ott_cuda_kv_layer & L) {
     s.score = (int64_t *)(smem + codes_bytes(L.geom));
     s.best  = (int32_t *)(s.score + n_cand);
     s.keep  = (uint8_t *)(s.best + L.pool_cap);
+    s.picks = s.keep + n_cand;
     return s;
 }
 
@@ -35,7 +39,7 @@ __device__ void copy_row(ott_fp16 * dst, const ott_fp16 * src, int32_t hd) {
 }
 
 // grid: (n_events, n_head_kv)
-__global__ void __launch_bounds__(EVENT_THREADS)
+__global__ void __launch_bounds__(EVENT_THREADS_CLIP)
     kv_event_kernel(const ott_cuda_kv_layer L, const ott_cuda_event * events) {
     extern __shared__ __align__(16) uint8_t smem_raw[];
     const ott_cuda_event ev = events[blockIdx.x];
@@ -113,14 +117,15 @@ __global__ void __launch_bounds__(EVENT_THREADS)
         __syncthreads();
     }
     const float * u = L.tier_scale ? L.tier_scale + (size_t)h * hd : nullptr;
-    ott_quantize_block_ref(&L.geom, blk_k, blk_v, masked, u, out, S.codes);
+    ott_quantize_block_ref(&L.geom, blk_k, blk_v, masked, u, out, S.codes, S.picks);
 }
 
 }  // namespace
 
 size_t ott_cuda_kv_event_smem(const ott_cuda_kv_layer & L) {
     const size_t n_cand = (size_t)L.pool_cap + (size_t)L.geom.block;
-    return codes_bytes(L.geom) + n_cand * sizeof(int64_t) + (size_t)L.pool_cap * sizeof(int32_t) + n_cand;
+    const size_t picks  = L.geom.clip ? (size_t)ott_kv_n_groups(&L.geom) : 0;
+    return codes_bytes(L.geom) + n_cand * sizeof(int64_t) + (size_t)L.pool_cap * sizeof(int32_t) + n_cand + picks;
 }
 
 cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
@@ -132,6 +137,7 @@ cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event 
             cudaFuncSetAttribute(kv_event_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    kv_event_kernel<<<dim3(n_events, L.n_head_kv), EVENT_THREADS, smem, stream>>>(L, events);
+    const int threads = L.geom.clip ? EVENT_THREADS_CLIP : EVENT_THREADS;
+    kv_event_kernel<<<dim3(n_events, L.n_head_kv), threads, smem, stream>>>(L, events);
     return cudaGetLastError();
 }

@@ -7,8 +7,11 @@
 // Three functions loop over independent channels or slots in the reference; here the threads
 // of the calling block share those loops (ott_substitute_mean_ref over channels,
 // ott_rank_channels_ref over channels for the weights, ott_quantize_block_ref over channels
-// or key rows, then slots). Their bodies are unchanged, but for ott_pack_codes_ref, which
-// stores the same bytes in fewer memory operations.
+// or key rows, then slots). Their bodies are unchanged, but for two: ott_pack_codes_ref
+// stores the same bytes in fewer memory operations, and ott_quantize_group_ref's search over
+// clipped ranges runs before it, for all groups of the head-block at once (ott_clip_pick: a
+// team of 16 lanes per group, lane c trying candidate c, the reference's rule applied to
+// the 12 sums in candidate order).
 #pragma once
 
 #include "kv/kv_clip.h"
@@ -98,36 +101,60 @@ static __device__ range_enc encode_range(float lo, float hi, float levels, int32
     return r;
 }
 
-static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                                              int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min) {
-    float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
+static __device__ void ott_range_ref(const ott_fp16 * x, int64_t stride, int32_t n, float * mn, float * mx) {
+    *mn = ott_fp16_to_fp32_ref(x[0]);
+    *mx = *mn;
     for (int32_t i = 1; i < n; ++i) {
         const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-        mn             = xi < mn ? xi : mn;
-        mx             = xi > mx ? xi : mx;
+        *mn            = xi < *mn ? xi : *mn;
+        *mx            = xi > *mx ? xi : *mx;
     }
-    const float levels = (float)((1 << bits) - 1);
-    const float width  = __fsub_rn(mx, mn);
-    int32_t best       = 0;
-    double best_err    = 0.0;
-    for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
-        const float d      = __fmul_rn(ott_clip_shrink(c), width);
+}
+
+// The clipped candidate the reference's search picks for a group (the first of the least
+// squared errors). Called by all 32 lanes of a warp alike, two groups to a warp: lanes
+// 0..15 and 16..31 are a team, `live` false for a team without a group; lane c of a team
+// sums candidate c's error in the reference's order.
+static __device__ int32_t ott_clip_pick(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t param_bits,
+                                        bool live) {
+    const int32_t c = threadIdx.x % 16;
+    double err      = 0.0;
+    if (live && c < OTT_CLIP_N) {
+        float mn, mx;
+        ott_range_ref(x, stride, n, &mn, &mx);
+        const float levels = (float)((1 << bits) - 1);
+        const float d      = __fmul_rn(ott_clip_shrink(c), __fsub_rn(mx, mn));
         const range_enc rc = encode_range(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, param_bits);
-        double err         = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
             const float p  = __fmul_rn((float)code_of(xi, rc.m, rc.inv, levels), rc.s);
             const float e  = __fsub_rn(__fadd_rn(p, rc.m), xi);
             err            = __dadd_rn(err, __dmul_rn((double)e, (double)e));
         }
-        if (c == 0 || err < best_err) {
-            best     = c;
-            best_err = err;
+    }
+    int32_t best    = 0;
+    double best_err = 0.0;
+    for (int32_t j = 0; j < OTT_CLIP_N; ++j) {
+        const double e = __shfl_sync(0xffffffffu, err, j, 16);
+        if (j == 0 || e < best_err) {
+            best     = j;
+            best_err = e;
         }
     }
+    return best;
+}
+
+// `pick`: ott_clip_pick's candidate when `clip`, else unused.
+static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
+                                              int32_t pick, int32_t param_bits, uint8_t * codes, uint8_t * scale,
+                                              uint8_t * min) {
+    float mn, mx;
+    ott_range_ref(x, stride, n, &mn, &mx);
+    const float levels = (float)((1 << bits) - 1);
+    const float width  = __fsub_rn(mx, mn);
     float lo = mn, hi = mx; /* min-max: exactly mn (also -0) */
     if (clip) {
-        const float d = __fmul_rn(ott_clip_shrink(best), width);
+        const float d = __fmul_rn(ott_clip_shrink(pick), width);
         lo            = __fadd_rn(mn, d);
         hi            = __fsub_rn(mx, d);
     }
@@ -232,23 +259,63 @@ static __device__ void ott_rank_channels_ref(const ott_kv_geom * g, const ott_fp
 // Channels, then slots, shared by the block's threads; every thread must call it. codes:
 // shared memory of block*head_dim bytes (one unpacked row per thread's channel or slot).
 // tier_scale: with key tiers the query scale u [head_dim], or NULL (1).
+// A head-block's groups: the key groups (key rows when tiered, else [gk][c]), then the value
+// groups [t][gv]; group i of them as ott_quantize_group_ref reads it.
+typedef struct {
+    const ott_fp16 * x;
+    int64_t stride;
+    int32_t n, bits;
+} ott_group;
+
+static __host__ __device__ int32_t ott_kv_n_key_groups(const ott_kv_geom * g) {
+    return ott_kv_tiered(g) ? g->head_dim : g->head_dim * (g->block / g->group_k);
+}
+
+static __host__ __device__ int32_t ott_kv_n_groups(const ott_kv_geom * g) {
+    return ott_kv_n_key_groups(g) + g->block * (g->head_dim / g->group_v);
+}
+
+static __device__ ott_group ott_group_of(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
+                                         const uint8_t * order, int32_t i) {
+    const int32_t hd = g->head_dim, n_kg = ott_kv_n_key_groups(g);
+    if (i >= n_kg) {
+        const int32_t j = i - n_kg, n_gv = hd / g->group_v;
+        return { v + (int64_t)(j / n_gv) * hd + (j % n_gv) * g->group_v, 1, g->group_v, g->bits_v };
+    }
+    if (ott_kv_tiered(g)) return { k + order[i], hd, g->block, ott_kv_k_row_bits(g, i) };
+    return { k + (int64_t)(i / hd) * g->group_k * hd + i % hd, hd, g->group_k, g->bits_k };
+}
+
+// picks: shared, uint8 [ott_kv_n_groups(g)] when g->clip (the candidate of every group).
 static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
                                               const uint8_t * masked, const float * tier_scale, uint8_t * out,
-                                              uint8_t * codes) {
+                                              uint8_t * codes, uint8_t * picks) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(g);
     const int32_t hd = g->head_dim, block = g->block;
-    const uint32_t pb = ott_kv_param_bytes(g);
+    const uint32_t pb     = ott_kv_param_bytes(g);
+    const uint8_t * order = out + L.k_order;
 
     for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
     __syncthreads();
+    if (ott_kv_tiered(g)) ott_rank_channels_ref(g, k, tier_scale, out + L.k_order);
+    const int32_t n_kg = ott_kv_n_key_groups(g), n_gv = hd / g->group_v;
+    if (g->clip) {
+        __syncthreads(); /* order is complete */
+        const int32_t n_g = ott_kv_n_groups(g), teams = (int32_t)blockDim.x / 16;
+        for (int32_t i = threadIdx.x / 16; i < (n_g + teams - 1) / teams * teams; i += teams) {
+            const ott_group q = ott_group_of(g, k, v, order, i < n_g ? i : 0);
+            const int32_t c   = ott_clip_pick(q.x, q.stride, q.n, q.bits, g->param_bits, i < n_g);
+            if (i < n_g && threadIdx.x % 16 == 0) picks[i] = (uint8_t)c;
+        }
+        __syncthreads();
+    }
+    auto pick = [&](int32_t i) { return g->clip ? (int32_t)picks[i] : 0; };
     if (ott_kv_tiered(g)) {
         /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
-        const uint8_t * order = out + L.k_order;
-        ott_rank_channels_ref(g, k, tier_scale, out + L.k_order);
         for (int32_t r = threadIdx.x; r < hd; r += blockDim.x) {
             const int32_t bits = ott_kv_k_row_bits(g, r);
             uint8_t * row      = codes + (size_t)r * block;
-            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, row,
+            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, pick(r), g->param_bits, row,
                                    out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
             ott_pack_codes_ref(row, block, bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
         }
@@ -259,20 +326,21 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
             for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
                 const size_t at = ((size_t)gk * hd + c) * pb;
                 ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                       g->param_bits, row + gk * g->group_k, out + L.k_scale + at, out + L.k_min + at);
+                                       pick(gk * hd + c), g->param_bits, row + gk * g->group_k, out + L.k_scale + at,
+                                       out + L.k_min + at);
             }
             ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
         }
     }
     __syncthreads();
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
-    const int32_t n_gv = hd / g->group_v;
     for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
         uint8_t * row = codes + (size_t)t * hd;
         for (int32_t gv = 0; gv < n_gv; ++gv) {
             const size_t at = ((size_t)t * n_gv + gv) * pb;
             ott_quantize_group_ref(v + (int64_t)t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
-                                   g->param_bits, row + gv * g->group_v, out + L.v_scale + at, out + L.v_min + at);
+                                   pick(n_kg + t * n_gv + gv), g->param_bits, row + gv * g->group_v,
+                                   out + L.v_scale + at, out + L.v_min + at);
         }
         ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
     }
