@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r), flush=True)
 
     weights = Weights(args.model, device="cuda")
-    rng = np.random.default_rng(0)
     for kv in modes:
         for ctx in contexts:
+            rng = np.random.default_rng(ctx)  # every mode fills and decodes the same tokens
             model = open_largest(weights, kv, ctx + 128, args.max_batch)  # room for the steps
             secs = fill(model, ctx, rng)
             st = model.kv_stats()
