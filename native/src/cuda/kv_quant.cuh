@@ -256,9 +256,6 @@ static __device__ void ott_rank_channels_ref(const ott_kv_geom * g, const ott_fp
     __syncthreads();
 }
 
-// Channels, then slots, shared by the block's threads; every thread must call it. codes:
-// shared memory of block*head_dim bytes (one unpacked row per thread's channel or slot).
-// tier_scale: with key tiers the query scale u [head_dim], or NULL (1).
 // A head-block's groups: the key groups (key rows when tiered, else [gk][c]), then the value
 // groups [t][gv]; group i of them as ott_quantize_group_ref reads it.
 typedef struct {
@@ -286,6 +283,9 @@ static __device__ ott_group ott_group_of(const ott_kv_geom * g, const ott_fp16 *
     return { k + (int64_t)(i / hd) * g->group_k * hd + i % hd, hd, g->group_k, g->bits_k };
 }
 
+// Channels, then slots, shared by the block's threads; every thread must call it. codes:
+// shared memory of block*head_dim bytes (one unpacked row per thread's channel or slot).
+// tier_scale: with key tiers the query scale u [head_dim], or NULL (1).
 // picks: shared, uint8 [ott_kv_n_groups(g)] when g->clip (the candidate of every group).
 static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
                                               const uint8_t * masked, const float * tier_scale, uint8_t * out,
