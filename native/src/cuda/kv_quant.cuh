@@ -265,18 +265,18 @@ typedef struct {
 } ott_group;
 
 static __host__ __device__ int32_t ott_kv_n_key_groups(const ott_kv_geom * g) {
-    return ott_kv_tiered(g) ? g->head_dim : g->head_dim * (g->block / g->group_k);
+    return ott_kv_tiered(g) ? g->head_dim : g->head_dim * (int32_t)ott_kv_n_gk(g);
 }
 
 static __host__ __device__ int32_t ott_kv_n_groups(const ott_kv_geom * g) {
-    return ott_kv_n_key_groups(g) + g->block * (g->head_dim / g->group_v);
+    return ott_kv_n_key_groups(g) + g->block * (int32_t)ott_kv_n_gv(g);
 }
 
 static __device__ ott_group ott_group_of(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
                                          const uint8_t * order, int32_t i) {
     const int32_t hd = g->head_dim, n_kg = ott_kv_n_key_groups(g);
     if (i >= n_kg) {
-        const int32_t j = i - n_kg, n_gv = hd / g->group_v;
+        const int32_t j = i - n_kg, n_gv = (int32_t)ott_kv_n_gv(g);
         return { v + (int64_t)(j / n_gv) * hd + (j % n_gv) * g->group_v, 1, g->group_v, g->bits_v };
     }
     if (ott_kv_tiered(g)) return { k + order[i], hd, g->block, ott_kv_k_row_bits(g, i) };
@@ -298,7 +298,7 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
     __syncthreads();
     if (ott_kv_tiered(g)) ott_rank_channels_ref(g, k, tier_scale, out + L.k_order);
-    const int32_t n_kg = ott_kv_n_key_groups(g), n_gv = hd / g->group_v;
+    const int32_t n_kg = ott_kv_n_key_groups(g), n_gv = (int32_t)ott_kv_n_gv(g);
     if (g->clip) {
         __syncthreads(); /* order is complete */
         const int32_t n_g = ott_kv_n_groups(g), teams = (int32_t)blockDim.x / 16;
@@ -313,21 +313,22 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     if (ott_kv_tiered(g)) {
         /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
         for (int32_t r = threadIdx.x; r < hd; r += blockDim.x) {
-            const int32_t bits = ott_kv_k_row_bits(g, r);
-            uint8_t * row      = codes + (size_t)r * block;
-            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, pick(r), g->param_bits, row,
+            const ott_group q = ott_group_of(g, k, v, order, r);
+            uint8_t * row     = codes + (size_t)r * block;
+            ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(r), g->param_bits, row,
                                    out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
-            ott_pack_codes_ref(row, block, bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
+            ott_pack_codes_ref(row, block, q.bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
         }
     } else {
         /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
         for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
             uint8_t * row = codes + (size_t)c * block;
-            for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
-                const size_t at = ((size_t)gk * hd + c) * pb;
-                ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                       pick(gk * hd + c), g->param_bits, row + gk * g->group_k, out + L.k_scale + at,
-                                       out + L.k_min + at);
+            for (int32_t gk = 0; gk < (int32_t)ott_kv_n_gk(g); ++gk) {
+                const int32_t i   = gk * hd + c;
+                const ott_group q = ott_group_of(g, k, v, order, i);
+                ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(i), g->param_bits,
+                                       row + gk * g->group_k, out + L.k_scale + (size_t)i * pb,
+                                       out + L.k_min + (size_t)i * pb);
             }
             ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
         }
@@ -337,10 +338,11 @@ static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_f
     for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
         uint8_t * row = codes + (size_t)t * hd;
         for (int32_t gv = 0; gv < n_gv; ++gv) {
-            const size_t at = ((size_t)t * n_gv + gv) * pb;
-            ott_quantize_group_ref(v + (int64_t)t * hd + gv * g->group_v, 1, g->group_v, g->bits_v, g->clip,
-                                   pick(n_kg + t * n_gv + gv), g->param_bits, row + gv * g->group_v,
-                                   out + L.v_scale + at, out + L.v_min + at);
+            const int32_t j   = t * n_gv + gv; /* the value parameter's index */
+            const ott_group q = ott_group_of(g, k, v, order, n_kg + j);
+            ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(n_kg + j), g->param_bits,
+                                   row + gv * g->group_v, out + L.v_scale + (size_t)j * pb,
+                                   out + L.v_min + (size_t)j * pb);
         }
         ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
     }
