@@ -30,38 +30,50 @@ __device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
     return ott_fp32_to_fp16_ref(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
 }
 
-// grid: (n_rows / SLOTS, n_head_kv); threads over channels (blockDim.x = head_dim)
-__global__ void kv_gather_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3d k, const ott_cuda_f32_3d v,
-                                 const ott_cuda_gather G, ott_fp16 * ko, ott_fp16 * vo) {
+// grid: (n_blocks, n_head_kv); threads over channels (blockDim.x = head_dim). Head-block j's
+// positions: thread c writes channel c of every slot, its key from the key row of channel c
+// (with tiers, the row its head-block ranked it to), its value from each slot's code c. The
+// slots' loads do not wait for the stores before them (restrict), so several are in flight.
+__global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, ott_fp16 * __restrict__ ko,
+                                        ott_fp16 * __restrict__ vo) {
     const ott_kv_geom & g = L.geom;
-    const int32_t h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
+    const int32_t j = blockIdx.x, h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
+    const uint8_t * __restrict__ hb = ott_cuda_head_block(L, G.seq, j, h);
+    __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c
+    int32_t r = c;
+    if (ott_kv_tiered(&g)) {  // each head-block ranks its own channels
+        row_of[hb[L.layout.k_order + c]] = (uint8_t)c;
+        __syncthreads();
+        r = row_of[c];
+    }
+    const size_t row0                 = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
+    const uint8_t * __restrict__ krow = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
+    const int32_t kbits = ott_kv_k_row_bits(&g, r), n_gv = (int32_t)ott_kv_n_gv(&g);
+#pragma unroll 4
+    for (int32_t t = 0; t < g.block; ++t) {
+        const float2 kp = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, (t / g.group_k) * hd + r);
+        const float2 vp = param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * n_gv + c / g.group_v);
+        const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
+        ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
+        vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);
+    }
+}
+
+// grid: (n_fp16 / SLOTS, n_head_kv); threads over channels. The other positions: sink rows
+// as stored, window rows from the ring, the chunk's own K/V, then zero rows.
+__global__ void kv_gather_rows_kernel(const ott_cuda_kv_layer L, const ott_cuda_f32_3d k, const ott_cuda_f32_3d v,
+                                      const ott_cuda_gather G, ott_fp16 * ko, ott_fp16 * vo) {
+    const int32_t h = blockIdx.y, hd = L.geom.head_dim, c = threadIdx.x;
     const int64_t sh = (int64_t)G.seq * L.n_head_kv + h;
-    __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c in head-block j_tiers
-    int32_t j_tiers  = -1;
-    const int32_t q0 = G.n_sink + G.n_blocks * g.block, w1 = q0 + G.n_win, n1 = w1 + G.n_new;
-    const int32_t p1 = min(G.n_rows, (int32_t)(blockIdx.x + 1) * SLOTS);
-    for (int32_t p = blockIdx.x * SLOTS; p < p1; ++p) {  // p is the same in every thread
+    const int32_t q0 = G.n_sink + G.n_blocks * L.geom.block, w1 = q0 + G.n_win, n1 = w1 + G.n_new;
+    const int32_t n_fp16 = G.n_sink + G.n_rows - q0;
+    const int32_t i1     = min(n_fp16, (int32_t)(blockIdx.x + 1) * SLOTS);
+    for (int32_t i = blockIdx.x * SLOTS; i < i1; ++i) {
+        const int32_t p = i < G.n_sink ? i : q0 + (i - G.n_sink);  // the same in every thread
         ott_fp16 kh = 0, vh = 0;
         if (p < G.n_sink) {
             kh = L.sink_k[((size_t)sh * L.sink + p) * hd + c];
             vh = L.sink_v[((size_t)sh * L.sink + p) * hd + c];
-        } else if (p < q0) {
-            const int32_t j = (p - G.n_sink) / g.block, t = (p - G.n_sink) % g.block;
-            const uint8_t * hb = ott_cuda_head_block(L, G.seq, j, h);
-            if (ott_kv_tiered(&g) && j != j_tiers) {  // each head-block ranks its own channels
-                __syncthreads();
-                row_of[hb[L.layout.k_order + c]] = (uint8_t)c;
-                __syncthreads();
-                j_tiers = j;
-            }
-            const int32_t r     = ott_kv_tiered(&g) ? row_of[c] : c;
-            const uint8_t * row = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
-            const float2 kp     = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, (t / g.group_k) * hd + r);
-            const float2 vp =
-                param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * (hd / g.group_v) + c / g.group_v);
-            const uint8_t * vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
-            kh                   = entry_f16(code_at(row, t, ott_kv_k_row_bits(&g, r)), kp);
-            vh                   = entry_f16(code_at(vrow, c, g.bits_v), vp);
         } else if (p < w1) {
             const size_t r = (size_t)sh * L.win_cap + (p - L.sink) % L.win_cap;
             kh             = L.win_k[r * hd + c];
@@ -97,8 +109,11 @@ __global__ void kv_gather_pools_kernel(const ott_cuda_kv_layer L, const ott_cuda
 
 cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
                                const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo, cudaStream_t stream) {
-    const dim3 grid((G.n_rows + SLOTS - 1) / SLOTS, L.n_head_kv);
-    kv_gather_kernel<<<grid, L.geom.head_dim, 0, stream>>>(L, k, v, G, ko, vo);
+    const int32_t n_fp16 = G.n_rows - G.n_blocks * L.geom.block;
+    if (G.n_blocks)
+        kv_gather_blocks_kernel<<<dim3(G.n_blocks, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
+    kv_gather_rows_kernel<<<dim3((n_fp16 + SLOTS - 1) / SLOTS, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, k, v, G,
+                                                                                                           ko, vo);
     if (L.pool_cap || L.extra_cap) kv_gather_pools_kernel<<<L.n_head_kv, L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
     return cudaGetLastError();
 }

@@ -4,14 +4,9 @@
 // round-to-nearest intrinsic of that one operation (no contraction into FMA, whatever the
 // compiler flags); kv_event.cu is compiled with -fmad=false as well.
 //
-// Three functions loop over independent channels or slots in the reference; here the threads
-// of the calling block share those loops (ott_substitute_mean_ref over channels,
-// ott_rank_channels_ref over channels for the weights, ott_quantize_block_ref over channels
-// or key rows, then slots). Their bodies are unchanged, but for two: ott_pack_codes_ref
-// stores the same bytes in fewer memory operations, and ott_quantize_group_ref's search over
-// clipped ranges runs before it, for all groups of the head-block at once (ott_clip_pick: a
-// team of 16 lanes per group, lane c trying candidate c, the reference's rule applied to
-// the 12 sums in candidate order).
+// The event (kv_event.cu) builds on these: ott_substitute_mean_ref shares its channels among
+// the calling block's threads; ott_pack_codes_ref stores the reference's bytes in fewer memory
+// operations; the block's groups are quantized there, by teams of lanes, from these parts.
 #pragma once
 
 #include "kv/kv_clip.h"
@@ -111,62 +106,6 @@ static __device__ void ott_range_ref(const ott_fp16 * x, int64_t stride, int32_t
     }
 }
 
-// The clipped candidate the reference's search picks for a group (the first of the least
-// squared errors). Called by all 32 lanes of a warp alike, two groups to a warp: lanes
-// 0..15 and 16..31 are a team, `live` false for a team without a group; lane c of a team
-// sums candidate c's error in the reference's order.
-static __device__ int32_t ott_clip_pick(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t param_bits,
-                                        bool live) {
-    const int32_t c = threadIdx.x % 16;
-    double err      = 0.0;
-    if (live && c < OTT_CLIP_N) {
-        float mn, mx;
-        ott_range_ref(x, stride, n, &mn, &mx);
-        const float levels = (float)((1 << bits) - 1);
-        const float d      = __fmul_rn(ott_clip_shrink(c), __fsub_rn(mx, mn));
-        const range_enc rc = encode_range(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, param_bits);
-        for (int32_t i = 0; i < n; ++i) {
-            const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p  = __fmul_rn((float)code_of(xi, rc.m, rc.inv, levels), rc.s);
-            const float e  = __fsub_rn(__fadd_rn(p, rc.m), xi);
-            err            = __dadd_rn(err, __dmul_rn((double)e, (double)e));
-        }
-    }
-    int32_t best    = 0;
-    double best_err = 0.0;
-    for (int32_t j = 0; j < OTT_CLIP_N; ++j) {
-        const double e = __shfl_sync(0xffffffffu, err, j, 16);
-        if (j == 0 || e < best_err) {
-            best     = j;
-            best_err = e;
-        }
-    }
-    return best;
-}
-
-// `pick`: ott_clip_pick's candidate when `clip`, else unused.
-static __device__ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                                              int32_t pick, int32_t param_bits, uint8_t * codes, uint8_t * scale,
-                                              uint8_t * min) {
-    float mn, mx;
-    ott_range_ref(x, stride, n, &mn, &mx);
-    const float levels = (float)((1 << bits) - 1);
-    const float width  = __fsub_rn(mx, mn);
-    float lo = mn, hi = mx; /* min-max: exactly mn (also -0) */
-    if (clip) {
-        const float d = __fmul_rn(ott_clip_shrink(pick), width);
-        lo            = __fadd_rn(mn, d);
-        hi            = __fsub_rn(mx, d);
-    }
-    const range_enc r = encode_range(lo, hi, levels, param_bits);
-    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), r.m, r.inv, levels);
-    const int32_t pb = param_bits == 8 ? 1 : 2;
-    for (int32_t i = 0; i < pb; ++i) {
-        scale[i] = r.scale[i];
-        min[i]   = r.min[i];
-    }
-}
-
 // The reference's bytes (n·bits a multiple of 8), each assembled in a register and stored
 // once: OR-ing codes into global memory byte by byte made every event a chain of dependent
 // loads and stores.
@@ -212,12 +151,12 @@ static __device__ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t 
     for (int32_t t = 0; t < n; ++t) n_other += masked[t] == 0;
     if (n_other == n) return;
     for (int32_t c = threadIdx.x; c < head_dim; c += blockDim.x) {
-        int64_t units = 0; /* exact sum, in 2^-24 */
+        int64_t units = 0; /* exact sum, in 2^-24; branch-free, so the loads run ahead */
+#pragma unroll 8
         for (int32_t t = 0; t < n; ++t) {
-            if (masked[t]) continue;
             const ott_fp16 h = x[(int64_t)t * head_dim + c];
             const int64_t a  = ott_l1_score_ref(&h, 1);
-            units += (h & 0x8000) ? -a : a;
+            units += masked[t] ? 0 : (h & 0x8000) ? -a : a;
         }
         const double mean  = __ddiv_rn(__dmul_rn((double)units, 0x1p-24), (double)n_other);
         const ott_fp16 m16 = ott_fp32_to_fp16_ref(__double2float_rn(mean));
@@ -227,129 +166,11 @@ static __device__ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t 
     }
 }
 
-// Key tiers: the weights w_c in parallel, then thread 0 sorts as the reference does (the
-// same insertion, so NaN weights land where they land on the CPU). Every thread must call it.
-static __device__ void ott_rank_channels_ref(const ott_kv_geom * g, const ott_fp16 * k, const float * tier_scale,
-                                             uint8_t * order) {
-    __shared__ float width[256]; /* w_c */
-    for (int32_t c = threadIdx.x; c < g->head_dim; c += blockDim.x) {
-        float mn = ott_fp16_to_fp32_ref(k[c]), mx = mn;
-        for (int32_t t = 1; t < g->block; ++t) {
-            const float x = ott_fp16_to_fp32_ref(k[(int64_t)t * g->head_dim + c]);
-            mn            = x < mn ? x : mn;
-            mx            = x > mx ? x : mx;
-        }
-        width[c] = __fsub_rn(mx, mn);
-        if (tier_scale) width[c] = __fmul_rn(width[c], tier_scale[c]);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int32_t c = 0; c < g->head_dim; ++c) {
-            int32_t j = c; /* insertion: after every channel of a weight >= this one */
-            while (j > 0 && width[order[j - 1]] < width[c]) {
-                order[j] = order[j - 1];
-                --j;
-            }
-            order[j] = (uint8_t)c;
-        }
-    }
-    __syncthreads();
-}
-
-// A head-block's groups: the key groups (key rows when tiered, else [gk][c]), then the value
-// groups [t][gv]; group i of them as ott_quantize_group_ref reads it.
-typedef struct {
-    const ott_fp16 * x;
-    int64_t stride;
-    int32_t n, bits;
-} ott_group;
-
+// A head-block's groups: one per key row with tiers, else [gk][c]; then the values' [t][gv].
 static __host__ __device__ int32_t ott_kv_n_key_groups(const ott_kv_geom * g) {
     return ott_kv_tiered(g) ? g->head_dim : g->head_dim * (int32_t)ott_kv_n_gk(g);
 }
 
 static __host__ __device__ int32_t ott_kv_n_groups(const ott_kv_geom * g) {
     return ott_kv_n_key_groups(g) + g->block * (int32_t)ott_kv_n_gv(g);
-}
-
-static __device__ ott_group ott_group_of(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
-                                         const uint8_t * order, int32_t i) {
-    const int32_t hd = g->head_dim, n_kg = ott_kv_n_key_groups(g);
-    if (i >= n_kg) {
-        const int32_t j = i - n_kg, n_gv = (int32_t)ott_kv_n_gv(g);
-        return { v + (int64_t)(j / n_gv) * hd + (j % n_gv) * g->group_v, 1, g->group_v, g->bits_v };
-    }
-    if (ott_kv_tiered(g)) return { k + order[i], hd, g->block, ott_kv_k_row_bits(g, i) };
-    return { k + (int64_t)(i / hd) * g->group_k * hd + i % hd, hd, g->group_k, g->bits_k };
-}
-
-// Channels, then slots, shared by the block's threads; every thread must call it. codes:
-// shared memory of block*head_dim bytes (one unpacked row per thread's channel or slot).
-// tier_scale: with key tiers the query scale u [head_dim], or NULL (1).
-// picks: shared, uint8 [ott_kv_n_groups(g)] when g->clip (the candidate of every group).
-static __device__ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott_fp16 * v,
-                                              const uint8_t * masked, const float * tier_scale, uint8_t * out,
-                                              uint8_t * codes, uint8_t * picks) {
-    const ott_kv_block_layout L = ott_kv_block_layout_of(g);
-    const int32_t hd = g->head_dim, block = g->block;
-    const uint32_t pb     = ott_kv_param_bytes(g);
-    const uint8_t * order = out + L.k_order;
-
-    for (uint32_t i = threadIdx.x; i < L.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
-    __syncthreads();
-    if (ott_kv_tiered(g)) ott_rank_channels_ref(g, k, tier_scale, out + L.k_order);
-    const int32_t n_kg = ott_kv_n_key_groups(g), n_gv = (int32_t)ott_kv_n_gv(g);
-    if (g->clip) {
-        __syncthreads(); /* order is complete */
-        const int32_t n_g = ott_kv_n_groups(g), teams = (int32_t)blockDim.x / 16;
-        for (int32_t i = threadIdx.x / 16; i < (n_g + teams - 1) / teams * teams; i += teams) {
-            const ott_group q = ott_group_of(g, k, v, order, i < n_g ? i : 0);
-            const int32_t c   = ott_clip_pick(q.x, q.stride, q.n, q.bits, g->param_bits, i < n_g);
-            if (i < n_g && threadIdx.x % 16 == 0) picks[i] = (uint8_t)c;
-        }
-        __syncthreads();
-    }
-    auto pick = [&](int32_t i) { return g->clip ? (int32_t)picks[i] : 0; };
-    if (ott_kv_tiered(g)) {
-        /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
-        for (int32_t r = threadIdx.x; r < hd; r += blockDim.x) {
-            const ott_group q = ott_group_of(g, k, v, order, r);
-            uint8_t * row     = codes + (size_t)r * block;
-            ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(r), g->param_bits, row,
-                                   out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
-            ott_pack_codes_ref(row, block, q.bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
-        }
-    } else {
-        /* keys: row c = channel c, groups of group_k slots; parameter [gk][c] */
-        for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-            uint8_t * row = codes + (size_t)c * block;
-            for (int32_t gk = 0; gk < (int32_t)ott_kv_n_gk(g); ++gk) {
-                const int32_t i   = gk * hd + c;
-                const ott_group q = ott_group_of(g, k, v, order, i);
-                ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(i), g->param_bits,
-                                       row + gk * g->group_k, out + L.k_scale + (size_t)i * pb,
-                                       out + L.k_min + (size_t)i * pb);
-            }
-            ott_pack_codes_ref(row, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
-        }
-    }
-    __syncthreads();
-    /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
-    for (int32_t t = threadIdx.x; t < block; t += blockDim.x) {
-        uint8_t * row = codes + (size_t)t * hd;
-        for (int32_t gv = 0; gv < n_gv; ++gv) {
-            const int32_t j   = t * n_gv + gv; /* the value parameter's index */
-            const ott_group q = ott_group_of(g, k, v, order, n_kg + j);
-            ott_quantize_group_ref(q.x, q.stride, q.n, q.bits, g->clip, pick(n_kg + j), g->param_bits,
-                                   row + gv * g->group_v, out + L.v_scale + (size_t)j * pb,
-                                   out + L.v_min + (size_t)j * pb);
-        }
-        ott_pack_codes_ref(row, hd, g->bits_v, out + L.v_codes + (size_t)t * ott_kv_v_row_bytes(g));
-    }
-    if (threadIdx.x == 0) {
-        for (int32_t t = 0; t < block; ++t) {
-            if (masked[t]) out[L.mask + t / 8] |= (uint8_t)(1u << (t % 8));
-        }
-    }
-    __syncthreads();
 }
