@@ -1,6 +1,6 @@
 // attn_imma.cuh — the attention kernels' quantized-block phase on integer tensor cores (sm_80+), for
-// head-blocks of head_dim 128, block 128 and 2-bit keys and values (ott2, kivi2 at these
-// sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
+// head-blocks of head_dim 128, block 128, 2-bit values and 2- or 4-bit keys (ott2, kivi2,
+// ottr2, ottr3 at these sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
 // attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
 // head_block, WARPS, param_at).
 //
@@ -14,7 +14,10 @@
 //    code·4^s, an exact u8. n-tile (b, s) covers column n = word n, i.e. slot 16n + 4b + s
 //    (keys: n indexes tokens) or channel 16n + 4b + s (values: n indexes channels). The
 //    reduction index k = 4q + i (+16) of lane (g, q) is code row 4i + q (+16) of a k-step,
-//    so the 32 lanes' words lie in 32 different shared-memory banks.
+//    so the 32 lanes' words lie in 32 different shared-memory banks. 4-bit keys: a row's 16
+//    slots 16n .. 16n+15 are its words 2n and 2n+1, and n-tile t = 8w + 2b + s holds the
+//    code at bit 4s of byte b of word 2n + w (code·16^s <= 240), so t is again the slot's
+//    offset 16n + t; two lanes of 32 then share a bank.
 //  - A holds a fixed-point copy Q (|Q| <= 2^14) of the row operand, split into signed
 //    high and low bytes in rows m and m + 8: keys q_c·scale_{g,c} per (query row, key group)
 //    m, values p_t·scale_{t,g} per (query row, value group) m, each with a power-of-two
@@ -42,11 +45,14 @@
 
 namespace imma {
 
-constexpr int HD = 128, BLOCK = 128, WORDS = 8;  // 2-bit rows: 8 words of 16 codes
-constexpr int CODE_BYTES = HD * BLOCK * 2 / 8;   // the keys' (values') codes of a head-block
-constexpr int A_STRIDE   = 144;                  // bytes per A row in shared memory: rows 36
-                                                 // words apart, so lane (g, q) reads bank 4g + q
-constexpr int BIAS_BITS = 0x4B400000;            // 1.5·2^23 as float bits
+constexpr int HD = 128, BLOCK = 128;
+constexpr int VBITS = 2;  // the values' code width
+
+// Bytes of a head-block's key (value) codes at BITS bits.
+template <int BITS> __host__ __device__ constexpr int code_bytes() { return HD * BLOCK * BITS / 8; }
+constexpr int A_STRIDE = 144;          // bytes per A row in shared memory: rows 36
+                                       // words apart, so lane (g, q) reads bank 4g + q
+constexpr int BIAS_BITS = 0x4B400000;  // 1.5·2^23 as float bits
 constexpr float BIAS    = 12582912.0f;
 
 // D += A·B, m16n8k32, signed bytes times unsigned bytes; FIRST: D = A·B + the float bias in
@@ -128,34 +134,44 @@ template <int N, typename T, int M> __device__ __forceinline__ T pick(const T (&
     return x;
 }
 
-// D = A·B plus the float bias over a head-block: all 16 n-tiles (b, s) of 4 k-steps of 32
-// rows. The lane's B words of k-step ks are rows 32ks + 4i + q and 32ks + 16 + 4i + q (i < 4),
-// word g.
+// D = A·B plus the float bias over a head-block: all 16 n-tiles of 4 k-steps of 32 rows of
+// BITS-bit codes. n-tile t of column n is slot (channel) 16n + t; its register set d[t/4][t%4].
+// 2 bits: the lane's B words of k-step ks are rows 32ks + 4i + q and 32ks + 16 + 4i + q
+// (i < 4), word g; 4 bits: words 2g and 2g + 1 of those rows.
+template <int BITS>
 __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t (&a)[4][4], int (&d)[4][4][4], int g,
                                           int q) {
+    constexpr int WORDS = BLOCK * BITS / 32, PER_WORD = BITS == 2 ? 1 : 2, CODES = 8 / BITS;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-        uint32_t w[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            w[i]     = rows[(32 * ks + 4 * i + q) * WORDS + g];
-            w[4 + i] = rows[(32 * ks + 16 + 4 * i + q) * WORDS + g];
-        }
-        uint32_t lo[4], hi[4];
-        transpose4(w, lo);
-        transpose4(w + 4, hi);
+        for (int w = 0; w < PER_WORD; ++w) {
+            uint32_t x[8];
 #pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                const uint32_t m = 0x03030303u << (2 * s);
-                if (ks == 0)
-                    mma<true>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
-                else
-                    mma<false>(d[b][s], a[ks], lo[b] & m, hi[b] & m);
+            for (int i = 0; i < 4; ++i) {
+                x[i]     = rows[(32 * ks + 4 * i + q) * WORDS + PER_WORD * g + w];
+                x[4 + i] = rows[(32 * ks + 16 + 4 * i + q) * WORDS + PER_WORD * g + w];
             }
+            uint32_t lo[4], hi[4];
+            transpose4(x, lo);
+            transpose4(x + 4, hi);
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+#pragma unroll
+                for (int s = 0; s < CODES; ++s) {
+                    const int t      = 4 * CODES * w + CODES * b + s;
+                    const uint32_t m = ((1u << BITS) - 1) * 0x01010101u << (BITS * s);
+                    if (ks == 0)
+                        mma<true>(d[t >> 2][t & 3], a[ks], lo[b] & m, hi[b] & m);
+                    else
+                        mma<false>(d[t >> 2][t & 3], a[ks], lo[b] & m, hi[b] & m);
+                }
+        }
     }
 }
+
+// 2^-(BITS·s) for n-tile t: its codes stand at bit BITS·s of their bytes, s = t % (8 / BITS).
+template <int BITS> __device__ __forceinline__ float tile_scale(int t) { return pow2(-BITS * (t & (8 / BITS - 1))); }
 
 // The value 256·D[m] + D[m+8] of column j of an n-tile, as a float (both start at the bias).
 __device__ __forceinline__ float dot_of(const int (&d)[4], int j) {
@@ -220,17 +236,18 @@ template <int BYTES> __device__ __forceinline__ void copy_fixed(uint8_t * dst, c
 #endif
 }
 
-// The key part (scales, mins, codes, mask) or the value part (scales, mins, codes) of the
-// head-block at src (none when null) to dst, as one cp.async group of this lane.
+// The key part (scales, mins, codes of BK bits, mask) or the value part (scales, mins,
+// codes) of the head-block at src (none when null) to dst, as one cp.async group of this lane.
+template <int BK>
 __device__ __forceinline__ void copy_part(uint8_t * dst, const uint8_t * src, const ott_kv_block_layout & L, bool keys,
                                           int lane) {
     if (src && keys) {
         copy_range(dst, src, L.k_scale, L.v_scale, lane);
-        copy_fixed<CODE_BYTES>(dst + L.k_codes, src + L.k_codes, lane);
+        copy_fixed<code_bytes<BK>()>(dst + L.k_codes, src + L.k_codes, lane);
         copy_range(dst, src, L.mask, L.size, lane);
     } else if (src) {
         copy_range(dst, src, L.v_scale, L.k_codes, lane);
-        copy_fixed<CODE_BYTES>(dst + L.v_codes, src + L.v_codes, lane);
+        copy_fixed<code_bytes<VBITS>()>(dst + L.v_codes, src + L.v_codes, lane);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
@@ -252,13 +269,13 @@ __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_block_layout & L,
 
 // The key part of this warp's first head-block of split blockIdx.y, as the first cp.async
 // group of its lanes (attend_blocks_imma then waits for it).
-template <int NR>
+template <int NR, int BK>
 __device__ void copy_first_keys(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, uint8_t * dyn) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int2 range = split_blocks(a, T);
     const int blk    = range.x + warp;
-    copy_part(dyn + (size_t)warp * warp_smem_bytes(a.L.layout, NR), blk < range.y ? head_block(a.L, T, blk) : nullptr,
-              a.L.layout, true, lane);
+    copy_part<BK>(dyn + (size_t)warp * warp_smem_bytes(a.L.layout, NR),
+                  blk < range.y ? head_block(a.L, T, blk) : nullptr, a.L.layout, true, lane);
 }
 
 // The lane's n-tile i when REP lanes share an A row: tile t = REP·i + h (h: the lane's share
@@ -293,7 +310,7 @@ template <int M> __device__ __forceinline__ float row_sum(const float (&v)[8], i
 // the unrolled row loops, so the common shapes get short code). A row c is repeated in rows
 // c + GKM·h (c + GVM·h) of the 8: lane (g, q) of row c = g % GKM converts n-tiles
 // t = (8/GKM)·i + g / GKM only, and every lane has work.
-template <int NR, int GKM, int GVM>
+template <int NR, int GKM, int GVM, int BK>
 __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T,
                                    attn_smem<imma::HD, NR> & S, uint8_t * dyn) {
     using namespace imma;
@@ -345,7 +362,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     // (the first head-block's keys: copy_first_keys, before the queries and fp16 rows were loaded).
     const uint8_t * hb = wsm;
     for (int blk = b0 + warp; blk < b1; blk += WARPS) {
-        copy_part(wsm, head_block(L, T, blk), L.layout, false, lane);
+        copy_part<BK>(wsm, head_block(L, T, blk), L.layout, false, lane);
         wait_all_but_newest();  // the keys' part
         __syncwarp();
         const uint8_t * ksc = hb + L.layout.k_scale;  // [n_gk][HD] parameters
@@ -384,7 +401,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         uint32_t af[4][4];
         load_a(a_hi, a_lo, k_row, ck, q, af);
         int d[4][4][4];
-        block_mma((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
+        block_mma<BK>((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
 
         // scores of the lane's slots 16(2q+j) + t (its n-tiles t), where its row's group holds
         // them (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
@@ -397,7 +414,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             int v[4];
             tile_of<REPK>(d, i, hk, v);
             const int t   = REPK * i + hk;
-            const float f = kscale * pow2(-2 * (t & 3));  // code·4^s: s = t % 4
+            const float f = kscale * tile_scale<BK>(t);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const bool masked = (mask_q >> (16 * j + t)) & 1;
@@ -442,7 +459,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             l[r] = l[r] * corr[r] + psum;
             m[r] = m_new;
         }
-        copy_part(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
+        copy_part<BK>(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
         wait_all_but_newest();  // the values' part
         __syncwarp();
 #pragma unroll
@@ -474,13 +491,13 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         const float vscale = pow2(-pick<GVM>(e, cv));
         __syncwarp();
         load_a(a_hi, a_lo, v_row, cv, q, af);
-        block_mma((const uint32_t *)(hb + L.layout.v_codes), af, d, g, q);
+        block_mma<VBITS>((const uint32_t *)(hb + L.layout.v_codes), af, d, g, q);
         const float rcorr = pick<NR>(corr, rv);
 #pragma unroll
         for (int i = 0; i < TV; ++i) {
             int v[4];
             tile_of<REPV>(d, i, hv, v);
-            const float f = vscale * pow2(-2 * ((REPV * i + hv) & 3));
+            const float f = vscale * tile_scale<VBITS>(REPV * i + hv);
 #pragma unroll
             for (int j = 0; j < 2; ++j) acc[i][j] = fmaf(acc[i][j], rcorr, dot_of(v, j) * f);
         }

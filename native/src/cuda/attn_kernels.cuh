@@ -678,7 +678,7 @@ __device__ __forceinline__ void wait_for_partials() {
 #endif
 }
 
-// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, 2 bits)
+// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BK 2 or 4, BV 2)
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower.
@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     __shared__ attn_smem<HD, NR> S;
     let_merge_start();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    if constexpr (GKM > 0) imma::copy_first_keys<NR>(a, T, dyn);  // in flight while the queries and fp16 rows load
+    if constexpr (GKM > 0) imma::copy_first_keys<NR, BK>(a, T, dyn);  // in flight while the queries and fp16 rows load
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0)
-        attend_blocks_imma<NR, GKM, GVM>(a, T, S, dyn);
+        attend_blocks_imma<NR, GKM, GVM, BK>(a, T, S, dyn);
     else
         attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
@@ -748,8 +748,9 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
 
 // Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
 inline bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
-    return tensor_cores && !ott_kv_tiered(&g) && g.head_dim == imma::HD && g.block == imma::BLOCK && g.bits_k == 2 &&
-           g.bits_v == 2 && nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
+    return tensor_cores && !ott_kv_tiered(&g) && g.head_dim == imma::HD && g.block == imma::BLOCK &&
+           (g.bits_k == 2 || g.bits_k == 4) && g.bits_v == imma::VBITS && nr * (g.block / g.group_k) <= 8 &&
+           nr * (g.head_dim / g.group_v) <= 8;
 }
 
 // The kernel's rows per tile for tiles of at most rows_per_tile rows: 1, 2 or 4.
@@ -769,7 +770,7 @@ cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int
                                         : launch_partial<HD, BK, BV, NR, 4, 8, 0, 0, true>(a, stream, occ);
         }
     }
-    if constexpr (HD == imma::HD && BK == 2 && BV == 2) {
+    if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && BV == imma::VBITS) {
         if (imma_applies(g, a.tensor_cores, NR)) {
             // one key row and up to two or four value rows (decode with the design's groups), else up to 8 each
             if constexpr (NR == 1) {
