@@ -18,6 +18,10 @@
 //    slots 16n .. 16n+15 are its words 2n and 2n+1, and n-tile t = 8w + 2b + s holds the
 //    code at bit 4s of byte b of word 2n + w (code·16^s <= 240), so t is again the slot's
 //    offset 16n + t; two lanes of 32 then share a bank.
+//  - Key tiers (rows ranked by weight; 4-, 2- and 1-bit rows, each tier a whole number of
+//    k-steps of 32 rows): a k-step's rows have one width, and the code of n-tile t is
+//    shifted down to bit 0 of its byte before the AND, so every k-step adds plain codes into
+//    the same accumulators. The A rows gather q by the head-block's channel order.
 //  - A holds a fixed-point copy Q (|Q| <= 2^14) of the row operand, split into signed
 //    high and low bytes in rows m and m + 8: keys q_c·scale_{g,c} per (query row, key group)
 //    m, values p_t·scale_{t,g} per (query row, value group) m, each with a power-of-two
@@ -173,6 +177,68 @@ __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t 
 // 2^-(BITS·s) for n-tile t: its codes stand at bit BITS·s of their bytes, s = t % (8 / BITS).
 template <int BITS> __device__ __forceinline__ float tile_scale(int t) { return pow2(-BITS * (t & (8 / BITS - 1))); }
 
+// Whether the tensor-core phase serves key tiers of g: each tier a whole number of k-steps,
+// the rows' codes averaging 2 bits (n_lo = 2·n_hi), so that they fill code_bytes<2>().
+__host__ __device__ inline bool tiers_fit(const ott_kv_geom & g) {
+    return g.bits_k == 2 && g.n_hi % 32 == 0 && g.n_lo % 32 == 0 && g.n_lo == 2 * g.n_hi;
+}
+
+// block_mma over a tiered head-block's key rows (tiers_fit): k-step ks has the width of its
+// rows, and n-tile t of column n (slot 16n + t) takes codes shifted down to bit 0 of their
+// bytes, so D is sum A·code over every k-step (no per-tile scale).
+__device__ __forceinline__ void block_mma_tiers(const uint8_t * codes, const ott_kv_geom & geom,
+                                                const uint32_t (&a)[4][4], int (&d)[4][4][4], int g, int q) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        const int bits        = ott_kv_k_row_bits(&geom, 32 * ks);  // the same for the k-step's rows
+        const int words       = BLOCK * bits / 32;                  // per row
+        const uint32_t * rows = (const uint32_t *)(codes + ott_kv_k_row_offset(&geom, 32 * ks));
+        auto b_of             = [&](const auto & y, int byte, int shift) {
+            return (y[byte] >> shift) & ((1u << bits) - 1) * 0x01010101u;
+        };
+        auto step = [&](int t, uint32_t b0, uint32_t b1) {
+            if (ks == 0)
+                mma<true>(d[t >> 2][t & 3], a[ks], b0, b1);
+            else
+                mma<false>(d[t >> 2][t & 3], a[ks], b0, b1);
+        };
+        // the lane's words: 2g and 2g + 1 (4 bits), g (2 bits), g / 2 (1 bit: bytes 2(g % 2), +1)
+        const int n_words = bits == 4 ? 2 : 1, w0 = bits == 4 ? 2 * g : bits == 2 ? g : g >> 1;
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            if (w >= n_words) break;
+            uint32_t x[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                x[i]     = rows[(4 * i + q) * words + w0 + w];
+                x[4 + i] = rows[(16 + 4 * i + q) * words + w0 + w];
+            }
+            uint32_t lo[4], hi[4];
+            transpose4(x, lo);
+            transpose4(x + 4, hi);
+            if (bits == 4) {  // t = 8w + 2b + s
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) step(8 * w + 2 * b + s, b_of(lo, b, 4 * s), b_of(hi, b, 4 * s));
+            } else if (bits == 2) {  // t = 4b + s
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+#pragma unroll
+                    for (int s = 0; s < 4; ++s) step(4 * b + s, b_of(lo, b, 2 * s), b_of(hi, b, 2 * s));
+            } else {  // t = 8u + s, byte 2(g % 2) + u
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int byte       = 2 * (g & 1) + u;
+                    const uint32_t lb[1] = { pick<4>(lo, byte) }, hb[1] = { pick<4>(hi, byte) };
+#pragma unroll
+                    for (int s = 0; s < 8; ++s) step(8 * u + s, b_of(lb, 0, s), b_of(hb, 0, s));
+                }
+            }
+        }
+    }
+}
+
 // The value 256·D[m] + D[m+8] of column j of an n-tile, as a float (both start at the bias).
 __device__ __forceinline__ float dot_of(const int (&d)[4], int j) {
     return fmaf(__int_as_float(d[j]) - BIAS, 256.0f, __int_as_float(d[2 + j]) - BIAS);
@@ -310,7 +376,7 @@ template <int M> __device__ __forceinline__ float row_sum(const float (&v)[8], i
 // the unrolled row loops, so the common shapes get short code). A row c is repeated in rows
 // c + GKM·h (c + GVM·h) of the 8: lane (g, q) of row c = g % GKM converts n-tiles
 // t = (8/GKM)·i + g / GKM only, and every lane has work.
-template <int NR, int GKM, int GVM, int BK>
+template <int NR, int GKM, int GVM, int BK, bool TIERS>
 __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T,
                                    attn_smem<imma::HD, NR> & S, uint8_t * dyn) {
     using namespace imma;
@@ -365,10 +431,11 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         copy_part<BK>(wsm, head_block(L, T, blk), L.layout, false, lane);
         wait_all_but_newest();  // the keys' part
         __syncwarp();
-        const uint8_t * ksc = hb + L.layout.k_scale;  // [n_gk][HD] parameters
-        const uint8_t * kmn = hb + L.layout.k_min;
-        const uint8_t * vsc = hb + L.layout.v_scale;  // [BLOCK][n_gv]
-        const uint8_t * vmn = hb + L.layout.v_min;
+        const uint8_t * ksc    = hb + L.layout.k_scale;  // [n_gk][HD] parameters
+        const uint8_t * kmn    = hb + L.layout.k_min;
+        const uint8_t * korder = hb + L.layout.k_order;  // key tiers: the channel of each key row
+        const uint8_t * vsc    = hb + L.layout.v_scale;  // [BLOCK][n_gv]
+        const uint8_t * vmn    = hb + L.layout.v_min;
 
         // keys: A row c = (r, group) is q_r·scale over channels lane + 32i; kbase[c] its sum q_r·min
         float x[8][4], kbase[8];
@@ -382,9 +449,9 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             const int r = min(c >> lg_nk, NR - 1), gi = c & (n_gk - 1);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int ch    = lane + 32 * i;
-                const float qc  = S.q[r][ch];
-                const float2 kp = param_at(L.geom, ksc, kmn, gi * HD + ch);
+                const int row   = lane + 32 * i;  // with tiers, the key row of channel order[row]
+                const float qc  = S.q[r][TIERS ? korder[row] : row];
+                const float2 kp = param_at(L.geom, ksc, kmn, gi * HD + row);
                 x[c][i]         = qc * kp.x;
                 kbase[c]        = fmaf(qc, kp.y, kbase[c]);
                 E[c]            = max(E[c], exp_bits(x[c][i]));
@@ -401,7 +468,10 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         uint32_t af[4][4];
         load_a(a_hi, a_lo, k_row, ck, q, af);
         int d[4][4][4];
-        block_mma<BK>((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
+        if constexpr (TIERS)
+            block_mma_tiers(hb + L.layout.k_codes, L.geom, af, d, g, q);
+        else
+            block_mma<BK>((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
 
         // scores of the lane's slots 16(2q+j) + t (its n-tiles t), where its row's group holds
         // them (bit t%32 of mask word t/32 = 1: slot t lives in a pool; the lane's slots are in word q)
@@ -414,7 +484,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             int v[4];
             tile_of<REPK>(d, i, hk, v);
             const int t   = REPK * i + hk;
-            const float f = kscale * tile_scale<BK>(t);
+            const float f = TIERS ? kscale : kscale * tile_scale<BK>(t);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const bool masked = (mask_q >> (16 * j + t)) & 1;

@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0)
-        attend_blocks_imma<NR, GKM, GVM, BK>(a, T, S, dyn);
+        attend_blocks_imma<NR, GKM, GVM, BK, TIERS>(a, T, S, dyn);
     else
         attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
@@ -736,7 +736,12 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
     } else {
         const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS>;
         const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
-        if (smem > 48 * 1024) {
+        // past 48 KiB of static and dynamic shared memory together a launch needs the opt-in
+        static const size_t static_smem = [&] {
+            cudaFuncAttributes fa {};
+            return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.sharedSizeBytes : 0;
+        }();
+        if (smem + static_smem > 48 * 1024) {
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
             if (e != cudaSuccess) return e;
         }
@@ -748,9 +753,9 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
 
 // Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
 inline bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
-    return tensor_cores && !ott_kv_tiered(&g) && g.head_dim == imma::HD && g.block == imma::BLOCK &&
-           (g.bits_k == 2 || g.bits_k == 4) && g.bits_v == imma::VBITS && nr * (g.block / g.group_k) <= 8 &&
-           nr * (g.head_dim / g.group_v) <= 8;
+    return tensor_cores && (!ott_kv_tiered(&g) || imma::tiers_fit(g)) && g.head_dim == imma::HD &&
+           g.block == imma::BLOCK && (g.bits_k == 2 || g.bits_k == 4) && g.bits_v == imma::VBITS &&
+           nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
 }
 
 // The kernel's rows per tile for tiles of at most rows_per_tile rows: 1, 2 or 4.
@@ -760,26 +765,36 @@ inline int kernel_rows(int32_t rows_per_tile) {
     return rows;
 }
 
+// The tensor-core kernels: one key row and up to two or four value rows (decode with the
+// design's groups), else up to 8 each.
+template <int HD, int BK, int BV, int NR, bool TIERS>
+cudaError_t launch_imma(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
+    const ott_kv_geom & g = a.L.geom;
+    if constexpr (NR == 1) {
+        if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2)
+            return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2, TIERS>(a, stream, occ);
+        if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4)
+            return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4, TIERS>(a, stream, occ);
+    }
+    return launch_partial<HD, BK, BV, NR, 1, 8, 8, 8, TIERS>(a, stream, occ);
+}
+
 // one group per code word (groups of at least 32 bits of codes), else a group per byte
 template <int HD, int BK, int BV, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
+    if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && BV == imma::VBITS) {
+        if (imma_applies(g, a.tensor_cores, NR)) {
+            if constexpr (BK == 2) {
+                if (ott_kv_tiered(&g)) return launch_imma<HD, BK, BV, NR, true>(a, stream, occ);
+            }
+            return launch_imma<HD, BK, BV, NR, false>(a, stream, occ);
+        }
+    }
     if constexpr (BK == 2 && BV == 2) {
         if (ott_kv_tiered(&g)) {
             return g.group_v * BV >= 32 ? launch_partial<HD, BK, BV, NR, 1, 8, 0, 0, true>(a, stream, occ)
                                         : launch_partial<HD, BK, BV, NR, 4, 8, 0, 0, true>(a, stream, occ);
-        }
-    }
-    if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && BV == imma::VBITS) {
-        if (imma_applies(g, a.tensor_cores, NR)) {
-            // one key row and up to two or four value rows (decode with the design's groups), else up to 8 each
-            if constexpr (NR == 1) {
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 2)
-                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 2>(a, stream, occ);
-                if (g.group_k == imma::BLOCK && g.group_v >= imma::HD / 4)
-                    return launch_partial<HD, BK, BV, 1, 1, 8, 1, 4>(a, stream, occ);
-            }
-            return launch_partial<HD, BK, BV, NR, 1, 8, 8, 8>(a, stream, occ);
         }
     }
     if (g.group_k * BK >= 32 && g.group_v * BV >= 32) {
