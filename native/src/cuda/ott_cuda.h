@@ -12,7 +12,8 @@
 //                                       partial softmax per row (kernels: attn_kernels.cuh,
 //                                       built per head size and widths by attn_rows.cu; the
 //                                       quantized-block phase on integer tensor cores
-//                                       for head size 128, block 128, 2 bits: attn_imma.cuh)
+//                                       for head size 128, block 128, 2-bit values and
+//                                       2- or 4-bit keys or ottr2t's tiers: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
 //   ott_cuda_kv_gather    kv_gather.cu  one sequence's stores and chunk as fp16 rows in position
 //                                       order (head-blocks dequantised, pooled slots from
@@ -143,8 +144,8 @@ struct ott_cuda_attn_args {
     int32_t n_tiles;
     int32_t rows_per_tile;  // most n_rows of a tile (1 .. OTT_CUDA_ATTN_ROWS)
     int32_t prefetch;       // code words a lane loads ahead in one-row tiles: 8 (0: 8), 16 or 32
-    int32_t tensor_cores;   // 1: head-blocks of head_dim 128, block 128, 2 bits run on integer
-                            // tensor cores (attn_imma.cuh; needs sm_80+), 0: FFMA everywhere
+    int32_t tensor_cores;   // 1: head-blocks attn_imma.cuh serves (head_dim 128, block 128, 2-bit
+                            // values) run on integer tensor cores (needs sm_80+), 0: FFMA everywhere
     int32_t n_splits;       // blocks per tile, each a share of its quantized blocks and fp16 rows
     float * partials;       // device [n_tiles][n_splits][OTT_CUDA_ATTN_ROWS][head_dim+2]
 };
