@@ -1,6 +1,7 @@
 // attn_imma.cuh — the attention kernels' quantized-block phase on integer tensor cores (sm_80+), for
-// head-blocks of head_dim 128, block 128, 2-bit values and 2- or 4-bit keys (ott2, kivi2,
-// ottr2, ottr3 at these sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
+// head-blocks of head_dim 128, block 128, 2-bit values and 2- or 4-bit keys or key tiers (ott2,
+// kivi2, ottr2, ottr3, ottr2t at these sizes): mma.sync m16n8k32 with 8-bit operands and exact
+// int32 sums. Included by
 // attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
 // head_block, WARPS, param_at).
 //
