@@ -101,8 +101,6 @@ struct ott_cuda_event {
     int32_t row0;
 };
 
-// Dynamic shared memory one event block needs (bytes).
-size_t ott_cuda_kv_event_smem(const ott_cuda_kv_layer & L);
 // events: device array [n_events], at most one per sequence (a sequence's events are ordered).
 cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
                               cudaStream_t stream);
