@@ -123,9 +123,9 @@ ott_status make_rotation(ott_context * c, const ott_kv_params & p, ggml_backend_
     for (int il = 0; il < hp.n_layer; ++il) {
         for (bool values : { false, true }) {
             if ((values ? p.rot_v : p.rot_k) != OTT_KV_ROT_HADAMARD) continue;
-            std::vector<float> & r = values ? layers[il].r_v : layers[il].r_k;
-            r.resize((size_t)hp.n_head_kv * hd * hd);
-            for (int h = 0; h < hp.n_head_kv; ++h) ott_kv_hadamard(hd, il, h, values, r.data() + (size_t)h * hd * hd);
+            std::vector<float> & s = values ? layers[il].s_v : layers[il].s_k;
+            s.resize((size_t)hp.n_head_kv * hd);
+            for (int h = 0; h < hp.n_head_kv; ++h) ott_kv_hadamard_signs(hd, il, h, values, s.data() + (size_t)h * hd);
         }
     }
     return ott_kv_rotation_create(layers, hp.n_head_kv, hp.n_head, hd, buft, c->rot);

@@ -5,8 +5,11 @@
 //   k' = R_k (k - c_k)    q' = R_k q    v' = R_v (v - c_v)    o = R_vᵀ o' + c_v
 //
 // so scores move by q·c_k for every key of a query (the softmax does not change) and the
-// output is that of the unrotated values. Each product is one batched ggml_mul_mat over
-// the heads (a head's vectors times its d x d matrix), on the context's backend.
+// output is that of the unrotated values. A calibrated R is one batched ggml_mul_mat over the
+// heads (a head's vectors times its d x d matrix). The Hadamard R = H_d·diag(s)/√d is a sign
+// flip then ggml's fast Walsh–Hadamard transform (a mul_mat hinted GGML_HINT_SRC0_IS_HADAMARD),
+// which rounds each vector alike however many tokens a step holds, and alike on CPU and CUDA:
+// a token's rotated key does not depend on the chunk or the batch it came in.
 #pragma once
 
 #include "common.h"
@@ -24,10 +27,11 @@ enum ott_kv_rot_kind {
     OTT_KV_ROT_CALIBRATED = 2,  // R and c from the model's own keys and values (sidecar)
 };
 
-// Matrices and centres of one layer, host side: R row-major [n_head_kv][d][d], c [n_head_kv][d]
-// (empty: no centre).
+// One layer's rotations, host side. Calibrated: R row-major [n_head_kv][d][d], c [n_head_kv][d]
+// (empty: no centre). Hadamard: the signs s [n_head_kv][d] (±1), R empty.
 struct ott_kv_rot_layer {
     std::vector<float> r_k, c_k, r_v, c_v;
+    std::vector<float> s_k, s_v;
 };
 
 struct ott_kv_rotation {
@@ -41,6 +45,10 @@ struct ott_kv_rotation {
     std::vector<ggml_tensor *> rvt;  // [n_layer] F32 [d, d, n_head_kv]: R_vᵀ
     std::vector<ggml_tensor *> cv;   // [n_layer] F32 [d, 1, n_head_kv] or null
     std::vector<ggml_tensor *> cvq;  // [n_layer] F32 [d, 1, n_head]: c_v of each query head's KV head, or null
+    // Hadamard rotations (R_k, R_v null): the signs, by KV head and by query head
+    std::vector<ggml_tensor *> sk, sq;   // [n_layer] F32 [d, n_head_kv], [d, n_head]: s of R_k, or null
+    std::vector<ggml_tensor *> sv, svq;  // [n_layer] F32 [d, n_head_kv], [d, n_head]: s of R_v, or null
+    ggml_tensor * had = nullptr;         // F32 [d, d]: H_d / √d, what ggml's transform stands for
 
     ~ott_kv_rotation();
 
@@ -51,9 +59,8 @@ struct ott_kv_rotation {
     ggml_tensor * output(ggml_context * g, ggml_tensor * out, int il) const;
 };
 
-// The Hadamard rotation of (layer il, KV head h, keys or values): R row-major [d][d].
-// d must be a power of two.
-void ott_kv_hadamard(int32_t head_dim, int il, int h, bool values, float * r);
+// The signs s [d] of the Hadamard rotation of (layer il, KV head h, keys or values).
+void ott_kv_hadamard_signs(int32_t head_dim, int il, int h, bool values, float * s);
 
 // Build the rotation tensors on buft from per-layer host data (layers[il].r_k empty: keys not
 // rotated, likewise values).
