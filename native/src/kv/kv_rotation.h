@@ -62,7 +62,7 @@ struct ott_kv_rotation {
 // The signs s [d] of the Hadamard rotation of (layer il, KV head h, keys or values).
 void ott_kv_hadamard_signs(int32_t head_dim, int il, int h, bool values, float * s);
 
-// Build the rotation tensors on buft from per-layer host data (layers[il].r_k empty: keys not
-// rotated, likewise values).
+// Build the rotation tensors on buft from per-layer host data (layers[il].r_k and s_k empty:
+// keys not rotated, likewise values).
 ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, int n_head_kv, int n_head, int head_dim,
                                   ggml_backend_buffer_type_t buft, std::unique_ptr<ott_kv_rotation> & out);
