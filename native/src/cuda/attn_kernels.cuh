@@ -734,17 +734,14 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
     if constexpr (HD * BV > 32 * 32) {  // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const auto kernel = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS>;
-        const size_t smem = dyn_smem(a.L.geom, NR, GKM > 0);
-        // past 48 KiB of static and dynamic shared memory together a launch needs the opt-in
+        const auto kernel               = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS>;
+        const size_t smem               = dyn_smem(a.L.geom, NR, GKM > 0);
         static const size_t static_smem = [&] {
             cudaFuncAttributes fa {};
             return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.sharedSizeBytes : 0;
         }();
-        if (smem + static_smem > 48 * 1024) {
-            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            if (e != cudaSuccess) return e;
-        }
+        const cudaError_t e = ott_cuda_allow_smem((const void *)kernel, smem, static_smem);
+        if (e != cudaSuccess) return e;
         if (occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, WARPS * 32, smem);
         kernel<<<dim3(a.n_tiles, a.n_splits), WARPS * 32, smem, stream>>>(a);
         return cudaGetLastError();

@@ -191,17 +191,6 @@ __host__ __device__ size_t stage_floats(const ott_kv_geom & g, int32_t splits) {
     return (size_t)g.block * rows + slots * (size_t)(g.head_dim + 1);
 }
 
-// The reference's range of a group (ott_range_ref on decoded values).
-__device__ void range_of(const float * x, int32_t stride, int32_t n, float * mn, float * mx) {
-    *mn = x[0];
-    *mx = *mn;
-    for (int32_t i = 1; i < n; ++i) {
-        const float xi = x[i * stride];
-        *mn            = xi < *mn ? xi : *mn;
-        *mx            = xi > *mx ? xi : *mx;
-    }
-}
-
 // Candidate c's squared error in the reference's order (ott_quantize_group_ref's search). The
 // code is clamped in float: a NaN code stands for 0 as code_of's conversion makes it, and the
 // sign of a zero code does not reach e².
@@ -227,7 +216,7 @@ __device__ void quantize_group_team(const float * x, int32_t stride, int32_t n, 
     const int32_t lane = threadIdx.x % TEAM;
     const float levels = (float)((1 << bits) - 1);
     float mn = 0.0f, mx = 0.0f;
-    if (live) range_of(x, stride, n, &mn, &mx);
+    if (live) ott_range_ref(x, stride, n, &mn, &mx);
     int32_t pick = 0;
     if (clip) {
         const double err = live && lane < OTT_CLIP_N ? clip_err(x, stride, n, mn, mx, lane, levels, param_bits) : 0.0;
@@ -340,24 +329,19 @@ int32_t quant_splits(const ott_kv_geom & g) {
     return s;
 }
 
-cudaError_t launch_smem(const void * kernel, size_t smem) {
-    return smem > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
-                            : cudaSuccess;
-}
-
 }  // namespace
 
 cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
                               cudaStream_t stream) {
     if (n_events == 0) return cudaSuccess;
     const size_t smem_pool = pool_smem(L);
-    cudaError_t e          = launch_smem((const void *)kv_event_pool_kernel, smem_pool);
+    cudaError_t e          = ott_cuda_allow_smem((const void *)kv_event_pool_kernel, smem_pool);
     if (e != cudaSuccess) return e;
     kv_event_pool_kernel<<<dim3(n_events, L.n_head_kv), POOL_THREADS, smem_pool, stream>>>(L, events);
 
     const int32_t splits    = quant_splits(L.geom);
     const size_t smem_quant = stage_floats(L.geom, splits) * sizeof(float);
-    e                       = launch_smem((const void *)kv_event_quant_kernel, smem_quant);
+    e                       = ott_cuda_allow_smem((const void *)kv_event_quant_kernel, smem_quant);
     if (e != cudaSuccess) return e;
     kv_event_quant_kernel<<<dim3(n_events, L.n_head_kv, splits), QUANT_THREADS, smem_quant, stream>>>(L, events,
                                                                                                       splits);

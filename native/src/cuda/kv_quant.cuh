@@ -96,11 +96,17 @@ static __device__ range_enc encode_range(float lo, float hi, float levels, int32
     return r;
 }
 
-static __device__ void ott_range_ref(const ott_fp16 * x, int64_t stride, int32_t n, float * mn, float * mx) {
-    *mn = ott_fp16_to_fp32_ref(x[0]);
+// An element of a group as the reference reads it: fp16 decoded, float as it is.
+static __device__ float ott_value_of(ott_fp16 x) { return ott_fp16_to_fp32_ref(x); }
+static __device__ float ott_value_of(float x) { return x; }
+
+// The reference's range of a group, fp16 (stores) or float (decoded groups) elements.
+template <class T>
+static __device__ void ott_range_ref(const T * x, int64_t stride, int32_t n, float * mn, float * mx) {
+    *mn = ott_value_of(x[0]);
     *mx = *mn;
     for (int32_t i = 1; i < n; ++i) {
-        const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
+        const float xi = ott_value_of(x[i * stride]);
         *mn            = xi < *mn ? xi : *mn;
         *mx            = xi > *mx ? xi : *mx;
     }

@@ -172,12 +172,10 @@ bool mma_serves(const ott_kvq_geom & g, int32_t max_rows) {
 template <int HD, int BITS, typename Groups>
 cudaError_t launch_mma(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, const ott_rope_table & rope,
                        float kq_scale, int32_t n_splits, float * partials, cudaStream_t stream, int * occ) {
-    const auto kernel = mma::kvq_mma_kernel<HD, BITS, Groups>;
-    const size_t dyn  = mma::tile_bytes<HD>();
-    if (sizeof(mma::smem_t<HD>) + dyn > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
-        if (e != cudaSuccess) return e;
-    }
+    const auto kernel   = mma::kvq_mma_kernel<HD, BITS, Groups>;
+    const size_t dyn    = mma::tile_bytes<HD>();
+    const cudaError_t e = ott_cuda_allow_smem((const void *)kernel, dyn, sizeof(mma::smem_t<HD>));
+    if (e != cudaSuccess) return e;
     if (occ) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, split::WARPS * 32, dyn);
     kernel<<<dim3(n_groups, n_splits, 1), split::WARPS * 32, dyn, stream>>>(g, groups, rope, kq_scale, n_splits,
                                                                             partials);
@@ -190,12 +188,10 @@ template <int HD, int BITS, int NR, typename Groups>
 cudaError_t launch_split(const ott_kvq_geom & g, const Groups & groups, int32_t n_groups, int32_t max_rows,
                          const ott_rope_table & rope, float kq_scale, int32_t n_splits, float * partials,
                          cudaStream_t stream, int * occ) {
-    const auto kernel = split::kvq_split_kernel<HD, BITS, NR, Groups>;
-    const size_t dyn  = (size_t)split::WARPS * 2 * split::stage_words(HD, BITS, g.n_out) * 4;
-    if (sizeof(split::smem_t<HD, NR>) + dyn > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
-        if (e != cudaSuccess) return e;
-    }
+    const auto kernel   = split::kvq_split_kernel<HD, BITS, NR, Groups>;
+    const size_t dyn    = (size_t)split::WARPS * 2 * split::stage_words(HD, BITS, g.n_out) * 4;
+    const cudaError_t e = ott_cuda_allow_smem((const void *)kernel, dyn, sizeof(split::smem_t<HD, NR>));
+    if (e != cudaSuccess) return e;
     if (occ) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, split::WARPS * 32, dyn);
     const dim3 grid(n_groups, n_splits, (max_rows + NR - 1) / NR);
     kernel<<<grid, split::WARPS * 32, dyn, stream>>>(g, groups, rope, kq_scale, n_splits, partials);
@@ -238,12 +234,9 @@ cudaError_t launch(const ott_kvq_geom & g, const Groups & groups, int32_t n_grou
         if (!partials) return cudaErrorInvalidValue;
         return dispatch_split(g, groups, n_groups, max_rows, rope, kq_scale, n_splits, partials, stream, nullptr);
     }
-    const size_t smem = smem_bytes(g.head_dim, max_rows);
-    if (smem > 48 * 1024) {
-        const cudaError_t e =
-            cudaFuncSetAttribute(kvq_attn_kernel<Groups>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-    }
+    const size_t smem   = smem_bytes(g.head_dim, max_rows);
+    const cudaError_t e = ott_cuda_allow_smem((const void *)kvq_attn_kernel<Groups>, smem);
+    if (e != cudaSuccess) return e;
     kvq_attn_kernel<<<n_groups, ATTN_THREADS, smem, stream>>>(g, groups, rope, kq_scale);
     return cudaGetLastError();
 }

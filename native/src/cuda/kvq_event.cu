@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(EVENT_THREADS)
 // Dynamic shared memory of a launch of `kernel` (the scratch, or none), allowed for it.
 template <typename K> cudaError_t smem_for(K kernel, const ott_kvq_geom & g, size_t * smem) {
     *smem = in_shared(g) ? block_scratch(g) : 0;
-    if (*smem <= 48 * 1024) return cudaSuccess;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
+    return ott_cuda_allow_smem((const void *)kernel, *smem);
 }
 
 }  // namespace

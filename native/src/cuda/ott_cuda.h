@@ -90,6 +90,13 @@ struct ott_cuda_append {
 cudaError_t ott_cuda_kv_append(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
                                const ott_cuda_append * items, int32_t n_items, cudaStream_t stream);
 
+// Let a launch of `kernel` take `dyn` bytes of dynamic shared memory beside its `stat` bytes
+// of static shared memory: past 48 KiB of the two together it needs the opt-in.
+inline cudaError_t ott_cuda_allow_smem(const void * kernel, size_t dyn, size_t stat = 0) {
+    if (dyn + stat <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+}
+
 // ---- quantization events --------------------------------------------------------------------
 
 // One event of one sequence, in every KV head: the block of positions pos0 .. pos0+block-1
