@@ -35,8 +35,11 @@ struct ott_context {
     ott_cuda_executor * executor = nullptr;  // when the cache's attention is external
 #endif
 
-    std::vector<float> logits;  // [n_outputs, n_vocab]
-    int32_t n_outputs = 0;
+    // [n_outputs, n_vocab]: in the device's host buffer type where it has one (pinned
+    // memory on CUDA, which the GPU writes straight into), else in a CPU buffer
+    ggml_backend_buffer_t logits_buf = nullptr;
+    float * logits                   = nullptr;
+    int32_t n_outputs                = 0;
 
     bool profile = false;  // ott_set_profile
     ott_profile prof {};
@@ -49,12 +52,27 @@ struct ott_context {
         kv.reset();
         rot.reset();
         if (galloc) ggml_gallocr_free(galloc);
+        if (logits_buf) ggml_backend_buffer_free(logits_buf);
         if (backend) ggml_backend_free(backend);
         if (threadpool) ggml_threadpool_free(threadpool);
     }
 };
 
 namespace {
+
+// Room for n logits; their buffer grows to what a step needs and never shrinks.
+ott_status reserve_logits(ott_context * c, size_t n) {
+    const size_t bytes = n * sizeof(float);
+    if (c->logits_buf && ggml_backend_buffer_get_size(c->logits_buf) >= bytes) return OTT_OK;
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_host_buffer_type(ggml_backend_get_device(c->backend));
+    if (!buft) buft = ggml_backend_cpu_buffer_type();
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 4096));
+    if (!buf) return ott_fail(OTT_ERR_ALLOC, "cannot allocate %zu bytes for the logits", bytes);
+    if (c->logits_buf) ggml_backend_buffer_free(c->logits_buf);
+    c->logits_buf = buf;
+    c->logits     = (float *)ggml_backend_buffer_get_base(buf);
+    return OTT_OK;
+}
 
 // A sequence id of the context, or one line saying why not.
 ott_status check_seq(const ott_context * c, int32_t seq) {
@@ -267,7 +285,7 @@ ott_status compute_ubatch(ott_context * c, const ott_ubatch & ub, const std::vec
         const int32_t row = out_row[ub_src[ub.out_idx[j]]];
         size_t n          = 1;
         while (j + n < ub.out_idx.size() && out_row[ub_src[ub.out_idx[j + n]]] == row + (int32_t)n) ++n;
-        float * dst = c->logits.data() + (size_t)row * n_vocab;
+        float * dst = c->logits + (size_t)row * n_vocab;
         ggml_backend_tensor_get(logits, dst, j * row_bytes, n * row_bytes);
         finite = finite && ott_all_finite(dst, n * (size_t)n_vocab);
         j += n;
@@ -374,7 +392,7 @@ static ott_status decode_batch(ott_context * c, const ott_batch * b) {
     for (int32_t i = 0; i < b->n_tokens; ++i) {
         if (b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1) out_row[i] = n_out++;
     }
-    c->logits.resize((size_t)n_out * c->model->hparams.n_vocab);
+    OTT_TRY(reserve_logits(c, (size_t)n_out * c->model->hparams.n_vocab));
 
     std::vector<int32_t> len_before(c->params.n_seq_max);
     for (int32_t s = 0; s < c->params.n_seq_max; ++s) len_before[s] = c->kv->seq_len(s);
@@ -407,7 +425,7 @@ extern "C" ott_status ott_decode(ott_context * c, const ott_batch * b) {
 
 extern "C" ott_status ott_get_logits(ott_context * ctx, const float ** out, int32_t * n_outputs) {
     if (!ctx || !out || !n_outputs) return ott_fail(OTT_ERR_INVALID_ARG, "ott_get_logits: null argument");
-    *out       = ctx->logits.data();
+    *out       = ctx->logits;
     *n_outputs = ctx->n_outputs;
     return OTT_OK;
 }

@@ -2,14 +2,23 @@
 #include "finite_check.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 bool ott_all_finite(const float * x, size_t n) {
-    float acc = 0.0f;  // x*0 is NaN exactly when x is NaN or infinite
-    for (size_t i = 0; i < n; ++i) acc += x[i] * 0.0f;
-    return acc == 0.0f;
+    // A float is NaN or infinite exactly when its exponent bits are all ones. The integer OR
+    // vectorises; a float sum is one chain of dependent adds (2.7 ms for a batch of 64 rows
+    // of 32,000 logits, while the GPU waited for the next step).
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad == 0;
 }
 
 ott_status ott_first_nonfinite_layer(ggml_backend_t backend, ggml_cgraph * gf, int32_t * il) {
