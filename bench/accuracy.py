@@ -3,7 +3,9 @@
 Perplexity on WikiText-2 in decode-faithful chunks (each chunk ends at the cache's next
 quantization event, docs/design.md §3), mean KL divergence to the f16 cache's next-token
 distribution and top-1 agreement (the f16 cache runs in the same process), and the
-footprint (average bits per K/V element at the window size, everything counted). Then,
+footprint (average bits per K/V element at the window size, everything counted, and its
+mean over the cache sizes the scored tokens saw: a block being filled is fp16, so the
+footprint at a whole number of blocks is the least it gets). Then,
 optionally, passkey retrieval: filler text with a random 5-digit key at a random depth,
 greedy answer, fraction of trials that return the key.
 
@@ -56,6 +58,14 @@ def parse_mode(spec: str) -> tuple[str, str | KVConfig]:
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
+def scored_bits(model, n_ctx):
+    """Mean bits/element of the cache over the sizes it had when the scored tokens' logits were
+    computed: the window's second half (ott_gguf/perplexity.py), the logits at position p with
+    p + 1 tokens cached."""
+    sizes = range(n_ctx // 2 + 1, n_ctx)
+    return sum(model.kv_footprint(n).bits_per_element for n in sizes) / len(sizes)
+
+
 def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
     """One row per mode spec (parse_mode) or named KVConfig in `configs`, each a context on the
     same weights."""
@@ -69,7 +79,7 @@ def ppl_rows(weights, text, modes, n_ctx, chunks, threads, configs=None):
             model, text, n_ctx, n_chunks=chunks, progress=False, reference=None if name == "f16" else reference
         )
         bits = model.kv_footprint(n_ctx).bits_per_element
-        rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, time.perf_counter() - t0))
+        rows.append((name, r.ppl, r.stderr, r.kl, r.top1, bits, scored_bits(model, n_ctx), time.perf_counter() - t0))
         print(
             f"  {name}: PPL {r.ppl:.4f} ± {r.stderr:.4f}, KL {r.kl}, top-1 {r.top1}, {bits:.2f} bits "
             f"({r.chunking}, {time.perf_counter() - t0:.0f} s)",
@@ -116,7 +126,7 @@ def llamacpp_rows(bin_dir: Path, model: Path, text_file: Path, types, n_ctx, chu
                 kld = re.search(r"Mean +KLD: +([\d.]+)", log)
                 top = re.search(r"Same top p: +([\d.]+)", log)
                 row = (f"llama.cpp {t}", float(m[1]), float(m[2]), float(kld[1]), float(top[1]) / 100)
-            rows.append((*row, LLAMACPP_BITS[t], time.perf_counter() - t0))
+            rows.append((*row, LLAMACPP_BITS[t], LLAMACPP_BITS[t], time.perf_counter() - t0))
             print(f"  llama.cpp {t}: PPL {row[1]:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return rows
 
@@ -124,15 +134,18 @@ def llamacpp_rows(bin_dir: Path, model: Path, text_file: Path, types, n_ctx, chu
 def print_ppl_table(title, rows, n_ctx):
     f16 = next((r[1] for r in rows if r[0] == "f16"), None)
     print(f"\n### {title}\n")
-    print(f"| KV mode | PPL | ± | vs f16 | KL to f16 (nats) | top-1 agreement | bits/element at {n_ctx} |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, ppl, err, kl, top1, bits, _ in rows:
+    print(
+        f"| KV mode | PPL | ± | vs f16 | KL to f16 (nats) | top-1 agreement | bits/element at {n_ctx} "
+        "| bits/element, mean while scored |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, ppl, err, kl, top1, bits, mean_bits, _ in rows:
         if name == "llama.cpp f16":  # llama.cpp's rows compare with its own f16 run
             f16 = ppl
         rel = f"{100 * (ppl / f16 - 1):+.2f} %" if f16 else "–"
         kl_s = "–" if kl is None else f"{kl:.4f}"
         top_s = "–" if top1 is None else f"{100 * top1:.2f} %"
-        print(f"| {name} | {ppl:.4f} | {err:.4f} | {rel} | {kl_s} | {top_s} | {bits:.2f} |")
+        print(f"| {name} | {ppl:.4f} | {err:.4f} | {rel} | {kl_s} | {top_s} | {bits:.2f} | {mean_bits:.2f} |")
 
 
 def passkey_prompt(model, n_tokens, rng):
