@@ -60,13 +60,14 @@ struct ott_context {
 
 namespace {
 
-// Room for n logits; their buffer grows to what a step needs and never shrinks.
+// Room for n logits; their buffer grows to what a step needs and never shrinks. Pinned
+// memory where the device has it and can give it, else ordinary memory.
 ott_status reserve_logits(ott_context * c, size_t n) {
-    const size_t bytes = n * sizeof(float);
+    const size_t bytes = std::max<size_t>(n * sizeof(float), 4096);
     if (c->logits_buf && ggml_backend_buffer_get_size(c->logits_buf) >= bytes) return OTT_OK;
-    ggml_backend_buffer_type_t buft = ggml_backend_dev_host_buffer_type(ggml_backend_get_device(c->backend));
-    if (!buft) buft = ggml_backend_cpu_buffer_type();
-    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 4096));
+    ggml_backend_buffer_type_t pinned = ggml_backend_dev_host_buffer_type(ggml_backend_get_device(c->backend));
+    ggml_backend_buffer_t buf         = pinned ? ggml_backend_buft_alloc_buffer(pinned, bytes) : nullptr;
+    if (!buf) buf = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), bytes);
     if (!buf) return ott_fail(OTT_ERR_ALLOC, "cannot allocate %zu bytes for the logits", bytes);
     if (c->logits_buf) ggml_backend_buffer_free(c->logits_buf);
     c->logits_buf = buf;
