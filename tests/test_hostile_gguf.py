@@ -150,13 +150,16 @@ def test_trained_context_of_2_to_the_24_is_capped(base, tmp_path, monkeypatch):
     assert Model(path, n_ctx=4096, n_threads=1).n_ctx_note is None
 
 
-def test_nan_weight_names_the_first_layer(base, tmp_path):
-    """A NaN in layer 1's FFN: the step fails naming layer 1 and the sequence keeps its length."""
+@pytest.mark.parametrize("kv", ["f16", "ottr2"])
+def test_nan_weight_names_the_first_layer(base, tmp_path, kv):
+    """A NaN in layer 1's FFN: the step fails naming layer 1 and the sequence keeps its length.
+    Naming it recomputes the step node by node, our cache's attention ops included (two
+    threads: they take the attention items in turn)."""
     path = write_copy(base, tmp_path / "nan.gguf")
     reader = GGUFReader(path, "r+")
     next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight").data[0, 0] = np.nan
     del reader
-    model = Model(path, n_ctx=64, n_threads=1)
+    model = Model(path, n_ctx=64, n_threads=2, kv=kv)
     with pytest.raises(BackendError, match="layer 1 is the first whose output holds a NaN"):
         model.eval([1, 2, 3])
     assert model.seq_len(0) == 0

@@ -35,6 +35,7 @@ public:
         step.n_seq_max = sh.n_seq_max;
         step.scratch   = &scratch;
         step.layer_ops.resize(sh.n_layer);
+        step.taken = std::make_unique<std::atomic<int32_t>[]>(sh.n_layer);
         for (int il = 0; il < sh.n_layer; ++il) step.layer_ops[il] = { &step, il };
         step.rope = nullptr;
         if (cfg.kvq && cfg.pre_rope) {  // cos and sin of every position a sequence may hold
@@ -320,6 +321,7 @@ private:
             }
         }
         step.groups.push_back((int32_t)step.items.size());
+        for (int il = 0; il < sh.n_layer; ++il) step.taken[il].store(0, std::memory_order_relaxed);
     }
 
     ott_kv_config cfg;

@@ -955,7 +955,12 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
     const bool aligned = cfg.geom.group_k % VL == 0 && cfg.geom.group_v % VL == 0 && !cfg.geom.key_axis;
     const attn_ws w    = workspace((*st.scratch)[ith], hd, hd / cfg.geom.group_v, st.rows_max);
 
-    for (size_t it = ith; it < st.items.size(); it += nth) {
+    // items in turn, whichever thread is free: they differ in cost (the last of a group also
+    // reads the fp16 stores), so a fixed share per thread left one of them waiting
+    std::atomic<int32_t> & taken = st.taken[op.il];
+    const int32_t n_items        = (int32_t)st.items.size();
+    for (int32_t it = taken.fetch_add(1, std::memory_order_relaxed); it < n_items;
+         it         = taken.fetch_add(1, std::memory_order_relaxed)) {
         const ott_kv_attn_item & I  = st.items[it];
         const ott_kv_step_seq & S   = st.plan.seqs[I.sq];
         const ott_kv_layer_seq & ls = st.ls(op.il, S.seq);
@@ -1043,6 +1048,9 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const int32_t hd = st.cfg->geom.head_dim, n_rep = st.n_head / st.cfg->n_head_kv;
     const int64_t prow = ott_attn_partial_row(hd);
     const float * part = (const float *)dst->src[0]->data;
+    // the partial op is done with its items: ready for the graph to be computed again
+    // (ott_first_nonfinite_layer recomputes a step node by node)
+    if (ith == 0) st.taken[op.il].store(0, std::memory_order_relaxed);
 
     for (size_t gi = ith; gi + 1 < st.groups.size(); gi += nth) {
         const int32_t i_first = st.groups[gi], i_end = st.groups[gi + 1];

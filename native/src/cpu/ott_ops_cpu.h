@@ -23,6 +23,8 @@
 
 #include "ggml.h"
 
+#include <atomic>
+#include <memory>
 #include <vector>
 
 // The stores of one layer of one sequence, all KV heads (head-major).
@@ -64,13 +66,14 @@ struct ott_kv_step {
     int32_t n_seq_max;
     int32_t n_head;  // query heads
     float kq_scale;
-    int32_t rows_max;                             // query rows per item: n_rep * max n_q
-    ott_kv_plan plan;                             // appends and events (kv/kv_schedule.h)
-    std::vector<ott_kv_attn_item> items;          // grouped: items of one query group are consecutive
-    std::vector<int32_t> groups;                  // [n_groups+1] first item of each group
-    std::vector<ott_kv_layer_op> layer_ops;       // [n_layer]
-    std::vector<std::vector<uint8_t>> * scratch;  // [OTT_MAX_THREADS] per-thread work memory
-    const ott_rope_table * rope;                  // KVQuant with keys before RoPE: their rotation; else null
+    int32_t rows_max;                               // query rows per item: n_rep * max n_q
+    ott_kv_plan plan;                               // appends and events (kv/kv_schedule.h)
+    std::vector<ott_kv_attn_item> items;            // grouped: items of one query group are consecutive
+    std::unique_ptr<std::atomic<int32_t>[]> taken;  // [n_layer] items the layer's threads have taken
+    std::vector<int32_t> groups;                    // [n_groups+1] first item of each group
+    std::vector<ott_kv_layer_op> layer_ops;         // [n_layer]
+    std::vector<std::vector<uint8_t>> * scratch;    // [OTT_MAX_THREADS] per-thread work memory
+    const ott_rope_table * rope;                    // KVQuant with keys before RoPE: their rotation; else null
 
     ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };
