@@ -1,5 +1,5 @@
 // ott_ops_cpu.h — CPU workers of the quantized KV cache, run as ggml custom ops inside a
-// step's graph (threads split the work by ith/nth):
+// step's graph (threads split the work by ith/nth; the attention items they take in turn):
 //
 //   ott_cpu_attn_partial  fused attention of a ubatch's queries over sink, quantized blocks
 //                         (minus masked slots), outlier pool, extra pool, fp16 window and the
