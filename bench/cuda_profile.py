@@ -73,7 +73,7 @@ def step_gaps(prof) -> dict[str, float]:
             else:
                 cur1 = max(cur1, b)
         busy += cur1 - cur0
-        first, last = spans[0][0], max(b for _, b in spans)
+        first, last = spans[0][0], cur1  # cur1: the latest end, the union's last run
         out["busy"] += busy
         out["idle_before"] += first - s0
         out["idle_after"] += s1 - last
