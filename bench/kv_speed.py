@@ -1,7 +1,7 @@
 """Decode speed by context depth: our f16 and ott2 caches against llama.cpp, in one run.
 
     python bench/kv_speed.py [MODEL] [-t 2] [-d 0,1024,4096,8192] [-n 32] [--rounds 3]
-                             [--modes f16,ott2] [--kv-calib SIDECAR] [--llama-bench PATH]
+                             [--modes f16,ott2,ott2@float] [--kv-calib SIDECAR] [--llama-bench PATH]
 
 For each depth d, decode tokens/s after d tokens of context, for
 - ours: each mode's cache holds d random tokens in a sequence of its own (filled once); a
@@ -9,7 +9,9 @@ For each depth d, decode tokens/s after d tokens of context, for
   steps, timed), then copies it again and decodes n more with profiling on (ott.h:
   ott_set_profile), which splits a token's time into attention (our fused attention for the
   quantized modes, ggml's flash attention for f16), appends and quantization events,
-  rotations, and the rest (projections, FFN, output head);
+  rotations, and the rest (projections, FFN, output head); MODE@float is MODE with the CPU
+  attention's dot products in float where the process would use integer ones (AVX-512
+  VNNI, ott.h: ott_set_cpu_int_dots), so both run side by side;
 - llama.cpp's llama-bench (`-p 0 -n N -d ...`) with an f16 cache without and with flash
   attention, and with a q4_0 cache (flash attention on, which a quantized V cache needs).
 Each round runs every side once; the table gives medians over rounds, so a change in machine
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from accuracy import parse_mode  # noqa: E402
 from speed_vs_llamacpp import DEFAULT_LLAMA_BENCH, llama_bench, require_llama_bench  # noqa: E402
 
-from ott_gguf.model import Context, Weights  # noqa: E402
+from ott_gguf.model import Context, Weights, set_cpu_int_dots  # noqa: E402
 from ott_gguf.reference import KVConfig, preset  # noqa: E402
 from ott_gguf.resolve import resolve_model  # noqa: E402
 
@@ -51,6 +53,15 @@ def fill(model: Context, seq: int, n: int, rng: np.random.Generator) -> None:
     ids = rng.integers(0, model.n_vocab, n).tolist()
     for i in range(0, n, 512):
         model.eval(ids[i : i + 512], seq)
+
+
+def dots_of(label: str) -> bool | None:
+    """A mode label's CPU dot products: "MODE@float" in float (set_cpu_int_dots(False)), else
+    the process default (None)."""
+    suffix = label.partition("@")[2]
+    if suffix not in ("", "float"):
+        raise SystemExit(f"error: --modes {label}: the only suffix is @float")
+    return False if suffix else None
 
 
 def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool):
@@ -80,12 +91,19 @@ def main() -> int:
     ap.add_argument("-d", "--depths", default="0,1024,4096,8192")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens per side, depth and round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="f16,ott2", help="our cache modes, with knobs as in accuracy.py: ottr2:hi_k=4")
+    ap.add_argument(
+        "--modes",
+        default="f16,ott2",
+        help="our cache modes, with knobs as in accuracy.py (ottr2:hi_k=4); MODE@float: the CPU attention's "
+        "dot products in float where it would use integer ones (AVX-512 VNNI)",
+    )
     ap.add_argument("--kv-calib", type=Path, help="calibration sidecar of the calibrated and KVQuant modes")
     ap.add_argument("--llama-bench", type=Path, default=DEFAULT_LLAMA_BENCH)
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     modes = args.modes.split(",")
+    for m in modes:
+        dots_of(m)  # a bad suffix fails before any work
     require_llama_bench(args.llama_bench)
     path = resolve_model(args.model)
     print(
@@ -106,8 +124,9 @@ def main() -> int:
             kv=kv,
             kv_calib=args.kv_calib if (kv if isinstance(kv, KVConfig) else preset(kv)).calibrated else None,
         )
-        for m, kv in map(parse_mode, modes)
+        for m, kv in ((m, parse_mode(m.partition("@")[0])[1]) for m in modes)
     }
+    int_dots = set_cpu_int_dots(None)  # the process default, restored after each @float mode
     for model in models.values():
         for i, d in enumerate(depths):
             fill(model, i, d, rng)
@@ -117,8 +136,11 @@ def main() -> int:
     for rnd in range(args.rounds):
         for i, d in enumerate(depths):
             for m, model in models.items():
+                if dots_of(m) is not None:
+                    set_cpu_int_dots(dots_of(m))
                 tps[(m, d)].append(args.n_gen / decode_from(model, i, args.n_gen, rng, profile=False))
                 attn[(m, d)].append(decode_from(model, i, args.n_gen, rng, profile=True))
+                set_cpu_int_dots(int_dots)
         for name, (fa, ctype) in LLAMA_SETTINGS.items():
             cmds[name], medians = llama_bench(
                 args.llama_bench, path, args.threads, 0, args.n_gen, 1, depths, fa, cache_type=ctype

@@ -619,3 +619,13 @@ def physical_cores() -> int:
 def cuda_device_count() -> int:
     """CUDA devices this build can run on (0 without CUDA support or without a GPU)."""
     return lib.ott_cuda_device_count()
+
+
+def set_cpu_int_dots(on: bool | None) -> bool:
+    """For the whole process: whether the CPU attention of a quantized cache multiplies 1-, 2-
+    and 4-bit codes by 16-bit integer multiply-adds (AVX-512 VNNI, the default where the CPU has
+    it) or in float (ott.h: ott_set_cpu_int_dots); None asks without changing it.
+    UnsupportedError for True where the CPU lacks them; returns the setting now in effect."""
+    out = ffi.new("int32_t *")
+    check(lib.ott_set_cpu_int_dots(-1 if on is None else 1 if on else 0, out))
+    return bool(out[0])

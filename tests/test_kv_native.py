@@ -18,16 +18,36 @@ import numpy as np
 import pytest
 
 from ott_gguf.errors import UnsupportedError
-from ott_gguf.model import Model, cuda_device_count
+from ott_gguf.model import Model, cuda_device_count, set_cpu_int_dots
 from ott_gguf.reference import KVConfig, LayerCache, attend, preset
 from ott_gguf.reference.footprint import measure
 from ott_gguf.reference.rope import Rope
 from ott_gguf.reference.rotation import HADAMARD, hadamard, restore, rotate
 from reference_forward import ReferenceModel, rms_norm, silu
 
-# float32 matrix products on the CPU; ggml-cuda's round through TF32/fp16 (misses of about
-# 2e-3 at the CPU budget were seen on an H200), so a GPU build gets a wider budget
-LOGIT_BUDGET = 2e-4 if cuda_device_count() == 0 else 5e-3
+
+def cpu_int_dots() -> bool:
+    """Whether this CPU runs the attention's integer dot products (and they are now on)."""
+    try:
+        return set_cpu_int_dots(True)
+    except UnsupportedError:
+        return False
+
+
+INT_DOTS = cpu_int_dots()
+
+
+def logit_budget(int_dots: bool) -> float:
+    """float32 matrix products on the CPU: 2e-4. The CPU attention's integer dot products
+    (AVX-512 VNNI, ott.h: ott_set_cpu_int_dots) take q·scale and p·scale in 16-bit fixed point:
+    up to 2.6e-4 measured over CASES, so 1e-3. ggml-cuda's products round through TF32/fp16
+    (misses of about 2e-3 at the CPU budget were seen on an H200), so a GPU build gets 5e-3."""
+    if cuda_device_count():
+        return 5e-3
+    return 1e-3 if int_dots else 2e-4
+
+
+LOGIT_BUDGET = logit_budget(INT_DOTS)  # the process default
 
 # small blocks so that a few hundred tokens cross every boundary many times; groups of 16
 # take the native attention's fused path (decode rows read codes directly), groups of 8 or
@@ -257,15 +277,52 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["float", "int"])
+def dots(request):
+    """The CPU attention's dot products over codes: in float, or as integers where the CPU has them."""
+    on = request.param == "int"
+    if on and (not INT_DOTS or cuda_device_count()):
+        pytest.skip("no AVX-512 VNNI on this CPU" if not INT_DOTS else "the model runs on the GPU")
+    set_cpu_int_dots(on)
+    yield on
+    set_cpu_int_dots(INT_DOTS)
+
+
+def test_int_dots_switch(tmp_path):
+    """The switch takes effect: the same steps over a 2-bit preset's blocks (the fused path)
+    give other logits with integer dot products than in float, within the budget; where the
+    CPU lacks them, asking for them is one UnsupportedError and changes nothing."""
+    if not INT_DOTS:
+        with pytest.raises(UnsupportedError, match="VNNI"):
+            set_cpu_int_dots(True)
+        assert set_cpu_int_dots(False) is False
+        return
+    path = random_model(tmp_path, 64, 3)
+    model = Model(path, n_ctx=512, n_seq_max=2, n_threads=2, kv=preset("ottr2"), device="cpu")
+    tokens = np.random.default_rng(5).integers(0, model.n_vocab, 260).tolist()
+    model.eval(tokens[:256])  # two quantized blocks
+    logits = {}
+    try:
+        for on in (False, True):
+            assert set_cpu_int_dots(on) is on
+            model.copy_sequence(0, 1)
+            logits[on] = np.stack([model.eval([t], 1) for t in tokens[256:]])
+            model.truncate(1, 0)
+    finally:
+        set_cpu_int_dots(INT_DOTS)
+    err = rel_err(logits[True], logits[False])
+    assert 0 < err.max() < logit_budget(True)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_native_matches_reference(tmp_path, case):
+def test_native_matches_reference(tmp_path, case, dots):
     _, head_dim, gqa, cfg, n_tokens, sizes = case
     path = random_model(tmp_path, head_dim, gqa)
     model = Model(path, n_ctx=512, n_threads=2, kv=cfg)
     run = ReferenceRun(ReferenceModel(path), cfg, model)
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()
     worst = run_chunks(model, run, tokens, sizes)
-    assert worst < LOGIT_BUDGET
+    assert worst < logit_budget(dots)
     assert model.kv_stats().bytes_used == measure(run.layers).total_bytes  # same accounting
     # the boundaries the case was meant to cross
     head = run.layers[1].heads[0]

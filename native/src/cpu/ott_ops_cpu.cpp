@@ -19,6 +19,7 @@
 // checked against the float64 reference within a budget; the quantizer (kv_quant.c) is
 // bit-exact and compiled apart.
 #include "cpu/ott_ops_cpu.h"
+#include "cpu/attn_vnni.h"
 #include "cpu/kvq_attn_cpu.h"
 
 #include "kv/kv_kvq.h"
@@ -221,8 +222,8 @@ OTT_INLINE float exp_nonpos(float x) {
 
 // n scales and minimums of a head-block's parameter arrays sc and mn from group i0, as floats
 // into s and m: fp16, or ufp8 and int8 (param_bits 8, kv_layout.h).
-void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n, float * s,
-                float * m) {
+OTT_CLONES void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n,
+                           float * s, float * m) {
     if (g.param_bits == 8) {
         for (int64_t j = 0; j < n; ++j) {
             s[j] = ott_kv_scale8(sc[i0 + j]);
@@ -520,9 +521,80 @@ OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const 
 #undef OTT_VALUES
 }
 
+// x[0..n) in 16-bit fixed point for attn_vnni, q[i] = x[i]·2^e rounded (pairs (q[2i], q[2i+1])
+// are its int32 words, little-endian), and the factor 2^-e back to x: the largest |x|·2^e in
+// [2^14, 2^15], at most 32767. n even.
+OTT_INLINE void fixed_pairs(const float * x, int32_t n, int16_t * q, float * scale) {
+    v8f hi = {}, lo = {};  // lane-wise max and min (vector compares: the loop vectorises)
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v;
+        std::memcpy(&v, x + i, sizeof v);
+        hi = v > hi ? v : hi;
+        lo = v < lo ? v : lo;
+    }
+    float mx = 0.0f;
+    for (int k = 0; k < 8; ++k) mx = std::max(mx, std::max(hi[k], -lo[k]));
+    for (; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
+    int e = 0;
+    if (mx > 0.0f) {
+        std::frexp(mx, &e);  // mx < 2^e
+        e = std::max(-100, std::min(100, 15 - e));
+    }
+    const float f = std::ldexp(1.0f, e);
+    for (i = 0; i < n; ++i) q[i] = (int16_t)std::max(-32767.0f, std::min(32767.0f, std::nearbyint(x[i] * f)));
+    *scale = std::ldexp(1.0f, -e);
+}
+
+// Whether attn_vnni serves a head-block's codes: key rows and values of 1, 2 or 4 bits, each run
+// of key rows (tiers) an even number of rows.
+bool vnni_fits(const ott_kv_geom & g) {
+    return ott_vnni_enabled() && g.bits_k != 8 && g.bits_v != 8 && g.head_dim <= 256 && g.n_hi % 2 == 0 &&
+           g.n_lo % 2 == 0;
+}
+
+// s[r][t - ta] = qm[r] + Σ_c qs[r][c]·code[c][t] for the tokens [ta, tb) of one key group, c over
+// the key rows of the n_runs runs, by attn_vnni (each run's qs in a fixed point of its own: the
+// key tiers' scales differ by their code widths)
+OTT_INLINE void scores_vnni(const attn_ws & w, int32_t rows, const key_rows * runs, int32_t n_runs, int32_t ta,
+                            int32_t tb, float * s) {
+    int16_t * q16 = (int16_t *)w.tmp;  // [rows][head_dim]
+    for (int32_t r = 0; r < rows; ++r) std::fill(s + (size_t)r * LD, s + (size_t)r * LD + (tb - ta), w.qm[r]);
+    for (int32_t i = 0; i < n_runs; ++i) {
+        const key_rows & kr = runs[i];
+        float scale[FUSED_ROWS];
+        for (int32_t r = 0; r < rows; ++r) {
+            fixed_pairs(w.qs + (size_t)r * w.hdp + kr.r0, kr.r1 - kr.r0, q16 + (size_t)r * w.hd + kr.r0, &scale[r]);
+        }
+        for (int32_t r0 = 0; r0 < rows; r0 += RB_MAX) {
+            ott_vnni_pair_dots(kr.bits, kr.codes + (size_t)ta * kr.bits / 8, kr.row_bytes, (kr.r1 - kr.r0) / 2, tb - ta,
+                               q16 + (size_t)r0 * w.hd + kr.r0, w.hd, scale + r0, std::min(RB_MAX, rows - r0),
+                               s + (size_t)r0 * LD, LD);
+        }
+    }
+}
+
+// acc[r][c] += mt[r] + Σ_t pw[r][t]·code[t][c] for the channels [ca, cb) of one value group and
+// the n_t tokens of the codes from vcodes (row stride vrow), by attn_vnni
+OTT_INLINE void values_vnni(const attn_ws & w, int32_t rows, const uint8_t * vcodes, size_t vrow, int32_t bits,
+                            int32_t n_t, int32_t ca, int32_t cb) {
+    int16_t * p16 = (int16_t *)w.tmp;  // [rows][n_t]
+    float scale[FUSED_ROWS];
+    for (int32_t r = 0; r < rows; ++r) {
+        fixed_pairs(w.pw + (size_t)r * LD, n_t, p16 + (size_t)r * n_t, &scale[r]);
+        float * acc = w.acc + (size_t)r * w.hdp;
+        for (int32_t c = ca; c < cb; ++c) acc[c] += w.mt[r];
+    }
+    for (int32_t r0 = 0; r0 < rows; r0 += RB_MAX) {
+        ott_vnni_pair_dots(bits, vcodes + (size_t)ca * bits / 8, vrow, n_t / 2, cb - ca, p16 + (size_t)r0 * n_t, n_t,
+                           scale + r0, std::min(RB_MAX, rows - r0), w.acc + (size_t)r0 * w.hdp + ca, w.hdp);
+    }
+}
+
 // Slots t0 .. t0+n_t-1 of a head-block straight from the codes (fused path; group_k,
-// group_v multiples of VL, n_t a multiple of VL); the kernels in vectors V, NV per iteration.
-template <class V, int NV>
+// group_v multiples of VL, n_t a multiple of VL); the kernels in vectors V, NV per iteration,
+// or (VNNI) attn_vnni's integer dot products.
+template <class V, int NV, bool VNNI = false>
 OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t,
                                const attn_ws & w, int32_t rows, const uint8_t * dead) {
     const ott_kv_geom & g         = cfg.geom;
@@ -550,7 +622,11 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
 #define OTT_SCORES(RB)                                                                                                 \
     scores_codes_rb<V, NV, RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, runs, n_runs, ta, tb,                          \
                                w.s + (size_t)r0 * LD + (ta - t0))
-        OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+        if constexpr (VNNI) {
+            scores_vnni(w, rows, runs, n_runs, ta, tb, w.s + (ta - t0));
+        } else {
+            OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+        }
 #undef OTT_SCORES
         ta = tb;
     }
@@ -582,7 +658,11 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
 #define OTT_VALUES(RB)                                                                                                 \
     values_codes_rb<V, NV, RB>(w.pw + (size_t)r0 * LD, w.mt + r0, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t,       \
                                gi * gv, (gi + 1) * gv, hdp, w.acc + (size_t)r0 * hdp)
-        OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
+        if constexpr (VNNI) {
+            values_vnni(w, rows, vcodes, ott_kv_v_row_bytes(&g), g.bits_v, n_t, gi * gv, (gi + 1) * gv);
+        } else {
+            OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
+        }
 #undef OTT_VALUES
     }
 }
@@ -592,7 +672,11 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
 #if OTT_VERSIONS
 OTT_V4 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
                          int32_t rows, const uint8_t * dead) {
-    attend_codes_v<v16z, 2>(cfg, hb, t0, n_t, w, rows, dead);
+    if (vnni_fits(cfg.geom)) {
+        attend_codes_v<v16z, 2, true>(cfg, hb, t0, n_t, w, rows, dead);
+    } else {
+        attend_codes_v<v16z, 2>(cfg, hb, t0, n_t, w, rows, dead);
+    }
 }
 
 OTT_V3 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
