@@ -286,7 +286,7 @@ int32_t ott_physical_cores(void);
 int32_t ott_cuda_device_count(void);
 
 /* How the CPU attention of a quantized cache multiplies 1-, 2- and 4-bit codes, for the whole
- * process: on = 1 (the default where the CPU has AVX-512 VNNI and VBMI) by 16-bit integer
+ * process: on = 1 (the default where the CPU has AVX-512 VNNI) by 16-bit integer
  * multiply-adds, q·scale and p·scale in fixed point (error: 2^-15 of each query row's
  * largest term per head-block); 0 in float; < 0 leaves it as it is. OTT_ERR_UNSUPPORTED for 1
  * where the CPU lacks them. *out (may be NULL) gets the setting now in effect. */

@@ -17,7 +17,7 @@ void ott_vnni_enable(bool on) { g_off.store(!on, std::memory_order_relaxed); }
 
 extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
     if (on && !ott_vnni_available()) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI/VBMI for integer dot products");
+        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for integer dot products");
     }
     if (on >= 0) ott_vnni_enable(on != 0);
     if (out) *out = ott_vnni_enabled() ? 1 : 0;
@@ -30,12 +30,12 @@ extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
 #include <algorithm>
 #include <cstring>
 
-#define OTT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
-#define OTT_VNNI_INLINE inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+#define OTT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define OTT_VNNI_INLINE inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 bool ott_vnni_available() {
-    static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+    static const bool ok =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     return ok;
 }
 
@@ -90,17 +90,23 @@ OTT_VNNI void pair_dots(const uint8_t * rows, size_t row_bytes, int32_t n_pairs,
     constexpr int SPP       = CPB < 4 ? CPB : 4;  // shifts per pass over the pairs (RB·SPP accumulators)
     constexpr uint32_t CODE = (1u << BITS) - 1;
     constexpr __mmask16 ALL = 0xFFFF;  // the maskz forms: GCC 12 warns on the plain ones' undefined inputs
-    // dword l = byte l of row a, twice, then byte l of row b, twice (bytes 1 and 3 are masked off)
+    // dword l = byte l of row a, twice, then byte l of row b, twice (bytes 1 and 3 are masked off):
+    // 128-bit lane k takes dword k of each row (vpermt2d), then its bytes are spread (vpshufb)
     alignas(64) static constexpr struct idx_t {
+        int32_t d[16];
         uint8_t b[64];
-        constexpr idx_t() : b {} {
-            for (int l = 0; l < 16; ++l) {
-                b[4 * l] = b[4 * l + 1] = (uint8_t)l;
-                b[4 * l + 2] = b[4 * l + 3] = (uint8_t)(64 + l);
+        constexpr idx_t() : d {}, b {} {
+            for (int k = 0; k < 4; ++k) {
+                d[4 * k]     = k;
+                d[4 * k + 1] = 16 + k;
+                for (int i = 0; i < 4; ++i) {
+                    b[16 * k + 4 * i] = b[16 * k + 4 * i + 1] = (uint8_t)i;
+                    b[16 * k + 4 * i + 2] = b[16 * k + 4 * i + 3] = (uint8_t)(4 + i);
+                }
             }
         }
     } IDX {};
-    const __m512i idx = _mm512_load_si512(IDX.b);
+    const __m512i idx_d = _mm512_load_si512(IDX.d), idx_b = _mm512_load_si512(IDX.b);
     for (int32_t i0 = 0, seg = 0; i0 < n; i0 += 16 * CPB, ++seg) {
         __m512 f[RB][CPB];
         for (int s0 = 0; s0 < CPB; s0 += SPP) {
@@ -109,9 +115,9 @@ OTT_VNNI void pair_dots(const uint8_t * rows, size_t row_bytes, int32_t n_pairs,
                 for (int s = 0; s < SPP; ++s) acc[r][s] = _mm512_setzero_si512();
             const uint8_t * p0 = rows + (size_t)seg * 16;
             for (int32_t p = 0; p < n_pairs; ++p, p0 += 2 * row_bytes) {
-                const __m512i a = _mm512_maskz_broadcast_i32x4(ALL, _mm_loadu_si128((const __m128i *)p0));
-                const __m512i b = _mm512_maskz_broadcast_i32x4(ALL, _mm_loadu_si128((const __m128i *)(p0 + row_bytes)));
-                const __m512i x = _mm512_permutex2var_epi8(a, idx, b);
+                const __m512i a = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)p0));
+                const __m512i b = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(p0 + row_bytes)));
+                const __m512i x = _mm512_shuffle_epi8(_mm512_permutex2var_epi32(a, idx_d, b), idx_b);
                 for (int s = 0; s < SPP; ++s) {
                     const uint32_t m = CODE << (BITS * (s0 + s));
                     const __m512i xm = _mm512_and_si512(x, _mm512_set1_epi32((int)(m | m << 16)));

@@ -1,6 +1,6 @@
 // attn_vnni.h — the fused attention's dot products over packed codes as 16-bit integer
-// multiply-adds (AVX-512 VNNI vpdpwssd), where the CPU has them (x86-64 with avx512vnni and
-// avx512vbmi, checked at run time).
+// multiply-adds (AVX-512 VNNI vpdpwssd), where the CPU has them (x86-64 with avx512vnni, checked
+// at run time).
 //
 // One kernel serves keys and values: two rows of BITS-bit codes (keys: two channels' rows
 // along tokens; values: two tokens' rows along channels) and a 16-bit weight per row and
