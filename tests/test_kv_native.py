@@ -292,6 +292,7 @@ def test_int_dots_switch(tmp_path):
     """The switch takes effect: the same steps over a 2-bit preset's blocks (the fused path)
     give other logits with integer dot products than in float, within the budget; where the
     CPU lacks them, asking for them is one UnsupportedError and changes nothing."""
+    assert set_cpu_int_dots(None) is INT_DOTS  # a question, never an error
     if not INT_DOTS:
         with pytest.raises(UnsupportedError, match="VNNI"):
             set_cpu_int_dots(True)

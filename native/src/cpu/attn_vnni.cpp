@@ -16,7 +16,7 @@ bool ott_vnni_enabled() { return ott_vnni_available() && !g_off.load(std::memory
 void ott_vnni_enable(bool on) { g_off.store(!on, std::memory_order_relaxed); }
 
 extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
-    if (on && !ott_vnni_available()) {
+    if (on > 0 && !ott_vnni_available()) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for integer dot products");
     }
     if (on >= 0) ott_vnni_enable(on != 0);
