@@ -11,7 +11,7 @@
 // converted to float, scaled by 2^-(BITS·s), and interleaved back into code order.
 //
 // Error: only the caller's rounding of its weights to 16 bits (the int32 sums are exact for
-// |w| <= 2^14 over up to 256 rows of codes below 2^8).
+// |w| < 2^15 over up to 256 rows: a masked code is at most 240, a 4-bit code at bit 4).
 #pragma once
 
 #include <cstddef>
