@@ -55,13 +55,12 @@ def fill(model: Context, seq: int, n: int, rng: np.random.Generator) -> None:
         model.eval(ids[i : i + 512], seq)
 
 
-def dots_of(label: str) -> bool | None:
-    """A mode label's CPU dot products: "MODE@float" in float (set_cpu_int_dots(False)), else
-    the process default (None)."""
+def float_dots(label: str) -> bool:
+    """Whether a mode label asks for the CPU dot products in float ("MODE@float")."""
     suffix = label.partition("@")[2]
     if suffix not in ("", "float"):
         raise SystemExit(f"error: --modes {label}: the only suffix is @float")
-    return False if suffix else None
+    return suffix == "float"
 
 
 def decode_from(model: Context, src: int, n_gen: int, rng: np.random.Generator, profile: bool):
@@ -103,7 +102,7 @@ def main() -> int:
     depths = [int(d) for d in args.depths.split(",")]
     modes = args.modes.split(",")
     for m in modes:
-        dots_of(m)  # a bad suffix fails before any work
+        float_dots(m)  # a bad suffix fails before any work
     require_llama_bench(args.llama_bench)
     path = resolve_model(args.model)
     print(
@@ -126,7 +125,7 @@ def main() -> int:
         )
         for m, kv in ((m, parse_mode(m.partition("@")[0])[1]) for m in modes)
     }
-    int_dots = set_cpu_int_dots(None)  # the process default, restored after each @float mode
+    int_dots = set_cpu_int_dots(None)  # the process default: the modes without @float
     for model in models.values():
         for i, d in enumerate(depths):
             fill(model, i, d, rng)
@@ -136,11 +135,9 @@ def main() -> int:
     for rnd in range(args.rounds):
         for i, d in enumerate(depths):
             for m, model in models.items():
-                if dots_of(m) is not None:
-                    set_cpu_int_dots(dots_of(m))
+                set_cpu_int_dots(int_dots and not float_dots(m))
                 tps[(m, d)].append(args.n_gen / decode_from(model, i, args.n_gen, rng, profile=False))
                 attn[(m, d)].append(decode_from(model, i, args.n_gen, rng, profile=True))
-                set_cpu_int_dots(int_dots)
         for name, (fa, ctype) in LLAMA_SETTINGS.items():
             cmds[name], medians = llama_bench(
                 args.llama_bench, path, args.threads, 0, args.n_gen, 1, depths, fa, cache_type=ctype

@@ -25,16 +25,7 @@ from ott_gguf.reference.rope import Rope
 from ott_gguf.reference.rotation import HADAMARD, hadamard, restore, rotate
 from reference_forward import ReferenceModel, rms_norm, silu
 
-
-def cpu_int_dots() -> bool:
-    """Whether this CPU runs the attention's integer dot products (and they are now on)."""
-    try:
-        return set_cpu_int_dots(True)
-    except UnsupportedError:
-        return False
-
-
-INT_DOTS = cpu_int_dots()
+INT_DOTS = set_cpu_int_dots(None)  # on by default where the CPU has them (AVX-512 VNNI)
 
 
 def logit_budget(int_dots: bool) -> float:

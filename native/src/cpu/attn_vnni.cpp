@@ -13,13 +13,11 @@ std::atomic<bool> g_off { false };  // ott_set_cpu_int_dots(0)
 
 bool ott_vnni_enabled() { return ott_vnni_available() && !g_off.load(std::memory_order_relaxed); }
 
-void ott_vnni_enable(bool on) { g_off.store(!on, std::memory_order_relaxed); }
-
 extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
     if (on > 0 && !ott_vnni_available()) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for integer dot products");
     }
-    if (on >= 0) ott_vnni_enable(on != 0);
+    if (on >= 0) g_off.store(on == 0, std::memory_order_relaxed);
     if (out) *out = ott_vnni_enabled() ? 1 : 0;
     return OTT_OK;
 }
@@ -30,8 +28,9 @@ extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
 #include <algorithm>
 #include <cstring>
 
-#define OTT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define OTT_VNNI_INLINE inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define OTT_VNNI_ISA "avx512f,avx512bw,avx512vl,avx512vnni"
+#define OTT_VNNI __attribute__((target(OTT_VNNI_ISA)))
+#define OTT_VNNI_INLINE inline __attribute__((always_inline, target(OTT_VNNI_ISA)))
 
 bool ott_vnni_available() {
     static const bool ok =

@@ -23,7 +23,6 @@ bool ott_vnni_available();
 
 // Whether the fused attention uses it: available and not turned off (ott_set_cpu_int_dots).
 bool ott_vnni_enabled();
-void ott_vnni_enable(bool on);
 
 // out[r][i] += scale[r]·Σ_p (w[r][2p]·code(row 2p, i) + w[r][2p+1]·code(row 2p+1, i)) for i < n
 // and r < rb (<= 4): row j's codes start at byte 0 of rows + j·row_bytes, BITS (1, 2 or 4)
