@@ -386,7 +386,7 @@ class Context:
             check(lib.ott_kv_export(ctx, layer, seq, head, st))
         hd = self.info.n_embd_head
         arrays = {
-            "blocks": np.zeros((st.n_blocks, st.block_bytes), np.uint8),
+            "blocks": np.zeros((st.n_blocks - st.n_recent, st.block_bytes), np.uint8),
             "sink_k": np.zeros((st.n_sink, hd), np.float16),
             "sink_v": np.zeros((st.n_sink, hd), np.float16),
             "pool_k": np.zeros((st.n_pool, hd), np.float16),
@@ -397,6 +397,7 @@ class Context:
             "extra_pos": np.zeros(st.n_extra, np.int32),
             "window_k": np.zeros((st.n_window, hd), np.float16),
             "window_v": np.zeros((st.n_window, hd), np.float16),
+            "recent": np.zeros((st.n_recent, st.recent_bytes), np.uint8),
         }
         ctypes = {np.uint8: "uint8_t *", np.float16: "uint16_t *", np.int32: "int32_t *"}
         for name, a in arrays.items():
@@ -407,6 +408,7 @@ class Context:
             n_tokens=st.n_tokens,
             tracing=bool(st.tracing),
             block_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.block_offsets))),
+            recent_offsets=dict(zip(KVHeadState.BLOCK_ARRAYS, list(st.recent_offsets))),
             **arrays,
         )
 
@@ -522,7 +524,7 @@ class KVHeadState:
     n_tokens: int
     tracing: bool  # the head still runs Outlier Token Tracing
     block_offsets: dict  # array name (BLOCK_ARRAYS) -> byte offset in a head-block
-    blocks: np.ndarray  # uint8 [n_blocks, block_bytes] head-blocks (native/src/kv/kv_layout.h)
+    blocks: np.ndarray  # uint8 [n_blocks - n_recent, block_bytes] head-blocks (native/src/kv/kv_layout.h)
     sink_k: np.ndarray  # fp16 [n_sink, head_dim]; likewise sink_v
     sink_v: np.ndarray
     pool_k: np.ndarray  # fp16 [n_pool, head_dim], ascending position
@@ -533,6 +535,8 @@ class KVHeadState:
     extra_pos: np.ndarray  # int32 [n_extra]
     window_k: np.ndarray  # fp16 [n_window, head_dim], the most recent positions
     window_v: np.ndarray
+    recent_offsets: dict  # as block_offsets, in a recent head-block
+    recent: np.ndarray  # uint8 [n_recent, recent_bytes] the newest blocks, 4-bit (KVConfig.recent)
 
 
 def _calibration_for(cfg: KVConfig, model_path: Path, given: str | os.PathLike | None) -> Path | None:

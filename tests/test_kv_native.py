@@ -158,9 +158,14 @@ def assert_same_state(model: Model, run: ReferenceRun, seq: int = 0) -> None:
                 assert (ours[1].view(np.uint16) == ref.v.view(np.uint16)).all(), f"{where}: {name} V"
                 if ours[2] is not None:
                     assert ours[2].tolist() == ref.pos.tolist(), f"{where}: {name} positions"
-            assert len(st.blocks) == len(head.blocks), where
+            assert len(st.blocks) + len(st.recent) == len(head.blocks), where
+            n_old = len(st.blocks)
             for j, rb in enumerate(head.blocks):
-                got = block_arrays(st.blocks[j], st.block_offsets, rb)
+                got = (
+                    block_arrays(st.blocks[j], st.block_offsets, rb)
+                    if j < n_old
+                    else block_arrays(st.recent[j - n_old], st.recent_offsets, rb)
+                )
                 for name, arr in got.items():
                     assert (arr.view(np.uint8) == getattr(rb, name).view(np.uint8)).all(), f"{where}: block {j} {name}"
 
@@ -265,6 +270,18 @@ CASES = [
         150,
         [1, 4],
     ),
+    # recent blocks: re-coded from their 4-bit codes as they age, into tiers, clipped 2-bit
+    # groups with 8-bit parameters, per-token keys
+    ("hd64-gqa3-recent1-key-tiers", 64, 3, SMALL.with_overrides(hi_k=4, lo_k=8, clip=1, recent=1), 150, [1, 4]),
+    (
+        "hd128-gqa1-recent2-clip-p8-rot-v",
+        128,
+        1,
+        SMALL.with_overrides(clip=1, param_bits=8, rot_v=HADAMARD, recent=2),
+        120,
+        [3, 4],
+    ),
+    ("hd64-gqa3-recent3-keys-per-token", 64, 3, SMALL.with_overrides(key_axis=1, group_k=32, recent=3), 150, [4, 1]),
 ]
 
 
@@ -310,8 +327,8 @@ def test_int_dots_switch(tmp_path):
 def test_native_matches_reference(tmp_path, case, dots):
     _, head_dim, gqa, cfg, n_tokens, sizes = case
     path = random_model(tmp_path, head_dim, gqa)
-    # keys grouped per token are CPU only (the CUDA cache refuses them)
-    model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cfg.key_axis else None)
+    # keys grouped per token and recent blocks are CPU only (the CUDA cache refuses them)
+    model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cfg.key_axis or cfg.recent else None)
     run = ReferenceRun(ReferenceModel(path), cfg, model)
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()
     worst = run_chunks(model, run, tokens, sizes)

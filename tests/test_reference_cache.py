@@ -358,6 +358,8 @@ def test_presets():
         (dict(group_k=2), "group_k=2"),
         (dict(window=-1), "window=-1"),
         (dict(colour=1), "unknown knob"),
+        (dict(recent=1, bits_k=8), "recent=1 needs"),
+        (dict(recent=65), "recent=65"),
     ],
 )
 def test_invalid_configs(overrides, message):
@@ -622,7 +624,9 @@ def test_footprint_ott2_head_dim_64_at_4k():
     assert f.bytes_per_token_per_layer == pytest.approx(f.total_bytes / (4096 * 30))
 
 
-@pytest.mark.parametrize("tiers", [{}, {"hi_k": 4, "lo_k": 4, "group_k": 128}])
+@pytest.mark.parametrize(
+    "tiers", [{}, {"hi_k": 4, "lo_k": 4, "group_k": 128}, {"recent": 2}, {"hi_k": 4, "group_k": 128, "recent": 1}]
+)
 def test_measured_footprint_matches_formula(tiers):
     cfg = preset("ott2").with_overrides(skip_layers=1, **tiers)
     n, d, r = 700, 64, rng(30)
@@ -633,6 +637,32 @@ def test_measured_footprint_matches_formula(tiers):
     for store in ("sink", "codes", "scales", "masks", "pool", "window"):
         assert got.bytes[store] == want.bytes[store], store
     assert 0 < got.bytes["extra_pool"] <= want.bytes["extra_pool"]
+
+
+def test_recent_blocks_are_4bit_then_recoded():
+    """The newest `recent` blocks hold 4-bit codes (a quarter of the 2-bit error or less);
+    older ones were re-coded to 2 bits from them and are about as close to the keys and
+    values as 2-bit codes of the fp16 originals."""
+    cfg = preset("ottr2").with_overrides(block=32, group_k=32, pool=0, extra_pool=0, recent=2)
+    n, d, r = 32 * 6 + 5, 64, rng(31)
+    k, v = r.standard_normal((n, 1, d)), r.standard_normal((n, 1, d))
+    layer, plain = LayerCache.new(cfg, 0, 1, d), LayerCache.new(cfg.with_overrides(recent=0), 0, 1, d)
+    layer.append(k, v)
+    plain.append(k, v)
+    head, ref = layer.heads[0], plain.heads[0]
+    assert len(head.blocks) == 6 and len(head.window) == 5
+    k16 = k[:, 0].astype(np.float16).astype(np.float64)
+    for j, (b, b2) in enumerate(zip(head.blocks, ref.blocks)):
+        rows = slice(32 * j, 32 * (j + 1))
+        err = ((b.dequantize(head.block_cfg(j))[0] - k16[rows]) ** 2).mean()
+        err2 = ((b2.dequantize(ref.cfg)[0] - k16[rows]) ** 2).mean()
+        if j >= 4:  # recent: 4-bit key codes
+            assert b.k_codes.nbytes == d * 32 * 4 // 8 and err < err2 / 4, j
+        else:
+            assert b.k_codes.nbytes == d * 32 * 2 // 8 and err < 1.2 * err2, j
+    # attention reads every token once, each block through its own config
+    pos, kh, _ = head.tokens()
+    assert pos.tolist() == list(range(n)) and np.abs(kh - k16).max() < 2
 
 
 # ---------------------------------------------------------------- rotations

@@ -164,6 +164,11 @@ typedef struct {
                                  range in the ranking, [n_layer][n_head_kv][head_dim],
                                  each in 0 .. 1e30 (ott_gguf/tier_scale.py); NULL: all 1.
                                  Read during ott_context_init only                       */
+    int32_t recent;           /* the newest `recent` blocks (0 .. 64) hold 4-bit keys and
+                                 values in the cache's groups (min-max ranges, no tiers);
+                                 a block is re-coded to the cache's codes when it ages out
+                                 (ott_gguf/reference/cache.py). bits_k, bits_v <= 4, not
+                                 KVQuant; CPU only: the CUDA cache refuses it              */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
@@ -264,7 +269,7 @@ typedef struct {
     int32_t block_bytes;      /* bytes of one head-block                                  */
     int32_t block_offsets[8]; /* byte offsets of k_scale, k_min, v_scale, v_min, k_codes,
                                  v_codes, mask, k_order inside a head-block               */
-    uint8_t * blocks;         /* [n_blocks][block_bytes]                                  */
+    uint8_t * blocks;         /* [n_blocks - n_recent][block_bytes]                       */
     uint16_t * sink_k;        /* fp16 [n_sink][head_dim], likewise sink_v                 */
     uint16_t * sink_v;
     uint16_t * pool_k; /* fp16 [n_pool][head_dim], ascending position              */
@@ -275,6 +280,12 @@ typedef struct {
     int32_t * extra_pos; /* [n_extra]                                                */
     uint16_t * window_k; /* fp16 [n_window][head_dim], ascending position            */
     uint16_t * window_v;
+    int32_t n_recent;          /* the last n_recent of the n_blocks blocks are recent ones
+                                  (ott_kv_params.recent), in their own layout; `blocks`
+                                  holds the n_blocks - n_recent others                    */
+    int32_t recent_bytes;      /* bytes of one recent head-block                          */
+    int32_t recent_offsets[8]; /* as block_offsets, in a recent head-block                */
+    uint8_t * recent;          /* [n_recent][recent_bytes]                                */
 } ott_kv_head_state;
 
 ott_status ott_kv_export(const ott_context * ctx, int32_t il, int32_t seq_id, int32_t head, ott_kv_head_state * out);

@@ -18,6 +18,13 @@ tokens are quantized at once (one quantization event, outliers.py then block.py)
 every append the window holds R .. R+block-1 tokens (fewer only before R tokens arrived).
 The fp16 mode (bits 16) never quantizes: every token stays in the window.
 
+Recent blocks (recent = N > 0): an event codes its block with `cfg.recent_cfg` (4-bit keys
+and values); the same event first re-codes the block N events older into the cache's own
+codes: its keys and values dequantized (float64, exact), rounded to float32 and then to
+fp16, the masked slots substituted by the mean again, quantized as any block (block.py). So
+the newest min(N, blocks) blocks are always those of recent_cfg. Recent tokens draw much of
+the attention, and their 2-bit errors cost about half of ottr2t's KL (docs/results.md).
+
 Skip layers (il < skip_layers) and configs with pool 0 never trace: they have no pool and
 no extra pool, never substitute, and all their mask bits are 0 (KIVI).
 
@@ -106,15 +113,32 @@ class HeadCache:
         v = substitute_mean(blk.v, masked)
         if self.cfg.kvq:
             self.blocks.append(kvquant.quantize_block(k, v, int(blk.pos[0]), self.cfg, self.kvq, masked))
+        elif self.cfg.recent:
+            if len(self.blocks) >= self.cfg.recent:
+                j = len(self.blocks) - self.cfg.recent
+                self.blocks[j] = self._recode(self.blocks[j])
+            self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg.recent_cfg))
         else:
             self.blocks.append(quantize_block(k, v, masked, int(blk.pos[0]), self.cfg, self.tier_scale))
+
+    def _recode(self, b: QuantBlock) -> QuantBlock:
+        """A recent block in the cache's own codes (module docstring)."""
+        k, v = (x.astype(np.float32).astype(np.float16) for x in b.dequantize(self.cfg.recent_cfg))
+        masked = b.masked
+        return quantize_block(
+            substitute_mean(k, masked), substitute_mean(v, masked), masked, b.pos0, self.cfg, self.tier_scale
+        )
+
+    def block_cfg(self, j: int) -> KVConfig:
+        """The config block j is coded with: recent_cfg for the newest `recent` blocks."""
+        return self.cfg.recent_cfg if j >= len(self.blocks) - self.cfg.recent else self.cfg
 
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live token once, in attention order (sink, blocks minus masked slots, pool,
         extra, window): positions int64 [n], k̂ float64 [n, head_dim], v̂ float64 [n, head_dim]."""
         parts = [(self.sink.pos, self.sink.k, self.sink.v)]
-        for b in self.blocks:
-            k, v = b.dequantize(self.cfg, self.kvq) if self.cfg.kvq else b.dequantize(self.cfg)
+        for j, b in enumerate(self.blocks):
+            k, v = b.dequantize(self.cfg, self.kvq) if self.cfg.kvq else b.dequantize(self.block_cfg(j))
             live = ~b.masked
             parts.append((b.positions[live], k[live], v[live]))
         parts += [(s.pos, s.k, s.v) for s in (self.pool, self.extra, self.window)]

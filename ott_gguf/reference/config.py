@@ -19,6 +19,7 @@ F16_BITS = 16  # bits value that means "stored as fp16, never quantized"
 QUANT_BITS = (2, 4, 8)  # code widths of a quantized cache (KIVI / OTT groups)
 TIER_HI_BITS, TIER_LO_BITS = 4, 1  # code widths of the key tiers hi_k and lo_k (bits_k is 2)
 TIER_UNIT = 16  # hi_k and lo_k count channels per TIER_UNIT of the head dimension
+RECENT_BITS = 4  # code width of keys and values in the `recent` newest blocks
 KVQ_BITS = (2, 3, 4)  # code widths of the KVQuant scheme (codebook indices)
 MAX_SUM_TERMS = 8192  # block and head_dim bound that keeps the float64 sums of
 # fp16 values exact (outliers.py relies on it)
@@ -50,6 +51,8 @@ class KVConfig:
     hi_k: int = 0  # key tiers (block.py): of every 16 channels of a head-block, ranked by range
     # times a query scale, the first hi_k are coded with TIER_HI_BITS bits
     lo_k: int = 0  # ... and the last lo_k with TIER_LO_BITS bits; the others with bits_k (2)
+    recent: int = 0  # the newest `recent` blocks take RECENT_BITS-bit keys and values (recent_cfg);
+    # a block is re-coded to this config's codes when it ages out (cache.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -88,6 +91,7 @@ class KVConfig:
             "key_axis",
             "hi_k",
             "lo_k",
+            "recent",
         ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
@@ -142,6 +146,18 @@ class KVConfig:
             )
         if self.tiered:
             self._check_tiers()
+        if self.recent:
+            self._check_recent()
+
+    def _check_recent(self) -> None:
+        """Recent blocks: RECENT_BITS-bit codes for blocks of 2- or 4-bit codes (not KVQuant)."""
+        if self.kvq or self.bits_k > RECENT_BITS or self.bits_v > RECENT_BITS:
+            raise InvalidArgumentError(
+                f"kv config: recent={self.recent} needs KIVI / OTT groups of at most {RECENT_BITS}-bit codes "
+                f"(got kvq={self.kvq}, bits_k={self.bits_k}, bits_v={self.bits_v})"
+            )
+        if self.recent > 64:
+            raise InvalidArgumentError(f"kv config: recent={self.recent} blocks is more than 64")
 
     def _check_tiers(self) -> None:
         """Key tiers: 2-bit keys grouped per channel over the whole block."""
@@ -183,6 +199,12 @@ class KVConfig:
             raise InvalidArgumentError("kv config: uniform=1 and qnorm=1 both choose the levels: take one")
         if self.outliers > 1000:
             raise InvalidArgumentError(f"kv config: outliers={self.outliers} per 10000 is more than 10 %")
+
+    @property
+    def recent_cfg(self) -> KVConfig:
+        """How the newest `recent` blocks are coded: RECENT_BITS-bit keys and values in this
+        config's groups, min-max ranges, no key tiers."""
+        return replace(self, bits_k=RECENT_BITS, bits_v=RECENT_BITS, clip=0, hi_k=0, lo_k=0, recent=0)
 
     @property
     def tiered(self) -> bool:

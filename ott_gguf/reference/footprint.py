@@ -4,7 +4,8 @@ Accounting per KV head (one sequence), by store:
 
     sink        n_sink · 2·head_dim fp16 (K and V); positions implicit
     codes       per block: head_dim·block·(bits_k + bits_v)/8 bytes; with key tiers the keys'
-                block·Σ key_row_bits/8 (config.py) instead of head_dim·block·bits_k/8
+                block·Σ key_row_bits/8 (config.py) instead of head_dim·block·bits_k/8; the
+                newest min(recent, blocks) blocks at the widths of recent_cfg (codes and scales)
     scales      per block: scale and min for every group, 2 bytes each (fp16) or 1 (param_bits 8),
                 (block·head_dim/group_k + block·head_dim/group_v) · 2 · that (either key axis);
                 with key tiers also the channel order, head_dim bytes
@@ -99,15 +100,18 @@ def footprint(
             continue
         head["sink"] = n_sink * token
         head["window"] = n_window * token
-        if n_blocks:
-            head["codes"] = n_blocks * cfg.block * (sum(cfg.key_row_bits(head_dim)) + head_dim * cfg.bits_v) // 8
-        if n_blocks and cfg.kvq:
-            head["scales"] = n_blocks * cfg.block * 2 * FP16_BYTES
-            head["sparse"] = n_blocks * 2 * n_outliers(cfg, head_dim) * SPARSE_BYTES
-        elif n_blocks:
-            groups = cfg.block * head_dim // cfg.group_k + cfg.block * head_dim // cfg.group_v  # either key axis
-            head["scales"] = n_blocks * groups * 2 * (FP16_BYTES if cfg.param_bits == 16 else 1)
-            head["scales"] += n_blocks * head_dim if cfg.tiered else 0
+        n_recent = min(cfg.recent, n_blocks)
+        for c, n in ((cfg, n_blocks - n_recent), (cfg.recent_cfg if n_recent else cfg, n_recent)):
+            if n == 0:
+                continue
+            head["codes"] += n * c.block * (sum(c.key_row_bits(head_dim)) + head_dim * c.bits_v) // 8
+            if cfg.kvq:
+                head["scales"] += n * c.block * 2 * FP16_BYTES
+                head["sparse"] += n * 2 * n_outliers(c, head_dim) * SPARSE_BYTES
+            else:
+                groups = c.block * head_dim // c.group_k + c.block * head_dim // c.group_v  # either key axis
+                head["scales"] += n * groups * 2 * (FP16_BYTES if c.param_bits == 16 else 1)
+                head["scales"] += n * head_dim if c.tiered else 0
         if n_blocks and cfg.traces(il):
             head["masks"] = n_blocks * cfg.block // 8
             head["pool"] = cfg.pool * (token + POS_BYTES)

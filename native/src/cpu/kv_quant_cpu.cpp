@@ -29,7 +29,9 @@ public:
     kv_quant_cpu(const ott_kv_config & cfg, const ott_kv_shape & shape)
         : cfg(cfg), sh(shape), sched(shape.n_seq_max), win_cap(shape.n_seq_max, 0),
           layers((size_t)shape.n_layer * shape.n_seq_max), scratch(OTT_MAX_THREADS) {
+        if (cfg.recent) rcfg = cfg.recent_view();
         step.cfg       = &this->cfg;
+        step.rcfg      = cfg.recent ? &rcfg : nullptr;
         step.layers    = layers.data();
         step.win_cap   = win_cap.data();
         step.n_seq_max = sh.n_seq_max;
@@ -119,6 +121,7 @@ public:
             for (int il = 0; il < sh.n_layer; ++il) {
                 ott_kv_layer_seq copy = ls(il, src);
                 copy.blocks.clear();  // dst gets head-blocks of its own
+                copy.recent.clear();
                 ls(il, dst) = std::move(copy);
             }
         } catch (const std::bad_alloc &) {
@@ -132,9 +135,14 @@ public:
             release(dst);
             return st;
         }
+        const int32_t n_blocks = sched[src].n_blocks;
         for (int il = 0; il < sh.n_layer; ++il) {
-            for (int32_t b = 0; b < sched[src].n_blocks; ++b)
-                std::memcpy(ls(il, dst).blocks[b], ls(il, src).blocks[b], cfg.event_bytes());
+            for (int32_t b = 0; b < n_blocks; ++b) {
+                const bool recent = cfg.recent && cfg.is_recent(b, n_blocks);
+                std::memcpy(ott_kv_event_of(cfg, ls(il, dst), b, n_blocks),
+                            ott_kv_event_of(cfg, ls(il, src), b, n_blocks),
+                            recent ? cfg.recent_event_bytes() : cfg.event_bytes());
+            }
         }
         return OTT_OK;
     }
@@ -156,9 +164,14 @@ public:
         auto rows = [hd](uint16_t * dst, const std::vector<ott_fp16> & src, size_t first_row, int32_t n) {
             if (dst && n > 0) std::memcpy(dst, src.data() + first_row * hd, (size_t)n * hd * sizeof(ott_fp16));
         };
-        for (int32_t b = 0; out.blocks && b < out.n_blocks; ++b) {
+        const int32_t n_old = out.n_blocks - out.n_recent;
+        for (int32_t b = 0; out.blocks && b < n_old; ++b) {
             std::memcpy(out.blocks + (size_t)b * cfg.layout.size, ott_kv_head_block(L.blocks[b], &cfg.layout, h),
                         cfg.layout.size);
+        }
+        for (int32_t b = n_old; out.recent && b < out.n_blocks; ++b) {
+            std::memcpy(out.recent + (size_t)(b - n_old) * cfg.rlayout.size,
+                        ott_kv_head_block(L.recent[b % cfg.recent], &cfg.rlayout, h), cfg.rlayout.size);
         }
         rows(out.sink_k, L.sink_k, (size_t)h * cfg.sink, out.n_sink);
         rows(out.sink_v, L.sink_v, (size_t)h * cfg.sink, out.n_sink);
@@ -190,7 +203,8 @@ public:
                 int64_t n_pooled           = 0;
                 for (int32_t h = 0; h < sh.n_head_kv && cfg.traces(il); ++h) n_pooled += L.n_pool[h] + L.n_extra[h];
                 used += ott_kv_used_bytes(cfg, il, sched[s], n_pooled);
-                allocated += (int64_t)L.blocks.size() * (int64_t)cfg.event_bytes() + store_bytes(L);
+                allocated += (int64_t)L.blocks.size() * (int64_t)cfg.event_bytes() +
+                             (int64_t)L.recent.size() * (int64_t)cfg.recent_event_bytes() + store_bytes(L);
             }
         }
         return ott_kv_stats_of(cfg, used, n_tokens, allocated);
@@ -252,6 +266,7 @@ private:
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
             for (uint8_t * p : L.blocks) std::free(p);
+            for (uint8_t * p : L.recent) std::free(p);
             L = ott_kv_layer_seq {};
         }
         sched[s]   = ott_kv_sched {};
@@ -280,17 +295,25 @@ private:
         win_cap[s] = cap;
     }
 
-    // Head-blocks for events up to n_blocks in every layer of sequence s.
+    // Head-blocks for events up to n_blocks in every layer of sequence s: the recent ring's
+    // slots for the newest min(recent, n_blocks), the others' own.
     ott_status reserve_blocks(int32_t s, int32_t n_blocks) {
+        const int32_t n_recent = std::min(cfg.recent, n_blocks);
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
-            while ((int32_t)L.blocks.size() < n_blocks) {
-                void * p = std::aligned_alloc(OTT_KV_ALIGN, cfg.event_bytes());
-                if (!p)
-                    return ott_fail(OTT_ERR_ALLOC, "cannot allocate a quantized block of sequence %d (%zu bytes)", s,
-                                    cfg.event_bytes());
-                L.blocks.push_back((uint8_t *)p);
-            }
+            OTT_TRY(grow(L.blocks, n_blocks - n_recent, cfg.event_bytes(), s));
+            OTT_TRY(grow(L.recent, n_recent, cfg.recent_event_bytes(), s));
+        }
+        return OTT_OK;
+    }
+
+    static ott_status grow(std::vector<uint8_t *> & events, int32_t n, size_t bytes, int32_t s) {
+        while ((int32_t)events.size() < n) {
+            void * p = std::aligned_alloc(OTT_KV_ALIGN, bytes);
+            if (!p)
+                return ott_fail(OTT_ERR_ALLOC, "cannot allocate a quantized block of sequence %d (%zu bytes)", s,
+                                bytes);
+            events.push_back((uint8_t *)p);
         }
         return OTT_OK;
     }
@@ -325,6 +348,7 @@ private:
     }
 
     ott_kv_config cfg;
+    ott_kv_config rcfg;  // cfg as it reads recent blocks (cfg.recent > 0)
     ott_kv_shape sh;
     std::vector<ott_kv_sched> sched;            // [n_seq_max]
     std::vector<int32_t> win_cap;               // [n_seq_max] window ring rows; 0: stores not allocated

@@ -1070,14 +1070,17 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                              });
         } else {
             for (int32_t b = I.b0; b < I.b1; ++b) {
-                const uint8_t * hb = ott_kv_head_block(ls.blocks[b], &cfg.layout, I.head);
+                const bool recent       = cfg.recent && cfg.is_recent(b, S.before.n_blocks);
+                const ott_kv_config & c = recent ? *st.rcfg : cfg;
+                const uint8_t * hb =
+                    ott_kv_head_block(ott_kv_event_of(cfg, ls, b, S.before.n_blocks), &c.layout, I.head);
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                     const int32_t n_t   = std::min(KEY_TILE, block - t0);
-                    const bool any_dead = traces && tile_dead(hb + cfg.layout.mask, t0, n_t, w.dead);
+                    const bool any_dead = traces && tile_dead(hb + c.layout.mask, t0, n_t, w.dead);
                     if (fused) {
-                        attend_codes(cfg, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
+                        attend_codes(c, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
                     } else {
-                        dequant_tile(cfg, hb, t0, n_t, w);
+                        dequant_tile(c, hb, t0, n_t, w);
                         attend_tile(w, rows, n_t, any_dead ? w.dead : nullptr, false);
                     }
                 }
@@ -1210,9 +1213,21 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
     const int32_t hd = cfg.geom.head_dim, block = cfg.geom.block;
     const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
     const size_t rows_bytes = (size_t)block * hd * sizeof(ott_fp16);  // K or V of the block
-    const size_t need       = 2 * rows_bytes + (cfg.kvq ? ott_kvq_scratch_bytes(&cfg.kvq_geom)
-                                                        : ott_kv_event_scratch_bytes(&cfg.geom, (int32_t)pc));
+    const size_t need       = std::max(2 * rows_bytes + (cfg.kvq ? ott_kvq_scratch_bytes(&cfg.kvq_geom)
+                                                                 : ott_kv_event_scratch_bytes(&cfg.geom, (int32_t)pc)),
+                                       cfg.recent ? ott_kv_recode_scratch_bytes(&cfg.rgeom) : 0);
     if (scratch.size() < need) scratch.resize(need);
+    uint8_t * out = nullptr;
+    if (cfg.recent) {  // the slot of the block `recent` events older: re-coded first
+        uint8_t * slot = ott_kv_head_block(ls.recent[e.block_idx % cfg.recent], &cfg.rlayout, h);
+        if (e.block_idx >= cfg.recent) {
+            ott_kv_recode_ref(&cfg.rgeom, slot, &cfg.geom, cfg.tier_scale_of(il, h),
+                              ott_kv_head_block(ls.blocks[e.block_idx - cfg.recent], &cfg.layout, h), scratch.data());
+        }
+        out = slot;
+    } else {
+        out = ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h);
+    }
     // the block's rows, gathered from the ring (they may wrap around its end)
     ott_fp16 *blk_k = (ott_fp16 *)scratch.data(), *blk_v = blk_k + (size_t)block * hd;
     for (int32_t t = 0; t < block; ++t) {
@@ -1220,7 +1235,6 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
         std::memcpy(blk_k + (size_t)t * hd, ls.win_k.data() + row * hd, hd * sizeof(ott_fp16));
         std::memcpy(blk_v + (size_t)t * hd, ls.win_v.data() + row * hd, hd * sizeof(ott_fp16));
     }
-    uint8_t * out = ott_kv_head_block(ls.blocks[e.block_idx], &cfg.layout, h);
     if (cfg.kvq) {
         const ott_kvq_tables tab = cfg.kvq_tables(il, h);
         ott_kvq_quantize_block_ref(&cfg.kvq_geom, &tab, blk_k, blk_v, out, scratch.data() + 2 * rows_bytes);
@@ -1231,8 +1245,8 @@ void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, 
     ott_kv_rows extra = { ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
                           ls.extra_pos.data() + h * ec, ls.n_extra[h], (int32_t)ec };
     int32_t tracing   = ls.tracing[h];
-    ott_kv_event_ref(&cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing, cfg.tier_scale_of(il, h), out,
-                     scratch.data() + 2 * rows_bytes);
+    ott_kv_event_ref(cfg.recent ? &cfg.rgeom : &cfg.geom, blk_k, blk_v, e.pos0, &pool, &extra, &tracing,
+                     cfg.recent ? nullptr : cfg.tier_scale_of(il, h), out, scratch.data() + 2 * rows_bytes);
     ls.n_pool[h]  = pool.n;
     ls.n_extra[h] = extra.n;
     ls.tracing[h] = tracing;

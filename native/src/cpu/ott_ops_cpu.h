@@ -38,7 +38,9 @@ struct ott_kv_layer_seq {
     std::vector<int32_t> extra_pos;          // [n_head_kv][extra_cap]
     std::vector<int32_t> n_pool, n_extra;    // [n_head_kv]
     std::vector<int32_t> tracing;            // [n_head_kv] 1 while the head traces
-    std::vector<uint8_t *> blocks;           // [>= n_blocks] event j: n_head_kv head-blocks side by side
+    std::vector<uint8_t *> blocks;           // [>= n_blocks - recent] event j: n_head_kv head-blocks side by side
+    std::vector<uint8_t *> recent;           // [<= recent] ring of recent blocks (cfg.rlayout): block j
+                                             // at slot j % recent while it is one of the newest
 };
 
 // One unit of attention work: query rows of one KV head of one sequence over a key range.
@@ -61,8 +63,9 @@ struct ott_kv_layer_op {
 // A step as planned by the cache's begin(): valid while the graph computes.
 struct ott_kv_step {
     const ott_kv_config * cfg;
-    ott_kv_layer_seq * layers;  // [n_layer][n_seq_max], row-major
-    const int32_t * win_cap;    // [n_seq_max] window ring rows of each sequence
+    const ott_kv_config * rcfg;  // cfg as it reads a recent block (ott_kv_config::recent_view), or null
+    ott_kv_layer_seq * layers;   // [n_layer][n_seq_max], row-major
+    const int32_t * win_cap;     // [n_seq_max] window ring rows of each sequence
     int32_t n_seq_max;
     int32_t n_head;  // query heads
     float kq_scale;
@@ -77,6 +80,12 @@ struct ott_kv_step {
 
     ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };
+
+// The n_head_kv head-blocks of block b of a sequence holding n_blocks, and the config that
+// reads them (rcfg for a recent block).
+inline uint8_t * ott_kv_event_of(const ott_kv_config & cfg, const ott_kv_layer_seq & ls, int32_t b, int32_t n_blocks) {
+    return cfg.recent && cfg.is_recent(b, n_blocks) ? ls.recent[b % cfg.recent] : ls.blocks[b];
+}
 
 // A hot CPU function compiled for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the baseline,
 // picked at load time (x86-64 Linux with GCC; elsewhere the baseline only). Where
@@ -108,6 +117,7 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata);
 void ott_cpu_kv_append(ggml_tensor * dst, int ith, int nth, void * userdata);
 // Quantization event e in KV head h of one layer of its sequence (kv_quant.h's
 // ott_kv_event_ref on the block's window rows, or kv_kvq.h's ott_kvq_quantize_block_ref);
-// its head-blocks must be allocated already.
+// its head-blocks must be allocated already. With recent blocks it first re-codes the block
+// `recent` events older (ott_kv_recode_ref) and then codes its block into the freed slot.
 void ott_cpu_kv_event(const ott_kv_config & cfg, ott_kv_layer_seq & ls, int il, int h, int32_t win_cap,
                       const ott_kv_event & e, std::vector<uint8_t> & scratch);

@@ -611,6 +611,10 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
     }
+    if (cfg.recent) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: recent=%d (4-bit recent blocks) runs on the CPU only",
+                        cfg.recent);
+    }
     const char * why = cfg.kvq ? nullptr : ott_cuda_attn_unsupported(cfg.geom);  // KVQuant: any geometry
     if (why) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",

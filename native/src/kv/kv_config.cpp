@@ -30,15 +30,11 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     if (p.group_k != p.block) return bad("group_k", p.group_k, "must equal block (KVQuant: calibrated key ranges)");
     if (std::min(p.group_v, hd) != hd) return bad("group_v", p.group_v, "must be >= head_dim (KVQuant: per token)");
     if (hd * p.bits_v % 8) return bad("bits_v", p.bits_v, "does not fill whole bytes per token (KVQuant)");
-    const std::pair<const char *, int32_t> unused[] = { { "pool", p.pool },
-                                                        { "extra_pool", p.extra_pool },
-                                                        { "clip", p.clip },
-                                                        { "rot_k", p.rot_k },
-                                                        { "rot_v", p.rot_v },
-                                                        { "key_axis", p.key_axis },
-                                                        { "hi_k", p.hi_k },
-                                                        { "lo_k", p.lo_k },
-                                                        { "prefill_fp16", p.prefill_fp16 } };
+    const std::pair<const char *, int32_t> unused[] = { { "pool", p.pool },     { "extra_pool", p.extra_pool },
+                                                        { "clip", p.clip },     { "rot_k", p.rot_k },
+                                                        { "rot_v", p.rot_v },   { "key_axis", p.key_axis },
+                                                        { "hi_k", p.hi_k },     { "lo_k", p.lo_k },
+                                                        { "recent", p.recent }, { "prefill_fp16", p.prefill_fp16 } };
     for (const auto & [name, value] : unused) {
         if (value != 0) return bad(name, value, "does not apply to KVQuant (must be 0)");
     }
@@ -170,6 +166,17 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
                 return ott_fail(OTT_ERR_INVALID_ARG, "kv config: a key-tier query scale is outside 0 .. 1e30 (or NaN)");
         }
     }
+    if (p.recent < 0 || p.recent > 64) return bad("recent", p.recent, "must be 0 .. 64 blocks");
+    if (p.recent && (p.bits_k > OTT_KV_RECENT_BITS || p.bits_v > OTT_KV_RECENT_BITS)) {
+        return ott_fail(OTT_ERR_INVALID_ARG,
+                        "kv config: recent=%d needs codes of at most %d bits (bits_k=%d, bits_v=%d)", p.recent,
+                        OTT_KV_RECENT_BITS, p.bits_k, p.bits_v);
+    }
+    cfg.recent = p.recent;
+    cfg.rgeom  = {
+        hd, p.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, group_k, group_v, 0, param_bits, p.key_axis, 0, 0
+    };
+    cfg.rlayout      = ott_kv_block_layout_of(&cfg.rgeom);
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.rot_k        = p.rot_k;
     cfg.rot_v        = p.rot_v;

@@ -24,6 +24,11 @@ struct ott_kv_config {
     int32_t n_layer;
     int32_t n_head_kv;
     std::vector<float> tier_scale;  // [n_layer][n_head_kv][head_dim] query scale of the key tiers, or empty: 1
+    // Recent blocks: the newest `recent` blocks are head-blocks of rgeom / rlayout (4-bit keys
+    // and values); an event re-codes the block `recent` events older into geom.
+    int32_t recent;
+    ott_kv_geom rgeom;
+    ott_kv_block_layout rlayout;
 
     // The KVQuant scheme (kvq = 1; kv/kv_kvq.h): the schedule of geom.block and sink as above,
     // no pools, head-blocks of kvq_layout (layout.size is theirs; its other offsets unused).
@@ -41,6 +46,17 @@ struct ott_kv_config {
     int32_t extra_cap(int il) const { return traces(il) ? extra_pool : 0; }
     // Bytes of one event's head-blocks: the n_head_kv head-blocks of a layer side by side.
     size_t event_bytes() const { return (size_t)layout.size * (size_t)n_head_kv; }
+    // Whether block b of a sequence holding n_blocks is a recent one.
+    bool is_recent(int32_t b, int32_t n_blocks) const { return b >= n_blocks - recent; }
+    // Bytes of one event's recent head-blocks.
+    size_t recent_event_bytes() const { return (size_t)rlayout.size * (size_t)n_head_kv; }
+    // This config as it reads a recent block (geom, layout of the recent blocks, no tiers).
+    ott_kv_config recent_view() const {
+        ott_kv_config r = *this;
+        r.geom = rgeom, r.layout = rlayout, r.recent = 0;
+        r.tier_scale.clear();
+        return r;
+    }
     // The key tiers' query scale of KV head h of layer il, float [head_dim], or null (1).
     const float * tier_scale_of(int il, int32_t h) const {
         return tier_scale.empty() ? nullptr : tier_scale.data() + ((size_t)il * n_head_kv + h) * geom.head_dim;

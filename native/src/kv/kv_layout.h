@@ -77,9 +77,10 @@ typedef struct {
 } ott_kv_geom;
 OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 44, "ott_kv_geom is eleven int32");
 
-#define OTT_KV_HI_BITS 4    /* code width of the high key tier */
-#define OTT_KV_LO_BITS 1    /* code width of the low key tier */
-#define OTT_KV_TIER_UNIT 16 /* hi_k and lo_k count channels per 16 of head_dim */
+#define OTT_KV_HI_BITS 4     /* code width of the high key tier */
+#define OTT_KV_RECENT_BITS 4 /* code width of keys and values in recent blocks (ott_kv_params.recent) */
+#define OTT_KV_LO_BITS 1     /* code width of the low key tier */
+#define OTT_KV_TIER_UNIT 16  /* hi_k and lo_k count channels per 16 of head_dim */
 
 /* Byte offsets of the arrays of one head-block from its start, and its size. */
 typedef struct {

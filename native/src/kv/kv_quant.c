@@ -316,3 +316,70 @@ void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v,
     }
     ott_quantize_block_ref(g, blk_k, blk_v, keep + n_old, tier_scale, out);
 }
+
+size_t ott_kv_recode_scratch_bytes(const ott_kv_geom * rg) {
+    return 2 * (size_t)rg->block * rg->head_dim * sizeof(ott_fp16) + (size_t)rg->block;
+}
+
+/* Parameter i of an array of fp16 or 8-bit (scale, min) pairs, decoded to double. */
+static void param_at(const ott_kv_geom * g, const uint8_t * sc, const uint8_t * mn, size_t i, double * s, double * m) {
+    if (g->param_bits == 8) {
+        const float s32 = ott_kv_scale8(sc[i]);
+        *s              = (double)s32;
+        *m              = (double)ott_kv_min8((int8_t)mn[i], s32);
+    } else {
+        *s = (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+        *m = (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
+    }
+}
+
+static ott_fp16 decode_code(uint32_t code, double s, double m) {
+    return ott_fp32_to_fp16_ref((float)((double)code * s + m));
+}
+
+/* Per-token groups of one array of rows (values; keys with key_axis 1): x fp16 [block][head_dim]. */
+static void dequant_rows(const ott_kv_geom * g, const uint8_t * sc, const uint8_t * mn, const uint8_t * codes,
+                         int32_t bits, int32_t group, ott_fp16 * x) {
+    const int32_t hd = g->head_dim, n_g = hd / group;
+    const size_t row_bytes = (size_t)hd * bits / 8;
+    for (int32_t t = 0; t < g->block; ++t) {
+        for (int32_t c = 0; c < hd; ++c) {
+            double s, m;
+            param_at(g, sc, mn, (size_t)t * n_g + c / group, &s, &m);
+            const uint32_t code   = ott_kvq_code_at(codes + t * row_bytes, c, bits, row_bytes);
+            x[(size_t)t * hd + c] = decode_code(code, s, m);
+        }
+    }
+}
+
+void ott_kv_recode_ref(const ott_kv_geom * rg, const uint8_t * src, const ott_kv_geom * g, const float * tier_scale,
+                       uint8_t * out, void * scratch) {
+    const ott_kv_block_layout R = ott_kv_block_layout_of(rg);
+    const int32_t hd = rg->head_dim, block = rg->block;
+    ott_fp16 * k     = (ott_fp16 *)scratch; /* [block][head_dim] */
+    ott_fp16 * v     = k + (size_t)block * hd;
+    uint8_t * masked = (uint8_t *)(v + (size_t)block * hd); /* [block] */
+
+    if (rg->key_axis) {
+        dequant_rows(rg, src + R.k_scale, src + R.k_min, src + R.k_codes, rg->bits_k, rg->group_k, k);
+    } else { /* row c = channel c, groups of group_k slots */
+        const size_t row_bytes = (size_t)block * rg->bits_k / 8;
+        for (int32_t c = 0; c < hd; ++c) {
+            for (int32_t t = 0; t < block; ++t) {
+                double s, m;
+                param_at(rg, src + R.k_scale, src + R.k_min, (size_t)(t / rg->group_k) * hd + c, &s, &m);
+                const uint32_t code   = ott_kvq_code_at(src + R.k_codes + c * row_bytes, t, rg->bits_k, row_bytes);
+                k[(size_t)t * hd + c] = decode_code(code, s, m);
+            }
+        }
+    }
+    dequant_rows(rg, src + R.v_scale, src + R.v_min, src + R.v_codes, rg->bits_v, rg->group_v, v);
+    for (int32_t t = 0; t < block; ++t) masked[t] = (uint8_t)((src[R.mask + t / 8] >> (t % 8)) & 1);
+    int32_t n_masked = 0;
+    for (int32_t t = 0; t < block; ++t) n_masked += masked[t];
+    if (n_masked) {
+        ott_substitute_mean_ref(k, block, hd, masked);
+        ott_substitute_mean_ref(v, block, hd, masked);
+    }
+    ott_quantize_block_ref(g, k, v, masked, tier_scale, out);
+}

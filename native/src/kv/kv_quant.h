@@ -103,6 +103,20 @@ size_t ott_kv_event_scratch_bytes(const ott_kv_geom * g, int32_t pool_cap);
 void ott_kv_event_ref(const ott_kv_geom * g, ott_fp16 * blk_k, ott_fp16 * blk_v, int32_t pos0, ott_kv_rows * pool,
                       ott_kv_rows * extra, int32_t * tracing, const float * tier_scale, uint8_t * out, void * scratch);
 
+/* Scratch bytes ott_kv_recode_ref needs for head-blocks of rg. */
+size_t ott_kv_recode_scratch_bytes(const ott_kv_geom * rg);
+
+/* A recent head-block re-coded to the cache's codes (reference/cache.py _recode):
+ *   rg, src     the recent head-block and its geometry (no key tiers)
+ *   g, out      the head-block it becomes and its geometry (same block, head_dim, groups)
+ *   tier_scale  as ott_quantize_block_ref
+ * Every key and value is dequantized exactly (double(code)·scale + min, the parameters
+ * decoded as kv_layout.h), rounded to float and then to fp16; the masked slots (src's mask,
+ * copied) are substituted by the mean again, and the block is quantized as any other.
+ * scratch: ott_kv_recode_scratch_bytes(rg) bytes. */
+void ott_kv_recode_ref(const ott_kv_geom * rg, const uint8_t * src, const ott_kv_geom * g, const float * tier_scale,
+                       uint8_t * out, void * scratch);
+
 #ifdef __cplusplus
 }
 #endif
