@@ -237,7 +237,7 @@ class Context:
         prefill_fp16: bool = False,
         kv_calib: str | os.PathLike | None = None,
     ):
-        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr3, auto) or a KVConfig, e.g.
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, auto) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.
         kv_calib: the calibration sidecar of a config with calibrated rotations (None: the

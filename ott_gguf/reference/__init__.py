@@ -3,7 +3,7 @@
 The oracle the native CPU and CUDA code is checked against: codes, scales, mins, masks and
 pool contents bit for bit; attention output within a budget of the float64 result here.
 
-    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4 / ottr2 / ottr2t / ottr3 / kvquant2-4, validation
+    config.py     KVConfig: every knob, presets f16 / kivi2 / kivi4 / ott2 / ott4 / ottr2 / ottr2t / ottr2tr / ottr3 / kvquant2-4, validation
     quant.py      one group: KIVI asymmetric quantization (exact float32 recipe), LSB-first packing
     nuq.py        KVQuant's non-uniform codebooks: nearest level, per-token and per-channel ranges
     kvquant.py    a KVQuant block: pre-RoPE per-channel keys, per-token values, sparse outliers

@@ -8,7 +8,9 @@
 // when it is cleared; its window ring grows for a deferred prefill_fp16 chunk and shrinks
 // back once that chunk's events fired; quantized storage grows by one allocation per event
 // (the n_head_kv head-blocks of a layer side by side), made in begin() before the graph
-// runs. Nothing is sized by the context length.
+// runs; with recent blocks (cfg.recent) a ring of that many allocations in their layout
+// holds the newest blocks, and a block's own allocation is made when it leaves the ring.
+// Nothing is sized by the context length.
 #include "kv/kv_cache.h"
 #include "kv/kv_quant.h"
 #include "kv/kv_report.h"
