@@ -22,8 +22,8 @@ Recent blocks (recent = N > 0): an event codes its block with `cfg.recent_cfg` (
 and values); the same event first re-codes the block N events older into the cache's own
 codes: its keys and values dequantized (float64, exact), rounded to float32 and then to
 fp16, the masked slots substituted by the mean again, quantized as any block (block.py). So
-the newest min(N, blocks) blocks are always those of recent_cfg. Recent tokens draw much of
-the attention, and their 2-bit errors cost about half of ottr2t's KL (docs/results.md).
+the newest min(N, blocks) blocks are always those of recent_cfg. The 2-bit errors of the
+newest tokens cost about half of ottr2t's KL to f16 (docs/results.md).
 
 Skip layers (il < skip_layers) and configs with pool 0 never trace: they have no pool and
 no extra pool, never substitute, and all their mask bits are 0 (KIVI).

@@ -375,11 +375,7 @@ void ott_kv_recode_ref(const ott_kv_geom * rg, const uint8_t * src, const ott_kv
     }
     dequant_rows(rg, src + R.v_scale, src + R.v_min, src + R.v_codes, rg->bits_v, rg->group_v, v);
     for (int32_t t = 0; t < block; ++t) masked[t] = (uint8_t)((src[R.mask + t / 8] >> (t % 8)) & 1);
-    int32_t n_masked = 0;
-    for (int32_t t = 0; t < block; ++t) n_masked += masked[t];
-    if (n_masked) {
-        ott_substitute_mean_ref(k, block, hd, masked);
-        ott_substitute_mean_ref(v, block, hd, masked);
-    }
+    ott_substitute_mean_ref(k, block, hd, masked); /* nothing masked: unchanged */
+    ott_substitute_mean_ref(v, block, hd, masked);
     ott_quantize_block_ref(g, k, v, masked, tier_scale, out);
 }
