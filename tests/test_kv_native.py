@@ -282,6 +282,25 @@ CASES = [
         [3, 4],
     ),
     ("hd64-gqa3-recent3-keys-per-token", 64, 3, SMALL.with_overrides(key_axis=1, group_k=32, recent=3), 150, [4, 1]),
+    # symmetric value groups: fp16 scales at 2 bits, 8-bit scales at 4 bits, and with clipped
+    # ranges under recent blocks and key tiers (the groups of ottr2tr)
+    ("hd64-gqa3-sym-v", 64, 3, SMALL.with_overrides(sym_v=1), 150, [1, 4]),
+    (
+        "hd128-gqa1-sym-v-4bit-p8",
+        128,
+        1,
+        SMALL.with_overrides(sym_v=1, bits_k=4, bits_v=4, group_v=32, param_bits=8),
+        100,
+        [3],
+    ),
+    (
+        "hd64-gqa3-sym-v-recent2-tiers-clip-p8-rot-v",
+        64,
+        3,
+        SMALL.with_overrides(sym_v=1, hi_k=4, lo_k=8, clip=1, param_bits=8, rot_v=HADAMARD, recent=2),
+        150,
+        [1, 4],
+    ),
 ]
 
 
@@ -327,8 +346,10 @@ def test_int_dots_switch(tmp_path):
 def test_native_matches_reference(tmp_path, case, dots):
     _, head_dim, gqa, cfg, n_tokens, sizes = case
     path = random_model(tmp_path, head_dim, gqa)
-    # keys grouped per token and recent blocks are CPU only (the CUDA cache refuses them)
-    model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cfg.key_axis or cfg.recent else None)
+    # keys grouped per token, recent blocks and symmetric values are CPU only (the CUDA cache
+    # refuses them)
+    cpu_only = cfg.key_axis or cfg.recent or cfg.sym_v
+    model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cpu_only else None)
     run = ReferenceRun(ReferenceModel(path), cfg, model)
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()
     worst = run_chunks(model, run, tokens, sizes)

@@ -20,7 +20,7 @@ from ott_gguf.reference import (
     quantize_groups,
     unpack_codes,
 )
-from ott_gguf.reference.quant import CLIP_SHRINK
+from ott_gguf.reference.quant import CLIP_SHRINK, decode_scale8
 
 # A small OTT config so that many events happen in few tokens.
 SMALL = KVConfig(
@@ -267,6 +267,33 @@ def test_clipped_params8_keep_the_gain_on_gaussian_groups():
     assert mse[True] < 0.12 and mse[False] > 1.8 * mse[True]
 
 
+@pytest.mark.parametrize("param_bits", [16, 8])
+@pytest.mark.parametrize("bits", [2, 4])
+def test_symmetric_groups_store_the_scale_alone(bits, param_bits):
+    """sym: the levels lie symmetric around zero, (code - (2^b-1)/2)·scale; the range [-a, a]
+    covers the group, so min-max codes err by half a step at most; no minimum is returned."""
+    x = (rng(40).standard_normal((300, 64)) * rng(41).uniform(0.01, 20, (300, 1))).astype(np.float16)
+    x[0] = 0.0
+    codes, scale, mn = quantize_groups(x, bits, param_bits=param_bits, sym=True)
+    assert mn is None and scale.dtype == (np.uint8 if param_bits == 8 else np.float16)
+    y = dequantize_groups(codes, scale, None, bits)
+    s = (decode_scale8(scale) if param_bits == 8 else scale).astype(np.float64)
+    assert np.array_equal(y, (codes - (2**bits - 1) / 2) * s[:, None])
+    assert (np.abs(y - x.astype(np.float64)) <= s[:, None] / 2 * (1 + 2**-9) + 1e-9).all()
+    assert (np.abs(y[0]) <= s[0] / 2).all()  # a zero group: the two middle levels
+
+
+def test_symmetric_groups_cost_rotated_values_nothing():
+    """A Hadamard-rotated value group is close to a Gaussian of mean zero: with clipped ranges
+    and 8-bit parameters, symmetric 2-bit groups err within 3 % of asymmetric ones."""
+    x = rng(42).standard_normal((400, 64)).astype(np.float16)
+    mse = {}
+    for sym in (False, True):
+        codes, scale, mn = quantize_groups(x, 2, clip=True, param_bits=8, sym=sym)
+        mse[sym] = float(((dequantize_groups(codes, scale, mn, 2) - x.astype(np.float64)) ** 2).mean())
+    assert mse[True] < 1.03 * mse[False]
+
+
 def test_rounding_is_half_to_even():
     # scale = (3 - 0)/3 = 1 exactly, so t = x and the ties are real ties
     x = np.array([[0, 0.5, 1.5, 2.5, 3]], dtype=np.float16)
@@ -360,6 +387,7 @@ def test_presets():
         (dict(colour=1), "unknown knob"),
         (dict(recent=1, bits_k=8), "recent=1 needs"),
         (dict(recent=65), "recent=65"),
+        (dict(sym_v=2), "sym_v=2"),
     ],
 )
 def test_invalid_configs(overrides, message):
@@ -625,7 +653,14 @@ def test_footprint_ott2_head_dim_64_at_4k():
 
 
 @pytest.mark.parametrize(
-    "tiers", [{}, {"hi_k": 4, "lo_k": 4, "group_k": 128}, {"recent": 2}, {"hi_k": 4, "group_k": 128, "recent": 1}]
+    "tiers",
+    [
+        {},
+        {"hi_k": 4, "lo_k": 4, "group_k": 128},
+        {"recent": 2},
+        {"hi_k": 4, "group_k": 128, "recent": 1},
+        {"sym_v": 1, "param_bits": 8, "recent": 1},
+    ],
 )
 def test_measured_footprint_matches_formula(tiers):
     cfg = preset("ott2").with_overrides(skip_layers=1, **tiers)

@@ -169,6 +169,9 @@ typedef struct {
                                  a block is re-coded to the cache's codes when it ages out
                                  (ott_gguf/reference/cache.py). bits_k, bits_v <= 4, not
                                  KVQuant; CPU only: the CUDA cache refuses it              */
+    int32_t sym_v;            /* 1: value groups symmetric around zero, their scale alone
+                                 stored (ott_gguf/reference/quant.py); not KVQuant; CPU
+                                 only: the CUDA cache refuses it                           */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */

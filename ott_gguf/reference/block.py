@@ -18,7 +18,7 @@ Byte layout (all arrays C-contiguous, row-major):
     v_codes  uint8 [block, head_dim·bits_v/8]   row t = slot t; its head_dim codes packed
                                                 LSB-first along channels
     v_scale  fp16  [block, head_dim/group_v]    [t, g] = channels g·group_v .. of slot t
-    v_min    fp16  [block, head_dim/group_v]
+    v_min    fp16  [block, head_dim/group_v]    (sym_v 1: [block, 0], the minimum is implied)
     mask     uint8 [block/8]                    bit t (byte t//8, bit t%8) = 1: slot t is masked,
                                                 its token lives in the outlier or extra pool
     k_order  uint8 [head_dim] with key tiers (else empty): the channels by rank, below
@@ -59,7 +59,7 @@ class QuantBlock:
     k_min: np.ndarray  # fp16  [block/group_k, head_dim]
     v_codes: np.ndarray  # uint8 [block, head_dim*bits_v/8]
     v_scale: np.ndarray  # fp16  [block, head_dim/group_v]
-    v_min: np.ndarray  # fp16  [block, head_dim/group_v]
+    v_min: np.ndarray  # fp16  [block, head_dim/group_v] ([block, 0] with sym_v)
     mask: np.ndarray  # uint8 [block/8]
     k_order: np.ndarray  # uint8 [head_dim] channel of each key row (key tiers), else [0]
 
@@ -77,7 +77,8 @@ class QuantBlock:
         """(k̂, v̂), both float64 [block, head_dim], masked slots included."""
         block = self.v_codes.shape[0]
         head_dim = self.v_codes.shape[1] * 8 // cfg.bits_v
-        v = _dequantize_rows(self.v_codes, self.v_scale, self.v_min, cfg.bits_v, cfg.group_v)
+        v_min = None if cfg.sym_v else self.v_min
+        v = _dequantize_rows(self.v_codes, self.v_scale, v_min, cfg.bits_v, cfg.group_v)
         if cfg.key_axis == 1:
             return _dequantize_rows(self.k_codes, self.k_scale, self.k_min, cfg.bits_k, cfg.group_k), v
         if cfg.tiered:
@@ -95,18 +96,22 @@ class QuantBlock:
         return k.reshape(head_dim, block).T, v
 
 
-def _dequantize_rows(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray, bits: int, group: int) -> np.ndarray:
+def _dequantize_rows(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray | None, bits: int, group: int) -> np.ndarray:
     """Per-token groups: packed codes [block, head_dim·bits/8], parameters [block, head_dim/group]
-    -> float64 [block, head_dim]."""
+    (mn None: symmetric groups) -> float64 [block, head_dim]."""
     block = codes.shape[0]
     c = unpack_codes(codes, bits).reshape(block, -1, group)  # [block, n_g, group]
-    return dequantize_groups(c, scale, mn).reshape(block, -1)
+    return dequantize_groups(c, scale, mn, bits).reshape(block, -1)
 
 
-def _quantize_rows(x: np.ndarray, bits: int, group: int, cfg: KVConfig):
-    """Per-token groups of x fp16 [block, head_dim] -> (packed codes, scale, min)."""
+def _quantize_rows(x: np.ndarray, bits: int, group: int, cfg: KVConfig, sym: bool = False):
+    """Per-token groups of x fp16 [block, head_dim] -> (packed codes, scale, min; with sym
+    min is [block, 0])."""
     block, head_dim = x.shape
-    codes, scale, mn = quantize_groups(x.reshape(block, head_dim // group, group), bits, bool(cfg.clip), cfg.param_bits)
+    xg = x.reshape(block, head_dim // group, group)
+    codes, scale, mn = quantize_groups(xg, bits, bool(cfg.clip), cfg.param_bits, sym)
+    if mn is None:
+        mn = np.zeros((block, 0), scale.dtype)
     return pack_codes(codes.reshape(block, head_dim), bits), scale, mn
 
 
@@ -130,7 +135,7 @@ def quantize_block(
         k_codes, k_scale, k_min = quantize_groups(kg, cfg.bits_k, bool(cfg.clip), cfg.param_bits)
         k_packed = pack_codes(k_codes.reshape(head_dim, block), cfg.bits_k)
         k_scale, k_min = np.ascontiguousarray(k_scale.T), np.ascontiguousarray(k_min.T)
-    v_packed, v_scale, v_min = _quantize_rows(v, cfg.bits_v, cfg.group_v, cfg)
+    v_packed, v_scale, v_min = _quantize_rows(v, cfg.bits_v, cfg.group_v, cfg, bool(cfg.sym_v))
     return QuantBlock(
         pos0=pos0,
         k_codes=k_packed,

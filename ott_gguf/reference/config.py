@@ -53,6 +53,7 @@ class KVConfig:
     lo_k: int = 0  # ... and the last lo_k with TIER_LO_BITS bits; the others with bits_k (2)
     recent: int = 0  # the newest `recent` blocks take RECENT_BITS-bit keys and values (recent_cfg);
     # a block is re-coded to this config's codes when it ages out (cache.py)
+    sym_v: int = 0  # 1: value groups symmetric around zero, the scale alone stored (quant.py)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -92,6 +93,7 @@ class KVConfig:
             "hi_k",
             "lo_k",
             "recent",
+            "sym_v",
         ):
             if getattr(self, name) != 0:
                 raise InvalidArgumentError(
@@ -130,6 +132,10 @@ class KVConfig:
             )
         if self.pool >= self.block:
             raise InvalidArgumentError(f"kv config: pool={self.pool} must be smaller than block={self.block}")
+        if self.sym_v > 1:
+            raise InvalidArgumentError(
+                f"kv config: sym_v={self.sym_v} must be 0 (a minimum per group) or 1 (symmetric)"
+            )
         if self.clip > 1:
             raise InvalidArgumentError(f"kv config: clip={self.clip} must be 0 (min-max ranges) or 1 (clipped)")
         if self.param_bits not in (8, 16):
@@ -181,7 +187,7 @@ class KVConfig:
                 raise InvalidArgumentError(
                     f"kv config: {name}={getattr(self, name)} is not one of {KVQ_BITS} (KVQuant codebooks)"
                 )
-        for name in ("clip", "rot_k", "rot_v", "key_axis", "hi_k", "lo_k"):
+        for name in ("clip", "rot_k", "rot_v", "key_axis", "hi_k", "lo_k", "sym_v"):
             if getattr(self, name):
                 raise InvalidArgumentError(f"kv config: {name}={getattr(self, name)} does not apply to KVQuant (kvq=1)")
         if self.param_bits != 16:

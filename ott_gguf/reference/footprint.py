@@ -109,8 +109,8 @@ def footprint(
                 head["scales"] += n * c.block * 2 * FP16_BYTES
                 head["sparse"] += n * 2 * n_outliers(c, head_dim) * SPARSE_BYTES
             else:
-                groups = c.block * head_dim // c.group_k + c.block * head_dim // c.group_v  # either key axis
-                head["scales"] += n * groups * 2 * (FP16_BYTES if c.param_bits == 16 else 1)
+                params = 2 * c.block * head_dim // c.group_k + (2 - c.sym_v) * c.block * head_dim // c.group_v
+                head["scales"] += n * params * (FP16_BYTES if c.param_bits == 16 else 1)  # either key axis
                 head["scales"] += n * head_dim if c.tiered else 0
         if n_blocks and cfg.traces(il):
             head["masks"] = n_blocks * cfg.block // 8

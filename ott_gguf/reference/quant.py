@@ -70,6 +70,21 @@ the decoded scale and minimum: e = (code * s + min) - f32(x). A group far from
 zero for its spread (|mn| > 32 steps) widens its scale until z reaches it; a constant group
 v gets the least scale that does, so it is stored to within |v|/128.
 
+Symmetric groups (sym=True; the values of a config with sym_v 1)
+-----------------------------------------------------------------
+Only the scale is stored; the minimum is implied, so the levels lie symmetric around zero:
+
+    a     = max(-mn, mx) + 0                    exact (no -0); the range is then [-a, a]
+    (clip=True: each candidate narrows [-a, a] as above, d = c_i * f32(a - (-a)))
+    t     = (hi - lo) / f32(2^b - 1)
+    scale = fp16(t) (param_bits 16), or the ufp8 s8 of t as above (param_bits 8; no z, so no
+            widening: the rounded-up scale already covers [lo, hi] = [-hi, hi])
+    min   = f32(-(2^b - 1) / 2) * f32(scale)    one f32 multiplication, not stored
+    code  = clamp(rint((f32(x) - min) * (1/scale)), 0, 2^b - 1), err as above
+
+A Hadamard-rotated value is close to a Gaussian of mean zero, so the minimum of its group
+says little; without it a value group of 64 channels takes 8 bits instead of 16.
+
 Dequantization is `x̂ = code·scale + min`. It is not part of the bit-exact contract (native
 code may use an FMA); this module evaluates it in float64, where it is exact.
 
@@ -96,10 +111,20 @@ from ott_gguf.errors import InvalidArgumentError
 CLIP_SHRINK = np.array([0.0, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3], dtype=np.float32)
 
 
-def _encode(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32, param_bits: int):
+def _encode(xf: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: np.float32, param_bits: int, sym: bool):
     """Codes of each group of float32 xf [..., group] for the range [lo, hi] (f32 [...]) by the
-    recipe above: (codes uint8 [..., group], (scale, min) as stored, scale and min as f32 [...])."""
-    if param_bits == 8:
+    recipe above: (codes uint8 [..., group], (scale, min) as stored (min None if sym), scale and
+    min as f32 [...])."""
+    if sym:
+        if param_bits == 8:
+            scale = _scale8((hi - lo) / levels)
+            s32 = decode_scale8(scale)
+        else:
+            scale = ((hi - lo) / levels).astype(np.float16)
+            s32 = scale.astype(np.float32)
+        m32 = sym_min(s32, levels)
+        stored = (scale, None)
+    elif param_bits == 8:
         s8, z = _params8(lo, hi, levels)
         s32 = decode_scale8(s8)
         m32 = decode_min8(z, s32)
@@ -125,12 +150,21 @@ def decode_min8(z: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (z.astype(np.float32) * np.float32(0.25)) * scale
 
 
-def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """The ufp8 scale and int8 minimum of each range [mn, mx] (f32 [...]), by the recipe above."""
-    t = (mx - mn) / levels  # f32 [...]
+def sym_min(scale: np.ndarray, levels: np.float32) -> np.ndarray:
+    """The implied minimum of symmetric groups: f32(-levels/2) · scale (float32 [...])."""
+    return np.float32(-0.5 * float(levels)) * scale
+
+
+def _scale8(t: np.ndarray) -> np.ndarray:
+    """The least ufp8 scale >= t (f32 [...], >= 0) and > 0, as int64 [...]."""
     h16 = t.astype(np.float16)
     h = h16.view(np.uint16).astype(np.int64) + (h16.astype(np.float32) < t)  # least fp16 >= t
-    s8 = np.maximum(1, (h + 127) >> 7)  # least ufp8 >= h, > 0
+    return np.maximum(1, (h + 127) >> 7).astype(np.uint8)  # least ufp8 >= h, > 0
+
+
+def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """The ufp8 scale and int8 minimum of each range [mn, mx] (f32 [...]), by the recipe above."""
+    s8 = _scale8((mx - mn) / levels).astype(np.int64)  # f32 [...] -> ufp8
     while True:
         s = decode_scale8(s8.astype(np.uint8))
         z = np.floor((mn / s) * np.float32(4.0))
@@ -141,28 +175,33 @@ def _params8(mn: np.ndarray, mx: np.ndarray, levels: np.float32) -> tuple[np.nda
 
 
 def quantize_groups(
-    x: np.ndarray, bits: int, clip: bool = False, param_bits: int = 16
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x: np.ndarray, bits: int, clip: bool = False, param_bits: int = 16, sym: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Quantize each group (last axis) of fp16 `x`; clip: the best of the clipped ranges;
-    param_bits 8: one-byte scale (ufp8) and minimum (int8) as above.
+    param_bits 8: one-byte scale (ufp8) and minimum (int8) as above; sym: symmetric groups
+    (the scale alone).
 
     x:      fp16  [..., group]
-    return: codes uint8 [..., group], scale [...] and min [...] (fp16, or uint8 and int8)
+    return: codes uint8 [..., group], scale [...] and min [...] (fp16, or uint8 and int8;
+            min None if sym)
     """
     if x.dtype != np.float16:
         raise InvalidArgumentError(f"quantize_groups: input dtype {x.dtype} is not float16")
     xf = x.astype(np.float32)  # exact
     mn = xf.min(axis=-1)  # f32 [...]
     mx = xf.max(axis=-1)  # f32 [...]
+    if sym:
+        mx = np.where(-mn > mx, -mn, mx) + np.float32(0)  # a, as native code compares; no -0
+        mn = -mx
     levels = np.float32(2**bits - 1)
     if not clip:
-        codes, (scale, mn_stored), _, _ = _encode(xf, mn, mx, levels, param_bits)
+        codes, (scale, mn_stored), _, _ = _encode(xf, mn, mx, levels, param_bits, sym)
         return codes, scale, mn_stored
     width = mx - mn  # f32 [...]
     best = best_err = None
     for c in CLIP_SHRINK:
         d = c * width
-        codes, (scale, mn_stored), s32, m32 = _encode(xf, mn + d, mx - d, levels, param_bits)
+        codes, (scale, mn_stored), s32, m32 = _encode(xf, mn + d, mx - d, levels, param_bits, sym)
         y = codes.astype(np.float32) * s32[..., None] + m32[..., None]
         e = (y - xf).astype(np.float64)
         err = np.cumsum(e * e, axis=-1)[..., -1]  # sequential float64 sum
@@ -173,21 +212,23 @@ def quantize_groups(
         best = (
             np.where(won[..., None], codes, best[0]),
             np.where(won, scale, best[1]),
-            np.where(won, mn_stored, best[2]),
+            None if sym else np.where(won, mn_stored, best[2]),
         )
         best_err = np.where(won, err, best_err)
     return best
 
 
-def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray) -> np.ndarray:
+def dequantize_groups(codes: np.ndarray, scale: np.ndarray, mn: np.ndarray | None, bits: int = 0) -> np.ndarray:
     """x̂ = code·scale + min in float64 (exact).
 
     codes uint8 [..., group], scale and mn fp16 [...] (or uint8 and int8: 8-bit parameters,
-    decoded as above) -> float64 [..., group]
+    decoded as above; mn None: symmetric groups of `bits`-bit codes) -> float64 [..., group]
     """
     if scale.dtype == np.uint8:
         s = decode_scale8(scale)
-        scale, mn = s, decode_min8(mn, s)
+        scale, mn = s, (None if mn is None else decode_min8(mn, s))
+    if mn is None:
+        mn = sym_min(scale.astype(np.float32), np.float32(2**bits - 1))
     return codes.astype(np.float64) * scale.astype(np.float64)[..., None] + mn.astype(np.float64)[..., None]
 
 

@@ -221,18 +221,23 @@ OTT_INLINE float exp_nonpos(float x) {
 }
 
 // n scales and minimums of a head-block's parameter arrays sc and mn from group i0, as floats
-// into s and m: fp16, or ufp8 and int8 (param_bits 8, kv_layout.h).
-OTT_CLONES void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, size_t i0, int64_t n,
-                           float * s, float * m) {
+// into s and m: fp16, or ufp8 and int8 (param_bits 8, kv_layout.h); mn null: symmetric groups
+// of `bits`-bit codes (sym_v), the minimum implied.
+OTT_CLONES void params_f32(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int32_t bits, size_t i0,
+                           int64_t n, float * s, float * m) {
     if (g.param_bits == 8) {
-        for (int64_t j = 0; j < n; ++j) {
-            s[j] = ott_kv_scale8(sc[i0 + j]);
-            m[j] = ott_kv_min8((int8_t)mn[i0 + j], s[j]);
-        }
-        return;
+        for (int64_t j = 0; j < n; ++j) s[j] = ott_kv_scale8(sc[i0 + j]);
+        for (int64_t j = 0; mn && j < n; ++j) m[j] = ott_kv_min8((int8_t)mn[i0 + j], s[j]);
+    } else {
+        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)sc + i0, s, n);
+        if (mn) ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)mn + i0, m, n);
     }
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)sc + i0, s, n);
-    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)mn + i0, m, n);
+    for (int64_t j = 0; !mn && j < n; ++j) m[j] = ott_kv_sym_min(bits, s[j]);
+}
+
+// A head-block's value minimums, or null for symmetric value groups (params_f32).
+const uint8_t * v_min_of(const ott_kv_geom & g, const ott_kv_block_layout & L, const uint8_t * hb) {
+    return g.sym_v ? nullptr : hb + L.v_min;
 }
 
 // ---- per-thread work memory -------------------------------------------------------------
@@ -607,7 +612,7 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
     // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
     for (int32_t ta = t0; ta < t0 + n_t;) {
         const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
-        params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)gi * hd, hd, w.ksc, w.kmn);
+        params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
         for (int32_t r = 0; r < rows; ++r) {
             const float * q = w.q + (size_t)r * hdp;
             float * qs      = w.qs + (size_t)r * hdp;
@@ -633,7 +638,7 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
     softmax_tile(w, rows, n_t, dead, false);
 
     // values, one value group at a time: pw = p·scale, mt = Σ p·min
-    params_f32(g, hb + L.v_scale, hb + L.v_min, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
+    params_f32(g, hb + L.v_scale, v_min_of(g, L, hb), g.bits_v, (size_t)t0 * n_gv, (int64_t)n_t * n_gv, w.vsc, w.vmn);
     const uint8_t * vcodes = hb + L.v_codes + (size_t)t0 * ott_kv_v_row_bytes(&g);
     // pw[r][t] = p[r][t]·vs[t·stride], mt[r] = Σ_t p[r][t]·vm[t·stride]: contiguous (it
     // vectorises) when a token has one value group
@@ -711,8 +716,8 @@ void dequant_tile(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int
         dequant_channels(cfg, hb, t0, n_t, w);
     }
     // values: vc[t][c] = code·scale[t][g(c)] + min[t][g(c)]
-    dequant_rows(g, hb + L.v_scale, hb + L.v_min, hb + L.v_codes, g.bits_v, g.group_v, t0, n_t, w.vc, w.vsc, w.vmn,
-                 w.hdp);
+    dequant_rows(g, hb + L.v_scale, v_min_of(g, L, hb), hb + L.v_codes, g.bits_v, g.group_v, t0, n_t, w.vc, w.vsc,
+                 w.vmn, w.hdp);
 }
 
 // Keys grouped per channel: kc[c][t] = code·scale[g(t)][c] + min[g(t)][c] for slots t0 ..
@@ -722,7 +727,7 @@ void dequant_channels(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0,
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, gk = g.group_k;
     const int32_t g0 = t0 / gk, g1 = (t0 + n_t - 1) / gk + 1;
-    params_f32(g, hb + L.k_scale, hb + L.k_min, (size_t)g0 * hd, (int64_t)(g1 - g0) * hd, w.ksc, w.kmn);
+    params_f32(g, hb + L.k_scale, hb + L.k_min, 0, (size_t)g0 * hd, (int64_t)(g1 - g0) * hd, w.ksc, w.kmn);
     const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
     for (int32_t c = 0; c < hd; ++c) {                                     // c: key row
         const int32_t bits = ott_kv_k_row_bits(&g, c);
@@ -742,7 +747,7 @@ void dequant_channels(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0,
 void dequant_rows(const ott_kv_geom & g, const uint8_t * scale, const uint8_t * mn, const uint8_t * codes, int32_t bits,
                   int32_t group, int32_t t0, int32_t n_t, float * out, float * psc, float * pmn, int64_t ld) {
     const int32_t hd = g.head_dim, n_g = hd / group;
-    params_f32(g, scale, mn, (size_t)t0 * n_g, (int64_t)n_t * n_g, psc, pmn);
+    params_f32(g, scale, mn, bits, (size_t)t0 * n_g, (int64_t)n_t * n_g, psc, pmn);
     const size_t row = (size_t)hd * bits / 8;
     for (int32_t t = 0; t < n_t; ++t) {
         float * x = out + (size_t)t * ld;

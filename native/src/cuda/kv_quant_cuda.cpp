@@ -615,6 +615,10 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: recent=%d (4-bit recent blocks) runs on the CPU only",
                         cfg.recent);
     }
+    if (cfg.geom.sym_v) {
+        return ott_fail(OTT_ERR_UNSUPPORTED,
+                        "kv config on CUDA: sym_v=1 (symmetric value groups) runs on the CPU only");
+    }
     const char * why = cfg.kvq ? nullptr : ott_cuda_attn_unsupported(cfg.geom);  // KVQuant: any geometry
     if (why) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",

@@ -12,7 +12,8 @@ ott_status ott_kv_params_validate(const ott_kv_params & params, const ott_kv_sha
                                       params.block,       params.window,   params.pool,         params.extra_pool,
                                       params.skip_layers, params.sink,     params.prefill_fp16, params.clip,
                                       params.param_bits,  params.rot_k,    params.rot_v,        params.key_axis,
-                                      params.pre_rope,    params.outliers, params.hi_k,         params.lo_k };
+                                      params.pre_rope,    params.outliers, params.hi_k,         params.lo_k,
+                                      params.recent,      params.sym_v };
             for (int32_t k : knobs) {
                 if (k != 0)
                     return ott_fail(OTT_ERR_INVALID_ARG,

@@ -30,11 +30,11 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     if (p.group_k != p.block) return bad("group_k", p.group_k, "must equal block (KVQuant: calibrated key ranges)");
     if (std::min(p.group_v, hd) != hd) return bad("group_v", p.group_v, "must be >= head_dim (KVQuant: per token)");
     if (hd * p.bits_v % 8) return bad("bits_v", p.bits_v, "does not fill whole bytes per token (KVQuant)");
-    const std::pair<const char *, int32_t> unused[] = { { "pool", p.pool },     { "extra_pool", p.extra_pool },
-                                                        { "clip", p.clip },     { "rot_k", p.rot_k },
-                                                        { "rot_v", p.rot_v },   { "key_axis", p.key_axis },
-                                                        { "hi_k", p.hi_k },     { "lo_k", p.lo_k },
-                                                        { "recent", p.recent }, { "prefill_fp16", p.prefill_fp16 } };
+    const std::pair<const char *, int32_t> unused[] = {
+        { "pool", p.pool },     { "extra_pool", p.extra_pool },     { "clip", p.clip },  { "rot_k", p.rot_k },
+        { "rot_v", p.rot_v },   { "key_axis", p.key_axis },         { "hi_k", p.hi_k },  { "lo_k", p.lo_k },
+        { "recent", p.recent }, { "prefill_fp16", p.prefill_fp16 }, { "sym_v", p.sym_v }
+    };
     for (const auto & [name, value] : unused) {
         if (value != 0) return bad(name, value, "does not apply to KVQuant (must be 0)");
     }
@@ -54,7 +54,7 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     cfg.pre_rope        = p.pre_rope;
     cfg.kvq_geom        = { hd, p.block, p.bits_k, p.bits_v, ott_kvq_n_out(p.outliers, p.block, hd) };
     cfg.kvq_layout      = ott_kvq_block_layout_of(&cfg.kvq_geom);
-    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0, 0, 0 };
+    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0, 0, 0, 0 };
     cfg.layout          = ott_kv_block_layout {};
     cfg.layout.size     = cfg.kvq_layout.size;
     cfg.rope_n_rot      = shape.rope_n_rot;
@@ -132,6 +132,7 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     if (p.type == OTT_KV_OTT && !p.pool) return bad("pool", p.pool, "must be > 0 in OTT mode");
     if (p.prefill_fp16 != 0 && p.prefill_fp16 != 1) return bad("prefill_fp16", p.prefill_fp16, "must be 0 or 1");
     if (p.clip != 0 && p.clip != 1) return bad("clip", p.clip, "must be 0 or 1");
+    if (p.sym_v != 0 && p.sym_v != 1) return bad("sym_v", p.sym_v, "must be 0 or 1");
     const int32_t param_bits = p.param_bits == 0 ? 16 : p.param_bits;
     if (param_bits != 16 && param_bits != 8) return bad("param_bits", p.param_bits, "is not 16 or 8");
     for (const auto & [name, kind] : { std::pair { "rot_k", p.rot_k }, std::pair { "rot_v", p.rot_v } }) {
@@ -155,7 +156,9 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
                         p.hi_k, p.lo_k);
     }
     const int32_t n_hi = p.hi_k * hd / OTT_KV_TIER_UNIT, n_lo = p.lo_k * hd / OTT_KV_TIER_UNIT;
-    cfg.geom       = { hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis, n_hi, n_lo };
+    cfg.geom = {
+        hd, p.block, p.bits_k, p.bits_v, group_k, group_v, p.clip, param_bits, p.key_axis, n_hi, n_lo, p.sym_v
+    };
     cfg.layout     = ott_kv_block_layout_of(&cfg.geom);
     cfg.pool       = p.pool;
     cfg.extra_pool = p.extra_pool;
@@ -172,11 +175,10 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
                         "kv config: recent=%d needs codes of at most %d bits (bits_k=%d, bits_v=%d)", p.recent,
                         OTT_KV_RECENT_BITS, p.bits_k, p.bits_v);
     }
-    cfg.recent = p.recent;
-    cfg.rgeom  = {
-        hd, p.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, group_k, group_v, 0, param_bits, p.key_axis, 0, 0
-    };
-    cfg.rlayout      = ott_kv_block_layout_of(&cfg.rgeom);
+    cfg.recent  = p.recent;
+    cfg.rgeom   = { hd, p.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, group_k, group_v, 0, param_bits, p.key_axis, 0,
+                    0,  p.sym_v };
+    cfg.rlayout = ott_kv_block_layout_of(&cfg.rgeom);
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.rot_k        = p.rot_k;
     cfg.rot_v        = p.rot_v;

@@ -8,7 +8,7 @@
  *   k_scale  fp16  [block/group_k][head_dim]   [g][c] = key group g (slots g·group_k ..) of channel c
  *   k_min    fp16  [block/group_k][head_dim]
  *   v_scale  fp16  [block][head_dim/group_v]   [t][g] = channels g·group_v .. of slot t
- *   v_min    fp16  [block][head_dim/group_v]
+ *   v_min    fp16  [block][head_dim/group_v]   (sym_v: 0 bytes, the minimum is ott_kv_sym_min)
  *   (with param_bits 8, scales are uint8 ufp8 and mins int8, same shapes: ott_kv_scale8 /
  *   ott_kv_min8 decode them, ott_gguf/reference/quant.py states the encoding)
  *   k_codes  uint8 [head_dim][block·bits_k/8]  row c = channel c, codes packed LSB-first along
@@ -74,8 +74,9 @@ typedef struct {
     int32_t key_axis;   /* 0: key groups per channel along tokens; 1: per token along channels */
     int32_t n_hi;       /* key tiers: the first n_hi key rows are coded with OTT_KV_HI_BITS bits */
     int32_t n_lo;       /* ... the last n_lo with OTT_KV_LO_BITS; the others with bits_k     */
+    int32_t sym_v;      /* 1: value groups symmetric around zero, no v_min (ott_kv_sym_min)   */
 } ott_kv_geom;
-OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 44, "ott_kv_geom is eleven int32");
+OTT_STATIC_ASSERT(sizeof(ott_kv_geom) == 48, "ott_kv_geom is twelve int32");
 
 #define OTT_KV_HI_BITS 4     /* code width of the high key tier */
 #define OTT_KV_RECENT_BITS 4 /* code width of keys and values in recent blocks (ott_kv_params.recent) */
@@ -116,6 +117,12 @@ static inline OTT_HD float ott_kv_scale8(uint8_t s8) {
 /* An 8-bit minimum: z quarters of its group's scale, two float multiplications. */
 static inline OTT_HD float ott_kv_min8(int8_t z, float scale) { return ((float)z * 0.25f) * scale; }
 
+/* The implied minimum of a symmetric group of `bits`-bit codes: -(2^bits - 1)/2 steps, one
+ * float multiplication (ott_gguf/reference/quant.py: sym_min). */
+static inline OTT_HD float ott_kv_sym_min(int32_t bits, float scale) {
+    return (-0.5f * (float)((1 << bits) - 1)) * scale;
+}
+
 /* Bytes of one packed code row (keys: without tiers). */
 static inline OTT_HD uint32_t ott_kv_k_row_bytes(const ott_kv_geom * g) {
     return (uint32_t)((g->key_axis ? g->head_dim : g->block) * g->bits_k / 8);
@@ -144,6 +151,7 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     const uint32_t k_sc =
         (uint32_t)(g->block * g->head_dim / g->group_k) * ott_kv_param_bytes(g);       /* bytes of k_scale, of k_min */
     const uint32_t v_sc = (uint32_t)g->block * ott_kv_n_gv(g) * ott_kv_param_bytes(g); /* bytes of v_scale, of v_min */
+    const uint32_t v_mn = g->sym_v ? 0u : v_sc;
     ott_kv_block_layout L;
     uint32_t off = 0;
     L.k_scale    = off;
@@ -153,7 +161,7 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     L.v_scale = off;
     off += ott_kv_align(v_sc);
     L.v_min = off;
-    off += ott_kv_align(v_sc);
+    off += ott_kv_align(v_mn);
     L.k_codes = off;
     off += ott_kv_align(ott_kv_k_row_offset(g, g->head_dim));
     L.v_codes = off;
@@ -174,9 +182,10 @@ static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_b
 /* Bytes of a head-block that hold data (what the footprint counts; the rest is padding). */
 static inline OTT_HD uint64_t ott_kv_block_data_bytes(const ott_kv_geom * g, int with_mask) {
     const uint64_t codes  = ott_kv_k_row_offset(g, g->head_dim) + (uint64_t)g->head_dim * g->block * g->bits_v / 8;
-    const uint64_t groups = (uint64_t)g->block * g->head_dim / g->group_k + (uint64_t)g->block * ott_kv_n_gv(g);
+    const uint64_t params = (uint64_t)g->block * g->head_dim / g->group_k * 2 +
+                            (uint64_t)g->block * ott_kv_n_gv(g) * (uint64_t)(2 - g->sym_v); /* scales and mins */
     const uint64_t order  = ott_kv_tiered(g) ? (uint64_t)g->head_dim : 0;
-    return codes + groups * 2 * ott_kv_param_bytes(g) + order + (with_mask ? (uint64_t)g->block / 8 : 0);
+    return codes + params * ott_kv_param_bytes(g) + order + (with_mask ? (uint64_t)g->block / 8 : 0);
 }
 
 /* ---- KVQuant head-blocks (ott_gguf/reference/kvquant.py, byte for byte) ------------------

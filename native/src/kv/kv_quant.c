@@ -58,21 +58,37 @@ static uint8_t code_of(float x, float m32, float inv, float levels) {
 
 /* The stored parameters of the range [lo, hi] at `levels` steps (reference/quant.py: _encode),
  * and their float values: fp16 scale and min (param_bits 16), or the 8-bit scale and minimum,
- * the scale widened until its int8 minimum reaches lo (param_bits 8). */
+ * the scale widened until its int8 minimum reaches lo (param_bits 8); with sym the scale alone,
+ * the minimum implied (lo = -hi). */
 typedef struct {
-    uint8_t scale[2], min[2]; /* as stored: fp16, or one byte each */
+    uint8_t scale[2], min[2]; /* as stored: fp16, or one byte each (sym: min unused) */
     float s, m, inv;          /* decoded; inv = 1/s, or 0 for a zero scale */
 } range_enc;
 
-static range_enc encode_range(float lo, float hi, float levels, int32_t param_bits) {
+/* The least ufp8 scale >= t (t >= 0), at least 1. */
+static uint32_t scale8_of(float t) {
+    uint32_t h = ott_fp32_to_fp16_ref(t);
+    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+    const uint32_t s8 = (h + 127) >> 7;             /* the least ufp8 >= h */
+    return s8 == 0 ? 1 : s8;
+}
+
+static range_enc encode_range(float lo, float hi, float levels, int32_t param_bits, int32_t sym) {
     range_enc r;
-    if (param_bits == 8) {
+    memset(r.min, 0, sizeof r.min);
+    if (sym) {
         const float t = (hi - lo) / levels;
-        uint32_t h    = ott_fp32_to_fp16_ref(t);
-        if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
-        uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
-        if (s8 == 0) s8 = 1;
-        for (;; ++s8) { /* widen until z reaches lo */
+        if (param_bits == 8) {
+            r.scale[0] = (uint8_t)scale8_of(t);
+            r.s        = ott_kv_scale8(r.scale[0]);
+        } else {
+            const ott_fp16 s16 = ott_fp32_to_fp16_ref(t);
+            memcpy(r.scale, &s16, sizeof s16);
+            r.s = ott_fp16_to_fp32_ref(s16);
+        }
+        r.m = (-0.5f * levels) * r.s; /* ott_kv_sym_min */
+    } else if (param_bits == 8) {
+        for (uint32_t s8 = scale8_of((hi - lo) / levels);; ++s8) { /* widen until z reaches lo */
             r.s           = ott_kv_scale8((uint8_t)s8);
             const float z = floorf((lo / r.s) * 4.0f);
             if (z >= -128.0f && z <= 127.0f) {
@@ -94,12 +110,16 @@ static range_enc encode_range(float lo, float hi, float levels, int32_t param_bi
 }
 
 void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                            int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min) {
+                            int32_t param_bits, int32_t sym, uint8_t * codes, uint8_t * scale, uint8_t * min) {
     float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
     for (int32_t i = 1; i < n; ++i) {
         const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
         mn             = xi < mn ? xi : mn;
         mx             = xi > mx ? xi : mx;
+    }
+    if (sym) { /* [-a, a], a = max(-mn, mx) + 0 (no -0) */
+        mx = (-mn > mx ? -mn : mx) + 0.0f;
+        mn = -mx;
     }
     const float levels = (float)((1 << bits) - 1);
     const float width  = mx - mn;
@@ -107,7 +127,7 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
     double best_err    = 0.0;
     for (int32_t c = 0; clip && c < OTT_CLIP_N; ++c) {
         const float d      = ott_clip_shrink(c) * width;
-        const range_enc rc = encode_range(mn + d, mx - d, levels, param_bits);
+        const range_enc rc = encode_range(mn + d, mx - d, levels, param_bits, sym);
         double err         = 0.0;
         for (int32_t i = 0; i < n; ++i) {
             const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
@@ -126,11 +146,11 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         lo            = mn + d;
         hi            = mx - d;
     }
-    const range_enc r = encode_range(lo, hi, levels, param_bits);
+    const range_enc r = encode_range(lo, hi, levels, param_bits, sym);
     for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), r.m, r.inv, levels);
     const size_t pb = param_bits == 8 ? 1 : 2;
     memcpy(scale, r.scale, pb);
-    memcpy(min, r.min, pb);
+    if (!sym) memcpy(min, r.min, pb);
 }
 
 void ott_pack_codes_ref(const uint8_t * codes, int32_t n, int32_t bits, uint8_t * out) {
@@ -191,15 +211,15 @@ void ott_substitute_mean_ref(ott_fp16 * x, int32_t n, int32_t head_dim, const ui
 
 /* Per-token groups of x fp16 [block][head_dim]: row t = slot t, groups of `group` channels;
  * parameters [t][g] into scale/mn, codes packed per row into codes_out. */
-static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bits, int32_t group, uint8_t * scale,
-                          uint8_t * mn, uint8_t * codes_out) {
+static void quantize_rows(const ott_kv_geom * g, const ott_fp16 * x, int32_t bits, int32_t group, int32_t sym,
+                          uint8_t * scale, uint8_t * mn, uint8_t * codes_out) {
     const int32_t hd = g->head_dim, n_g = hd / group;
     const uint32_t pb = ott_kv_param_bytes(g);
     uint8_t codes[8192]; /* one row: head_dim codes */
     for (int32_t t = 0; t < g->block; ++t) {
         for (int32_t gi = 0; gi < n_g; ++gi) {
             const size_t at = ((size_t)t * n_g + gi) * pb;
-            ott_quantize_group_ref(x + (int64_t)t * hd + gi * group, 1, group, bits, g->clip, g->param_bits,
+            ott_quantize_group_ref(x + (int64_t)t * hd + gi * group, 1, group, bits, g->clip, g->param_bits, sym,
                                    codes + gi * group, scale + at, mn + at);
         }
         ott_pack_codes_ref(codes, hd, bits, codes_out + (size_t)t * hd * bits / 8);
@@ -239,14 +259,14 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
     memset(out, 0, L.size);
     if (g->key_axis) {
         /* keys per token, as values: row t = slot t, groups of group_k channels; parameter [t][gk] */
-        quantize_rows(g, k, g->bits_k, g->group_k, out + L.k_scale, out + L.k_min, out + L.k_codes);
+        quantize_rows(g, k, g->bits_k, g->group_k, 0, out + L.k_scale, out + L.k_min, out + L.k_codes);
     } else if (ott_kv_tiered(g)) {
         /* key tiers: row r = the channel of rank r, one group of the block at its tier's width */
         uint8_t * order = out + L.k_order;
         rank_channels(g, k, tier_scale, order);
         for (int32_t r = 0; r < hd; ++r) {
             const int32_t bits = ott_kv_k_row_bits(g, r);
-            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, codes,
+            ott_quantize_group_ref(k + order[r], hd, block, bits, g->clip, g->param_bits, 0, codes,
                                    out + L.k_scale + (size_t)r * pb, out + L.k_min + (size_t)r * pb);
             ott_pack_codes_ref(codes, block, bits, out + L.k_codes + ott_kv_k_row_offset(g, r));
         }
@@ -256,14 +276,14 @@ void ott_quantize_block_ref(const ott_kv_geom * g, const ott_fp16 * k, const ott
             for (int32_t gk = 0; gk < block / g->group_k; ++gk) {
                 const size_t at = ((size_t)gk * hd + c) * pb;
                 ott_quantize_group_ref(k + (int64_t)gk * g->group_k * hd + c, hd, g->group_k, g->bits_k, g->clip,
-                                       g->param_bits, codes + gk * g->group_k, out + L.k_scale + at,
+                                       g->param_bits, 0, codes + gk * g->group_k, out + L.k_scale + at,
                                        out + L.k_min + at);
             }
             ott_pack_codes_ref(codes, block, g->bits_k, out + L.k_codes + (size_t)c * ott_kv_k_row_bytes(g));
         }
     }
     /* values: row t = slot t, groups of group_v channels; parameter [t][gv] */
-    quantize_rows(g, v, g->bits_v, g->group_v, out + L.v_scale, out + L.v_min, out + L.v_codes);
+    quantize_rows(g, v, g->bits_v, g->group_v, g->sym_v, out + L.v_scale, out + L.v_min, out + L.v_codes);
     for (int32_t t = 0; t < block; ++t) {
         if (masked[t]) out[L.mask + t / 8] |= (uint8_t)(1u << (t % 8));
     }
@@ -321,16 +341,18 @@ size_t ott_kv_recode_scratch_bytes(const ott_kv_geom * rg) {
     return 2 * (size_t)rg->block * rg->head_dim * sizeof(ott_fp16) + (size_t)rg->block;
 }
 
-/* Parameter i of an array of fp16 or 8-bit (scale, min) pairs, decoded to double. */
-static void param_at(const ott_kv_geom * g, const uint8_t * sc, const uint8_t * mn, size_t i, double * s, double * m) {
-    if (g->param_bits == 8) {
-        const float s32 = ott_kv_scale8(sc[i]);
-        *s              = (double)s32;
-        *m              = (double)ott_kv_min8((int8_t)mn[i], s32);
-    } else {
-        *s = (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+/* Parameter i of an array of fp16 or 8-bit (scale, min) pairs, decoded to double; mn NULL:
+ * symmetric groups of `bits`-bit codes. */
+static void param_at(const ott_kv_geom * g, const uint8_t * sc, const uint8_t * mn, int32_t bits, size_t i, double * s,
+                     double * m) {
+    const float s32 = g->param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+    *s              = (double)s32;
+    if (!mn)
+        *m = (double)ott_kv_sym_min(bits, s32);
+    else if (g->param_bits == 8)
+        *m = (double)ott_kv_min8((int8_t)mn[i], s32);
+    else
         *m = (double)ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
-    }
 }
 
 static ott_fp16 decode_code(uint32_t code, double s, double m) {
@@ -345,7 +367,7 @@ static void dequant_rows(const ott_kv_geom * g, const uint8_t * sc, const uint8_
     for (int32_t t = 0; t < g->block; ++t) {
         for (int32_t c = 0; c < hd; ++c) {
             double s, m;
-            param_at(g, sc, mn, (size_t)t * n_g + c / group, &s, &m);
+            param_at(g, sc, mn, bits, (size_t)t * n_g + c / group, &s, &m);
             const uint32_t code   = ott_kvq_code_at(codes + t * row_bytes, c, bits, row_bytes);
             x[(size_t)t * hd + c] = decode_code(code, s, m);
         }
@@ -367,13 +389,13 @@ void ott_kv_recode_ref(const ott_kv_geom * rg, const uint8_t * src, const ott_kv
         for (int32_t c = 0; c < hd; ++c) {
             for (int32_t t = 0; t < block; ++t) {
                 double s, m;
-                param_at(rg, src + R.k_scale, src + R.k_min, (size_t)(t / rg->group_k) * hd + c, &s, &m);
+                param_at(rg, src + R.k_scale, src + R.k_min, rg->bits_k, (size_t)(t / rg->group_k) * hd + c, &s, &m);
                 const uint32_t code   = ott_kvq_code_at(src + R.k_codes + c * row_bytes, t, rg->bits_k, row_bytes);
                 k[(size_t)t * hd + c] = decode_code(code, s, m);
             }
         }
     }
-    dequant_rows(rg, src + R.v_scale, src + R.v_min, src + R.v_codes, rg->bits_v, rg->group_v, v);
+    dequant_rows(rg, src + R.v_scale, rg->sym_v ? NULL : src + R.v_min, src + R.v_codes, rg->bits_v, rg->group_v, v);
     for (int32_t t = 0; t < block; ++t) masked[t] = (uint8_t)((src[R.mask + t / 8] >> (t % 8)) & 1);
     ott_substitute_mean_ref(k, block, hd, masked); /* nothing masked: unchanged */
     ott_substitute_mean_ref(v, block, hd, masked);

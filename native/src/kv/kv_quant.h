@@ -47,11 +47,12 @@ float ott_fp16_to_fp32_ref(ott_fp16 h);
 ott_fp16 ott_fp32_to_fp16_ref(float f);
 
 /* Quantize one group of n fp16 values read at x[i*stride] over its whole range (clip = 0)
- * or the best clipped one (clip = 1, fp16 parameters only): codes uint8 [n] (unpacked); the
- * scale and min written at scale and min: fp16 (param_bits 16) or one byte each, a ufp8
- * scale and an int8 z (param_bits 8, kv_layout.h). */
+ * or the best clipped one (clip = 1): codes uint8 [n] (unpacked); the scale and min written
+ * at scale and min: fp16 (param_bits 16) or one byte each, a ufp8 scale and an int8 z
+ * (param_bits 8, kv_layout.h). sym = 1: the range is [-a, a] with a = max(-mn, mx) + 0,
+ * only the scale is written and the minimum is ott_kv_sym_min (reference/quant.py). */
 void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
-                            int32_t param_bits, uint8_t * codes, uint8_t * scale, uint8_t * min);
+                            int32_t param_bits, int32_t sym, uint8_t * codes, uint8_t * scale, uint8_t * min);
 
 /* Pack n codes LSB-first as one bit stream: bit k of code i is bit i*bits + k of out, bit m
  * of out is bit m % 8 of byte m / 8 (bits 2, 4, 8: code i in byte i*bits/8 at bit
