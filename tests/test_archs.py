@@ -93,14 +93,15 @@ def test_every_kv_mode_runs(ggufs, name, kv, tmp_path):
     close to the fp16 cache's (random tiny models make 2-bit keys hard: the bound is loose),
     and the native memory equal to the footprint's formula, the local ring counted in fp16.
     Phi-3 with a window shorter than the context has only local layers: the mode has nothing
-    to quantize. KVQuant reads made-up tables (make_gguf.write_kvq_sidecar); it refuses
-    LongRoPE (Phi-3), whose keys it could not rotate itself."""
+    to quantize. KVQuant reads made-up tables (make_gguf.write_kvq_sidecar); it and every mode
+    with keys cached before RoPE (ottr2tr) refuse LongRoPE (Phi-3), whose keys they could not
+    rotate themselves."""
     path = ggufs[0][name]
     f16 = Model(path, n_ctx=512, n_threads=2, device="cpu")
     ids = (f16.tokenize(PROMPT * 8) * 2)[:400]
     ref = f16.eval(ids, all_logits=True)
     calib = write_kvq_sidecar(path, tmp_path / "t.kvcalib.gguf") if PRESETS[kv].kvq else None
-    if calib and name == "phi3-window":  # LongRoPE's factors: KVQuant cannot rotate its keys
+    if PRESETS[kv].pre_rope and name == "phi3-window":  # LongRoPE's factors: keys not rotated here
         with pytest.raises(UnsupportedError, match="pre-RoPE keys need a plain RoPE"):
             Model(path, n_ctx=512, n_threads=2, kv=kv, device="cpu", kv_calib=calib)
         return

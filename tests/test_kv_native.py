@@ -301,6 +301,25 @@ CASES = [
         150,
         [1, 4],
     ),
+    # keys cached before RoPE, rotated in attention: every store (blocks, recent blocks, pool
+    # and extra pool at their positions, sink, window, the chunk), per-channel and per-token keys
+    ("hd64-gqa3-pre-rope", 64, 3, SMALL.with_overrides(pre_rope=1), 150, [1, 4]),
+    (
+        "hd64-gqa3-pre-rope-recent2-tiers-sym-v",
+        64,
+        3,
+        SMALL.with_overrides(pre_rope=1, hi_k=4, lo_k=8, clip=1, param_bits=8, rot_v=HADAMARD, recent=2, sym_v=1),
+        150,
+        [1, 4],
+    ),
+    (
+        "hd128-gqa1-pre-rope-keys-per-token",
+        128,
+        1,
+        SMALL.with_overrides(pre_rope=1, key_axis=1, group_k=32),
+        200,
+        [3, 1],
+    ),
 ]
 
 
@@ -346,9 +365,9 @@ def test_int_dots_switch(tmp_path):
 def test_native_matches_reference(tmp_path, case, dots):
     _, head_dim, gqa, cfg, n_tokens, sizes = case
     path = random_model(tmp_path, head_dim, gqa)
-    # keys grouped per token, recent blocks and symmetric values are CPU only (the CUDA cache
-    # refuses them)
-    cpu_only = cfg.key_axis or cfg.recent or cfg.sym_v
+    # keys grouped per token, recent blocks, symmetric values and pre-RoPE keys are CPU only
+    # (the CUDA cache refuses them)
+    cpu_only = cfg.key_axis or cfg.recent or cfg.sym_v or cfg.pre_rope
     model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cpu_only else None)
     run = ReferenceRun(ReferenceModel(path), cfg, model)
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()

@@ -388,6 +388,8 @@ def test_presets():
         (dict(recent=1, bits_k=8), "recent=1 needs"),
         (dict(recent=65), "recent=65"),
         (dict(sym_v=2), "sym_v=2"),
+        (dict(pre_rope=2), "pre_rope=2"),
+        (dict(pre_rope=1, rot_k=1), "does not compose with pre_rope=1"),
     ],
 )
 def test_invalid_configs(overrides, message):

@@ -147,8 +147,10 @@ typedef struct {
                                  (CPU only: the CUDA cache refuses it)                    */
     const char * calib_path;  /* calibration sidecar GGUF (calibrated rotations); NULL: none.
                                  Read during ott_context_init only                       */
-    int32_t pre_rope;         /* OTT_KV_KVQUANT: 1 keys cached before RoPE, rotated at their
-                                 position in attention; 0 after RoPE                      */
+    int32_t pre_rope;         /* 1: keys cached before RoPE, rotated at their position in
+                                 attention; 0 after RoPE. Needs a plain RoPE; not with
+                                 rot_k. Besides KVQuant CPU only: the CUDA cache refuses
+                                 it for the other schemes                                 */
     int32_t outliers;         /* OTT_KV_KVQUANT: entries per 10000 of a block's keys, and of
                                  its values, kept exactly in fp16 (0 .. 1000)             */
     const float * kvq_tables; /* OTT_KV_KVQUANT: the calibrated tables, per layer il in

@@ -7,7 +7,7 @@ scale 1/sqrt(head_dim). Then the chunk is appended, which may fire quantization 
 
 GQA: query head h reads KV head h // (n_head / n_head_kv).
 
-Keys cached before RoPE (KVQuant, cfg.pre_rope): every key — dequantized, sink, window and
+Keys cached before RoPE (cfg.pre_rope, either scheme): every key — dequantized, sink, window and
 the chunk's own — is rotated at its position (rope.py) in float64 before its score is taken,
 so q·RoPE(k̂, p) is exact up to float64 rounding; queries arrive rotated as always.
 

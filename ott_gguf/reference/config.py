@@ -43,7 +43,7 @@ class KVConfig:
     rot_k: int = 0  # rotation of keys (and queries): 0 none, 1 hadamard, 2 calibrated (rotation.py)
     rot_v: int = 0  # rotation of values, undone after attention: same kinds
     kvq: int = 0  # 1: the KVQuant scheme (kvquant.py): calibrated channel ranges, codebooks
-    pre_rope: int = 0  # 1: keys cached before RoPE, rotated at their position in attention (kvq)
+    pre_rope: int = 0  # 1: keys cached before RoPE, rotated at their position in attention (either scheme)
     uniform: int = 0  # 1: uniform levels instead of the calibrated nuq codebooks (kvq)
     qnorm: int = 0  # 1: the codebooks of Q-Norm: dequantized calibration entries keep their mean and std (kvq)
     outliers: int = 0  # kvq dense-and-sparse: per 10000 of a block's keys (and values) kept in fp16
@@ -106,10 +106,17 @@ class KVConfig:
             raise InvalidArgumentError(f"kv config: kvq={self.kvq} must be 0 (KIVI / OTT groups) or 1 (KVQuant)")
         if self.kvq:
             self._check_kvq()
-        elif self.pre_rope or self.uniform or self.qnorm or self.outliers:
+        elif self.uniform or self.qnorm or self.outliers:
             raise InvalidArgumentError(
-                f"kv config: pre_rope={self.pre_rope} uniform={self.uniform} qnorm={self.qnorm} "
-                f"outliers={self.outliers} apply to the KVQuant scheme only (kvq=1)"
+                f"kv config: uniform={self.uniform} qnorm={self.qnorm} outliers={self.outliers} "
+                f"apply to the KVQuant scheme only (kvq=1)"
+            )
+        elif self.pre_rope > 1:
+            raise InvalidArgumentError(f"kv config: pre_rope={self.pre_rope} must be 0 or 1")
+        elif self.pre_rope and self.rot_k:
+            raise InvalidArgumentError(
+                f"kv config: rot_k={self.rot_k} does not compose with pre_rope=1 "
+                f"(a rotation of keys before RoPE mixes the pairs it turns)"
             )
         for name in () if self.kvq else ("bits_k", "bits_v"):
             if getattr(self, name) not in QUANT_BITS:
@@ -326,9 +333,13 @@ PRESETS: dict[str, KVConfig] = {
     # ottr2 with key tiers: of every 16 key channels of a block, the 4 that weigh most in the
     # scores at 4 bits, the 8 that weigh least at 1 bit (still 2 bits per key code)
     "ottr2t": KVConfig(bits_k=2, bits_v=2, clip=1, hi_k=4, lo_k=8, **_OTTR),
-    # ottr2t with its newest 4 blocks at 4 bits, and without the extra pool (it bought less than
-    # 0.003 of KL for 0.09 bits): 2.48 bits per element at 4096 tokens (CPU only for now)
-    "ottr2tr": KVConfig(bits_k=2, bits_v=2, clip=1, hi_k=4, lo_k=8, recent=4, **dict(_OTTR, extra_pool=0)),
+    # ottr2t with keys cached before RoPE, there 5 of every 16 key channels at 4 bits and 10 at
+    # 1, its newest 5 blocks at 4 bits, symmetric value groups (the bits of the fifth block),
+    # and without the extra pool (it bought less than 0.003 of KL for 0.09 bits): 2.48 bits
+    # per element at 4096 tokens (CPU only for now)
+    "ottr2tr": KVConfig(
+        bits_k=2, bits_v=2, clip=1, hi_k=5, lo_k=10, recent=5, sym_v=1, pre_rope=1, **dict(_OTTR, extra_pool=0)
+    ),
     "ottr3": KVConfig(bits_k=4, bits_v=2, **_OTTR),
     "kvquant2": KVConfig(bits_k=2, bits_v=2, **_KVQ),
     "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),

@@ -42,7 +42,7 @@ public:
         step.taken = std::make_unique<std::atomic<int32_t>[]>(sh.n_layer);
         for (int il = 0; il < sh.n_layer; ++il) step.layer_ops[il] = { &step, il };
         step.rope = nullptr;
-        if (cfg.kvq && cfg.pre_rope) {  // cos and sin of every position a sequence may hold
+        if (cfg.pre_rope) {  // cos and sin of every position a sequence may hold
             rope_cs.resize((size_t)shape.n_ctx * cfg.rope_n_rot);
             ott_rope_table_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, shape.n_ctx, rope_cs.data());
             rope      = { cfg.rope_n_rot, cfg.rope_neox, shape.n_ctx, rope_cs.data() };
@@ -97,7 +97,7 @@ public:
         return append(gctx, gf, il, k, v, out);
     }
 
-    bool keys_before_rope(int) const override { return cfg.kvq && cfg.pre_rope; }
+    bool keys_before_rope(int) const override { return cfg.pre_rope; }
 
     void set_inputs() override {}
 
@@ -358,7 +358,7 @@ private:
     std::vector<std::vector<uint8_t>> scratch;  // [OTT_MAX_THREADS]
     ott_kv_step step;
     int32_t max_q = 1;           // most chunk tokens of one attention item this step
-    std::vector<float> rope_cs;  // KVQuant keys before RoPE: [2][n_rot/2][n_ctx] cos, sin
+    std::vector<float> rope_cs;  // keys before RoPE: [2][n_rot/2][n_ctx] cos, sin
     ott_rope_table rope {};
 };
 

@@ -78,6 +78,20 @@ template <class V> OTT_INLINE void store16(float * p, V v) { std::memcpy(p, &v, 
 OTT_INLINE v16f splat(float x) { return { (v8f) {} + x, (v8f) {} + x }; }
 OTT_INLINE v8f to_float(v8u x) { return __builtin_convertvector((v8i)x, v8f); }
 
+// 8 consecutive codes of a packed row (LSB-first bit stream), from the first bit of byte p
+template <int BITS> OTT_INLINE v8u codes8(const uint8_t * p) {
+    uint32_t x;  // the BITS bytes, read whole (a narrower copy into a wider word stalls the load)
+    if constexpr (BITS == 4) {
+        std::memcpy(&x, p, 4);
+    } else {
+        uint16_t lo;
+        std::memcpy(&lo, p, 2);
+        x = BITS == 3 ? (uint32_t)lo | (uint32_t)p[2] << 16 : lo;
+    }
+    const v8u sh = { 0, BITS, 2 * BITS, 3 * BITS, 4 * BITS, 5 * BITS, 6 * BITS, 7 * BITS };
+    return ((v8u) {} + x) >> sh & (uint32_t)((1 << BITS) - 1);
+}
+
 // 16 consecutive codes of a packed row, from the first bit of byte p, as one 64-byte vector
 // whose lane i holds code_i·2^(BITS·i) (4 bits: 2^(4·(i mod 8))): a word broadcast to every
 // lane and masked to the lane's code, left where it is (4 bits: the two words of 8 codes
@@ -596,12 +610,38 @@ OTT_INLINE void values_vnni(const attn_ws & w, int32_t rows, const uint8_t * vco
     }
 }
 
+// Key rows r0 .. r1-1 of one run (BITS-bit codes, parameters sc[r], mn[r]) dequantized into
+// kc[channel][t] (rows of LD floats) for the n_t slots from t0, a multiple of 8 each; channel
+// = order[r], or r without tiers.
+template <int BITS>
+OTT_INLINE void dequant_key_rows(const key_rows & kr, const uint8_t * order, const float * sc, const float * mn,
+                                 int32_t t0, int32_t n_t, float * kc) {
+    for (int32_t r = kr.r0; r < kr.r1; ++r) {
+        const uint8_t * row = kr.codes + (size_t)(r - kr.r0) * kr.row_bytes + (size_t)t0 * BITS / 8;
+        float * kt          = kc + (size_t)(order ? order[r] : r) * LD;
+        for (int32_t t = 0; t < n_t; t += 8) {
+            v8f x;
+            if constexpr (BITS == 8) {
+                for (int j = 0; j < 8; ++j) x[j] = (float)row[t + j];
+            } else {
+                x = to_float(codes8<BITS>(row + t * BITS / 8));
+            }
+            x = x * sc[r] + mn[r];
+            std::memcpy(kt + t, &x, sizeof x);
+        }
+    }
+}
+
+OTT_CLONES void rope_tile(const ott_rope_table & R, const int32_t * pos, int32_t pos0, int32_t n_t, const attn_ws & w);
+
 // Slots t0 .. t0+n_t-1 of a head-block straight from the codes (fused path; group_k,
 // group_v multiples of VL, n_t a multiple of VL); the kernels in vectors V, NV per iteration,
-// or (VNNI) attn_vnni's integer dot products.
+// or (VNNI) attn_vnni's integer dot products. Keys cached before RoPE (rope non-null; slot 0
+// at position pos0) are dequantized and rotated first, their scores taken in float.
 template <class V, int NV, bool VNNI = false>
 OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t,
-                               const attn_ws & w, int32_t rows, const uint8_t * dead) {
+                               const attn_ws & w, int32_t rows, const uint8_t * dead, const ott_rope_table * rope,
+                               int32_t pos0) {
     const ott_kv_geom & g         = cfg.geom;
     const ott_kv_block_layout & L = cfg.layout;
     const int32_t hd = g.head_dim, hdp = w.hdp, gk = g.group_k, gv = g.group_v, n_gv = hd / gv;
@@ -609,8 +649,24 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
     const int32_t n_runs  = key_row_runs(g, hb + L.k_codes, runs);
     const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
 
+    if (rope) {  // keys before RoPE: kc[channel][t] = code·scale + min, a run of key rows at a time
+        for (int32_t ta = t0; ta < t0 + n_t;) {
+            const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
+            params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
+            for (int32_t i = 0; i < n_runs; ++i) {
+                with_code_width(runs[i].bits, [&](auto B) {
+                    dequant_key_rows<B()>(runs[i], order, w.ksc, w.kmn, ta, tb - ta, w.kc + (ta - t0));
+                });
+            }
+            ta = tb;
+        }
+        rope_tile(*rope, nullptr, pos0 + t0, n_t, w);  // rotated at their positions, scored in float
+#define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
+        OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+#undef OTT_SCORES
+    }
     // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
-    for (int32_t ta = t0; ta < t0 + n_t;) {
+    for (int32_t ta = t0; ta < t0 + n_t && !rope;) {
         const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
         params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
         for (int32_t r = 0; r < rows; ++r) {
@@ -676,24 +732,24 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
 // floats, one per iteration, elsewhere
 #if OTT_VERSIONS
 OTT_V4 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
-                         int32_t rows, const uint8_t * dead) {
+                         int32_t rows, const uint8_t * dead, const ott_rope_table * rope, int32_t pos0) {
     if (vnni_fits(cfg.geom)) {
-        attend_codes_v<v16z, 2, true>(cfg, hb, t0, n_t, w, rows, dead);
+        attend_codes_v<v16z, 2, true>(cfg, hb, t0, n_t, w, rows, dead, rope, pos0);
     } else {
-        attend_codes_v<v16z, 2>(cfg, hb, t0, n_t, w, rows, dead);
+        attend_codes_v<v16z, 2>(cfg, hb, t0, n_t, w, rows, dead, rope, pos0);
     }
 }
 
 OTT_V3 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
-                         int32_t rows, const uint8_t * dead) {
-    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead);
+                         int32_t rows, const uint8_t * dead, const ott_rope_table * rope, int32_t pos0) {
+    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead, rope, pos0);
 }
 
 OTT_BASELINE
 #endif
 void attend_codes(const ott_kv_config & cfg, const uint8_t * hb, int32_t t0, int32_t n_t, const attn_ws & w,
-                  int32_t rows, const uint8_t * dead) {
-    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead);
+                  int32_t rows, const uint8_t * dead, const ott_rope_table * rope, int32_t pos0) {
+    attend_codes_v<v16f, 1>(cfg, hb, t0, n_t, w, rows, dead, rope, pos0);
 }
 
 // ---- tiles: fill w.kc / w.vc with n_t keys and values ------------------------------------
@@ -822,20 +878,6 @@ OTT_CLONES void rope_tile(const ott_rope_table & R, const int32_t * pos, int32_t
             b[t] = x * si[t] + y * co[t];
         }
     }
-}
-
-// 8 consecutive codes of a packed row (LSB-first bit stream), from the first bit of byte p
-template <int BITS> OTT_INLINE v8u codes8(const uint8_t * p) {
-    uint32_t x;  // the BITS bytes, read whole (a narrower copy into a wider word stalls the load)
-    if constexpr (BITS == 4) {
-        std::memcpy(&x, p, 4);
-    } else {
-        uint16_t lo;
-        std::memcpy(&lo, p, 2);
-        x = BITS == 3 ? (uint32_t)lo | (uint32_t)p[2] << 16 : lo;
-    }
-    const v8u sh = { 0, BITS, 2 * BITS, 3 * BITS, 4 * BITS, 5 * BITS, 6 * BITS, 7 * BITS };
-    return ((v8u) {} + x) >> sh & (uint32_t)((1 << BITS) - 1);
 }
 
 // Entries code[j] of a table of 2^BITS floats held in lo (levels 0..7) and hi (8..15)
@@ -1009,14 +1051,14 @@ void attend_kvq_store(const ott_kvq_geom & g, const ott_kvq_tables & tab, const 
     }
 }
 
-// Every tile of an fp16 store of n rows, row i at position pos0 + i (keys rotated by RoPE
-// there when rope is non-NULL).
+// Every tile of an fp16 store of n rows; with rope the keys are rotated by RoPE at their
+// positions, row i at pos[i] (pos0 + i when pos is null).
 void attend_f16_store(const attn_ws & w, int32_t rows, const ott_fp16 * k, const ott_fp16 * v, int32_t n,
-                      const ott_rope_table * rope = nullptr, int32_t pos0 = 0) {
+                      const ott_rope_table * rope, int32_t pos0, const int32_t * pos = nullptr) {
     for (int32_t t0 = 0; t0 < n; t0 += KEY_TILE) {
         const int32_t n_t = std::min(KEY_TILE, n - t0);
         f16_tile(k + (size_t)t0 * w.hd, v + (size_t)t0 * w.hd, n_t, w);
-        if (rope) rope_tile(*rope, nullptr, pos0 + t0, n_t, w);
+        if (rope) rope_tile(*rope, pos ? pos + t0 : nullptr, pos0 + t0, n_t, w);
         attend_tile(w, rows, n_t, nullptr, false);
     }
 }
@@ -1082,10 +1124,12 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                     const int32_t n_t   = std::min(KEY_TILE, block - t0);
                     const bool any_dead = traces && tile_dead(hb + c.layout.mask, t0, n_t, w.dead);
+                    const int32_t pos0  = S.before.n_sink + b * block;  // of slot 0
                     if (fused) {
-                        attend_codes(c, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr);
+                        attend_codes(c, hb, t0, n_t, w, rows, any_dead ? w.dead : nullptr, st.rope, pos0);
                     } else {
                         dequant_tile(c, hb, t0, n_t, w);
+                        if (st.rope) rope_tile(*st.rope, nullptr, pos0 + t0, n_t, w);
                         attend_tile(w, rows, n_t, any_dead ? w.dead : nullptr, false);
                     }
                 }
@@ -1098,11 +1142,12 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             attend_f16_store(w, rows, ls.sink_k.data() + (size_t)h * cfg.sink * hd,
                              ls.sink_v.data() + (size_t)h * cfg.sink * hd, S.before.n_sink, st.rope, 0);
             if (pc) {
-                attend_f16_store(w, rows, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h]);
+                attend_f16_store(w, rows, ls.pool_k.data() + h * pc * hd, ls.pool_v.data() + h * pc * hd, ls.n_pool[h],
+                                 st.rope, 0, ls.pool_pos.data() + h * pc);
             }
             if (ec) {
                 attend_f16_store(w, rows, ls.extra_k.data() + h * ec * hd, ls.extra_v.data() + h * ec * hd,
-                                 ls.n_extra[h]);
+                                 ls.n_extra[h], st.rope, 0, ls.extra_pos.data() + h * ec);
             }
             // the window ring: its rows from the oldest window position, wrapping once
             const int32_t cap = st.win_cap[S.seq], n_win = S.before.n_win, p0 = S.before.win_pos0(cfg);

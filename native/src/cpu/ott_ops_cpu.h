@@ -76,7 +76,7 @@ struct ott_kv_step {
     std::vector<int32_t> groups;                    // [n_groups+1] first item of each group
     std::vector<ott_kv_layer_op> layer_ops;         // [n_layer]
     std::vector<std::vector<uint8_t>> * scratch;    // [OTT_MAX_THREADS] per-thread work memory
-    const ott_rope_table * rope;                    // KVQuant with keys before RoPE: their rotation; else null
+    const ott_rope_table * rope;                    // keys before RoPE (pre_rope): their rotation; else null
 
     ott_kv_layer_seq & ls(int il, int32_t seq) const { return layers[(size_t)il * n_seq_max + seq]; }
 };

@@ -615,6 +615,9 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: recent=%d (4-bit recent blocks) runs on the CPU only",
                         cfg.recent);
     }
+    if (cfg.pre_rope && !cfg.kvq) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: pre_rope=1 runs on the CPU only outside KVQuant");
+    }
     if (cfg.geom.sym_v) {
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: sym_v=1 (symmetric value groups) runs on the CPU only");

@@ -18,6 +18,24 @@ ott_status bad(const char * what, int32_t value, const char * rule) {
     return ott_fail(OTT_ERR_INVALID_ARG, "kv config: %s=%d %s", what, value, rule);
 }
 
+// Keys cached before RoPE (either scheme): the model's RoPE must be plain, its rotation is
+// then applied to every key at its position in attention.
+ott_status resolve_pre_rope(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg) {
+    if (p.pre_rope != 0 && p.pre_rope != 1) return bad("pre_rope", p.pre_rope, "must be 0 or 1");
+    if (p.pre_rope && !shape.rope_plain) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config: pre-RoPE keys need a plain RoPE (this model scales it: YaRN, "
+                                             "frequency factors or an attention factor); use pre_rope=0");
+    }
+    if (p.pre_rope && (shape.rope_n_rot <= 0 || shape.rope_n_rot % 2 || shape.rope_n_rot > shape.n_embd_head))
+        return bad("pre_rope", p.pre_rope, "needs an even RoPE dimension count up to head_dim");
+    cfg.pre_rope        = p.pre_rope;
+    cfg.rope_n_rot      = shape.rope_n_rot;
+    cfg.rope_neox       = shape.rope_neox;
+    cfg.rope_freq_base  = shape.rope_freq_base;
+    cfg.rope_freq_scale = shape.rope_freq_scale;
+    return OTT_OK;
+}
+
 // KVQuant (OTT_KV_KVQUANT): its own rules (ott_gguf/reference/config.py: _check_kvq), then
 // the calibrated tables copied in, key thresholds turned into zero and scale.
 ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_kv_config & cfg, bool tables) {
@@ -40,27 +58,15 @@ ott_status resolve_kvq(const ott_kv_params & p, const ott_kv_shape & shape, ott_
     }
     if (p.param_bits != 0 && p.param_bits != 16) return bad("param_bits", p.param_bits, "must be 16 with KVQuant");
     if (p.outliers < 0 || p.outliers > 1000) return bad("outliers", p.outliers, "must be 0 .. 1000 per 10000");
-    if (p.pre_rope != 0 && p.pre_rope != 1) return bad("pre_rope", p.pre_rope, "must be 0 or 1");
-    if (p.pre_rope && !shape.rope_plain) {
-        return ott_fail(OTT_ERR_UNSUPPORTED,
-                        "kv config: KVQuant's pre-RoPE keys need a plain RoPE (this model scales it: YaRN, "
-                        "frequency factors or an attention factor); use pre_rope=0");
-    }
-    if (p.pre_rope && (shape.rope_n_rot <= 0 || shape.rope_n_rot % 2 || shape.rope_n_rot > hd))
-        return bad("pre_rope", p.pre_rope, "needs an even RoPE dimension count up to head_dim");
+    OTT_TRY(resolve_pre_rope(p, shape, cfg));
     if (tables && !p.kvq_tables) return ott_fail(OTT_ERR_INVALID_ARG, "kv config: KVQuant needs its calibrated tables");
 
-    cfg.kvq             = 1;
-    cfg.pre_rope        = p.pre_rope;
-    cfg.kvq_geom        = { hd, p.block, p.bits_k, p.bits_v, ott_kvq_n_out(p.outliers, p.block, hd) };
-    cfg.kvq_layout      = ott_kvq_block_layout_of(&cfg.kvq_geom);
-    cfg.geom            = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0, 0, 0, 0 };
-    cfg.layout          = ott_kv_block_layout {};
-    cfg.layout.size     = cfg.kvq_layout.size;
-    cfg.rope_n_rot      = shape.rope_n_rot;
-    cfg.rope_neox       = shape.rope_neox;
-    cfg.rope_freq_base  = shape.rope_freq_base;
-    cfg.rope_freq_scale = shape.rope_freq_scale;
+    cfg.kvq         = 1;
+    cfg.kvq_geom    = { hd, p.block, p.bits_k, p.bits_v, ott_kvq_n_out(p.outliers, p.block, hd) };
+    cfg.kvq_layout  = ott_kvq_block_layout_of(&cfg.kvq_geom);
+    cfg.geom        = { hd, p.block, p.bits_k, p.bits_v, p.block, hd, 0, 16, 0, 0, 0, 0 };
+    cfg.layout      = ott_kv_block_layout {};
+    cfg.layout.size = cfg.kvq_layout.size;
     if (!tables) return OTT_OK;
 
     const size_t per_layer = ott_kvq_layer_floats(p, shape.n_head_kv, hd), n_k = (size_t)shape.n_head_kv * hd;
@@ -106,8 +112,13 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
     if (p.window < 0) return bad("window", p.window, "must be >= 0");
     if (p.sink < 0) return bad("sink", p.sink, "must be >= 0");
     if (p.type == OTT_KV_KVQUANT) return resolve_kvq(p, shape, cfg, tables);
-    if (p.pre_rope || p.outliers || p.kvq_tables)
-        return bad("pre_rope", p.pre_rope, "and outliers and kvq_tables apply to KVQuant only (must be 0)");
+    if (p.outliers || p.kvq_tables)
+        return bad("outliers", p.outliers, "and kvq_tables apply to KVQuant only (must be 0)");
+    OTT_TRY(resolve_pre_rope(p, shape, cfg));
+    if (p.pre_rope && p.rot_k) {
+        return bad("rot_k", p.rot_k,
+                   "does not compose with pre_rope=1 (a rotation of keys before RoPE mixes the pairs it turns)");
+    }
     for (const auto & [name, bits] : { std::pair { "bits_k", p.bits_k }, std::pair { "bits_v", p.bits_v } }) {
         if (bits != 2 && bits != 4 && bits != 8) return bad(name, bits, "is not one of 2, 4, 8");
     }

@@ -33,12 +33,12 @@ struct ott_kv_config {
     // The KVQuant scheme (kvq = 1; kv/kv_kvq.h): the schedule of geom.block and sink as above,
     // no pools, head-blocks of kvq_layout (layout.size is theirs; its other offsets unused).
     int32_t kvq;
-    int32_t pre_rope;  // 1: keys cached before RoPE, rotated by `rope` in attention
     ott_kvq_geom kvq_geom;
     ott_kvq_block_layout kvq_layout;
     std::vector<float> kvq_keys;    // [n_layer][n_head_kv][2][head_dim]: k_zero, k_scale
     std::vector<float> kvq_levels;  // [n_layer][2^bits_k + 2^bits_v]: levels_k, levels_v
-    int32_t rope_n_rot, rope_neox;  // the model's RoPE (kvq with pre_rope)
+    int32_t pre_rope;               // 1: keys cached before RoPE (either scheme), rotated in attention
+    int32_t rope_n_rot, rope_neox;  // the model's RoPE (with pre_rope)
     float rope_freq_base, rope_freq_scale;
 
     bool traces(int il) const { return pool > 0 && il >= skip_layers; }
