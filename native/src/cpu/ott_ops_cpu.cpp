@@ -664,32 +664,33 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
 #define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
         OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
-    }
-    // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
-    for (int32_t ta = t0; ta < t0 + n_t && !rope;) {
-        const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
-        params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
-        for (int32_t r = 0; r < rows; ++r) {
-            const float * q = w.q + (size_t)r * hdp;
-            float * qs      = w.qs + (size_t)r * hdp;
-            float qm        = 0.0f;
-            for (int32_t c = 0; c < hd; ++c) {
-                const float qc = q[order ? order[c] : c];
-                qs[c]          = qc * w.ksc[c];
-                qm += qc * w.kmn[c];
+    } else {
+        // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
+        for (int32_t ta = t0; ta < t0 + n_t;) {
+            const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
+            params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
+            for (int32_t r = 0; r < rows; ++r) {
+                const float * q = w.q + (size_t)r * hdp;
+                float * qs      = w.qs + (size_t)r * hdp;
+                float qm        = 0.0f;
+                for (int32_t c = 0; c < hd; ++c) {
+                    const float qc = q[order ? order[c] : c];
+                    qs[c]          = qc * w.ksc[c];
+                    qm += qc * w.kmn[c];
+                }
+                w.qm[r] = qm;
             }
-            w.qm[r] = qm;
-        }
 #define OTT_SCORES(RB)                                                                                                 \
     scores_codes_rb<V, NV, RB>(w.qs + (size_t)r0 * hdp, w.qm + r0, hdp, runs, n_runs, ta, tb,                          \
                                w.s + (size_t)r0 * LD + (ta - t0))
-        if constexpr (VNNI) {
-            scores_vnni(w, rows, runs, n_runs, ta, tb, w.s + (ta - t0));
-        } else {
-            OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
-        }
+            if constexpr (VNNI) {
+                scores_vnni(w, rows, runs, n_runs, ta, tb, w.s + (ta - t0));
+            } else {
+                OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+            }
 #undef OTT_SCORES
-        ta = tb;
+            ta = tb;
+        }
     }
     softmax_tile(w, rows, n_t, dead, false);
 
