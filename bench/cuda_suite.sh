@@ -9,14 +9,18 @@
 #   tests   pytest tests/test_cuda.py and the quantized-cache tests on the GPU
 #   perf    ott-cuda-ops perf: copy bandwidth and attention kernel bandwidth
 #   bench   bench/cuda_bench.py: decode throughput, f16 vs ott2, on a 7B-shaped model
-#   profile Nsight Compute on the attention kernel of each PROFILE context:batch (default
+#   profile Nsight Compute on the first kernel matching PROFILE_KERNEL (a regex, default
+#           attn_partial; kvq_attn for KVQuant's) of each PROFILE context:batch (default
 #           16384:64 8192:8): stall cycles per issued instruction by reason, instructions,
-#           active warps (needs ncu on PATH)
+#           active warps, DRAM and SM throughput (needs ncu on PATH; the GPU's clocks are
+#           left as they are)
 #
 # Environment: GGML_PREFIX (default build/ggml-cuda), MODEL (the 7B-shaped GGUF, default
 # /tmp/llama7b-random.gguf, written when missing), CONTEXTS (default 4096,16384),
-# PYTEST_K (a pytest -k expression), PROFILE, PYTEST_FILES (more test files or node ids), and those of bench/build_cuda.sh. Each stage's
-# output goes to OUTDIR/<stage>.txt; a stage's failure is recorded and the next one runs.
+# PYTEST_K (a pytest -k expression), PYTEST_FILES (more test files or node ids), PYTEST_ARGS
+# (e.g. "-n 8": pytest-xdist's workers; one process takes over 200 s on an H200 machine),
+# PROFILE, PROFILE_KERNEL, and those of bench/build_cuda.sh. Each stage's output goes to
+# OUTDIR/<stage>.txt; a stage's failure is recorded and the next one runs.
 set -uo pipefail
 
 OUTDIR="$(mkdir -p "$1" && cd "$1" && pwd)"
@@ -53,16 +57,17 @@ for stage in "${STAGES[@]}"; do
       k_args=()
       [[ -n "${PYTEST_K:-}" ]] && k_args=(-k "$PYTEST_K")
       # shellcheck disable=SC2086
-      (cd "$REPO" && python3 -P -m pytest -q -rP -p no:cacheprovider tests/test_cuda.py tests/test_kv_native.py \
-        ${PYTEST_FILES:-} "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
+      (cd "$REPO" && python3 -P -m pytest -q -rP -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_cuda.py \
+        tests/test_kv_native.py ${PYTEST_FILES:-} "${k_args[@]}") > "$OUTDIR/tests.txt" 2>&1 ;;
     perf) ops perf ${CONTEXTS//,/ } 8192 > "$OUTDIR/perf.txt" 2>&1 ;;
     bench) py "$REPO/bench/cuda_bench.py" --model "$MODEL" --contexts "$CONTEXTS" --skip-kernels \
              --json "$OUTDIR/bench.json" > "$OUTDIR/bench.txt" 2>&1 ;;
     profile)
       for cb in ${PROFILE:-16384:64 8192:8}; do
         echo "== $cb"
-        ncu --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active" \
-          -k regex:attn_partial -c 1 "$(ops_path)" perf "$cb" 2>&1 | grep -v '^==PROF==\|^{'
+        ncu --clock-control none \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed" \
+          -k "regex:${PROFILE_KERNEL:-attn_partial}" -c 1 "$(ops_path)" perf "$cb" 2>&1 | grep -v '^==PROF==\|^{'
       done > "$OUTDIR/profile.txt" 2>&1 ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
