@@ -390,29 +390,35 @@ def _fail(message: str, verbose: bool) -> int:
 def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
     """The model of args with its --kv cache (or the KVConfig kv instead)."""
     # Imported here so that --help and usage errors work without loading the native library.
-    from .model import Model
+    from .model import Model, Weights
     from .resolve import resolve_model
 
-    model = Model(
-        resolve_model(args.model),
-        n_ctx=n_ctx,
-        n_ubatch=n_ubatch,
-        n_threads=getattr(args, "threads", None),
-        kv=kv or _kv_config(args),
-        prefill_fp16=getattr(args, "prefill_fp16", False),
-        device=getattr(args, "device", None),
-        kv_calib=None if kv else getattr(args, "kv_calib", None),
-    )
+    weights = Weights(resolve_model(args.model), device=getattr(args, "device", None))
+    try:
+        model = Model(
+            weights,
+            n_ctx=n_ctx,
+            n_ubatch=n_ubatch,
+            n_threads=getattr(args, "threads", None),
+            kv=kv or _kv_config(args, weights),
+            prefill_fp16=getattr(args, "prefill_fp16", False),
+            kv_calib=None if kv else getattr(args, "kv_calib", None),
+        )
+    except BaseException:
+        weights.close()
+        raise
     if model.n_ctx_note:
         print(f"note: {model.n_ctx_note} (-c sets the context size)", file=sys.stderr)
     return model
 
 
-def _kv_config(args):
-    """The --kv mode with its --kv-* overrides, validated (one clear error when invalid)."""
+def _kv_config(args, weights=None):
+    """The --kv mode with its --kv-* overrides, validated (one clear error when invalid); auto
+    as the weights resolve it (Weights.kv_config), or the model-independent AUTO without them."""
     from .reference.config import preset
 
-    cfg = preset(getattr(args, "kv", "f16"))
+    kv = getattr(args, "kv", "f16")
+    cfg = weights.kv_config(kv) if weights is not None else preset(kv)
     rotations = {
         knob: None if getattr(args, f"kv_{knob}", None) is None else ROTATIONS.index(getattr(args, f"kv_{knob}"))
         for knob in _KV_ROTATIONS
@@ -522,8 +528,8 @@ def cmd_serve(args) -> int:
     from .model import Weights
     from .resolve import resolve_model
 
-    kv_cfg = _kv_config(args)
     weights = Weights(resolve_model(args.model), device=args.device)
+    kv_cfg = _kv_config(args, weights)
     ctx, plan = open_slots(
         weights,
         kv_config=kv_cfg,
@@ -568,6 +574,7 @@ def cmd_info(args) -> int:
         from .model import check_kvq_sidecar
 
         check_kvq_sidecar(kv_cfg, args.kv_calib, model.weights)
+    kv_cfg = _kv_config(args, model.weights)  # auto as these weights resolve it
     kv_name = kv_mode_name(kv_cfg)
     info, meta = model.info, model.metadata
     file_bytes = model.path.stat().st_size

@@ -23,8 +23,8 @@ import numpy as np
 
 from ._native import check, ffi, lib
 from .ctx_size import available_memory, context_bytes_per_token, default_n_ctx
-from .errors import InvalidArgumentError, ModelFileError
-from .reference.config import PRESETS, KVConfig, preset
+from .errors import InvalidArgumentError, ModelFileError, UnsupportedError
+from .reference.config import AUTO, AUTO_CPU, PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
 from .tier_scale import tier_scale
 
@@ -110,6 +110,7 @@ class Weights:
         self._lock = threading.Lock()
         self._model = None
         self._tier_scale: np.ndarray | None = None
+        self._auto: str | None = None  # what kv "auto" is on these weights (kv_config)
         if not self.path.is_file():
             raise ModelFileError(f"{self.path}: no such file")
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
@@ -163,6 +164,24 @@ class Weights:
             )
         return self._tier_scale
 
+    def kv_config(self, kv: str | KVConfig) -> KVConfig:
+        """The KVConfig of a mode name or KVConfig on these weights: "auto" is AUTO_CPU where
+        the model runs on the CPU and its cache takes AUTO_CPU (a plain RoPE for keys cached
+        before it, a head size for key tiers: the native library decides), else AUTO."""
+        if isinstance(kv, KVConfig):
+            return kv
+        if kv != "auto":
+            return preset(kv)
+        if self._auto is None:
+            self._auto = AUTO
+            if self.info.device == "cpu":
+                try:
+                    self.kv_seq_bytes(preset(AUTO_CPU), 1024)
+                    self._auto = AUTO_CPU
+                except (UnsupportedError, InvalidArgumentError):
+                    pass
+        return preset(self._auto)
+
     def fingerprint(self) -> int:
         """The fingerprint of the model file's tensor data (a calibration sidecar names it)."""
         out = ffi.new("uint64_t *")
@@ -185,7 +204,7 @@ class Weights:
         (reference/footprint.py; the extra pool at the most it can hold). Local layers count
         their fp16 ring."""
         i = self.info
-        cfg = kv if isinstance(kv, KVConfig) else preset(kv)
+        cfg = self.kv_config(kv)
         n_ctx = n_ctx or n_tokens
         return footprint(
             cfg,
@@ -202,7 +221,7 @@ class Weights:
         sequences on these weights' device (ott.h: ott_kv_seq_bytes): the memory to plan with.
         Above the footprint, which counts the stored data alone: head-block arrays start on
         64-byte boundaries, the window ring and the pools are allocated whole."""
-        cfg = (kv if isinstance(kv, KVConfig) else preset(kv)).for_head_dim(self.info.n_embd_head)
+        cfg = self.kv_config(kv).for_head_dim(self.info.n_embd_head)
         cparams = ffi.new("ott_context_params *", lib.ott_context_default_params())
         cparams.n_ctx = n_ctx
         cparams.n_ubatch = n_ubatch
@@ -237,7 +256,8 @@ class Context:
         prefill_fp16: bool = False,
         kv_calib: str | os.PathLike | None = None,
     ):
-        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, auto) or a KVConfig, e.g.
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, or auto:
+        Weights.kv_config) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.
         kv_calib: the calibration sidecar of a config with calibrated rotations (None: the
@@ -252,11 +272,11 @@ class Context:
         ):
             if not (optional and value is None):
                 _check_count(name, value)
-        kv_cfg = kv if isinstance(kv, KVConfig) else preset(kv)
-        if prefill_fp16 and not kv_cfg.quantized:
-            raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
         if weights._model is None:
             raise InvalidArgumentError(f"{weights.path}: the weights are closed")
+        kv_cfg = weights.kv_config(kv)
+        if prefill_fp16 and not kv_cfg.quantized:
+            raise InvalidArgumentError("prefill_fp16 applies to a quantized KV cache, not to f16")
         self.kv_calib = _calibration_for(kv_cfg, weights.path, kv_calib)
         self.weights = weights
         # what the context decodes, described by its weights
@@ -485,7 +505,7 @@ class Model(Context):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | Weights,
         *,
         n_ctx: int | None = None,
         n_seq_max: int = 1,
@@ -497,9 +517,10 @@ class Model(Context):
         device: str | None = None,
         kv_calib: str | os.PathLike | None = None,
     ):
-        """Arguments as `Weights` (path, repack, device) and `Context` (the rest)."""
+        """Arguments as `Weights` (path, repack, device) and `Context` (the rest); path may be
+        loaded Weights instead, which the model then owns (repack and device unused)."""
         super().__init__(
-            Weights(path, repack=repack, device=device),
+            path if isinstance(path, Weights) else Weights(path, repack=repack, device=device),
             n_ctx=n_ctx,
             n_seq_max=n_seq_max,
             n_ubatch=n_ubatch,

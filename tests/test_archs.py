@@ -86,6 +86,15 @@ def test_tokenizer_ids_match_llamacpp(ggufs, llamacpp, name):
         assert ours == llamacpp[name]["ids"][key], key
 
 
+def test_auto_falls_back_where_keys_cannot_precede_rope(ggufs):
+    """auto on the CPU: ottr2tr where the cache takes it (Qwen3, Gemma 3), ottr3 for Phi-3,
+    whose LongRoPE factors keep keys from being cached before RoPE."""
+    for name, want in (("qwen3", "ottr2tr"), ("gemma3", "ottr2tr"), ("phi3-window", "ottr3")):
+        w = Weights(ggufs[0][name], device="cpu")
+        assert w.kv_config("auto") == PRESETS[want], name
+        w.close()
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3-window"])
 @pytest.mark.parametrize("kv", [k for k in PRESETS if k != "f16"])
 def test_every_kv_mode_runs(ggufs, name, kv, tmp_path):

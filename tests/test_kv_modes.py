@@ -10,6 +10,7 @@ from ott_gguf._native import ffi, lib
 from ott_gguf.errors import InvalidArgumentError, ModelFileError
 from ott_gguf.model import Context, Model, Weights
 from ott_gguf.reference import PRESETS, preset
+from ott_gguf.reference.config import AUTO, AUTO_CPU
 
 
 def test_kvquant_needs_its_tables_info_does_not(smollm2_path, capsys):
@@ -54,6 +55,19 @@ def test_modes_by_name(smollm2_path, name):
     assert np.abs(logits - f16).max() < 0.05 * np.abs(f16).max()
     st = model.kv_head_state(cfg.skip_layers, 0, 0)
     assert len(st.window_k) == len(PROMPT) and st.tracing == cfg.traces(cfg.skip_layers)
+
+
+def test_auto_is_the_2bit_preset_where_it_runs(smollm2_path, capsys):
+    """auto: ottr2tr on the CPU for a model with a plain RoPE, in the Python API and the CLI
+    (a knob overridden makes it a custom mode); ottr3 without a model (test_archs.py: and for
+    a model whose RoPE is scaled)."""
+    model = Model(smollm2_path, n_ctx=256, n_threads=2, kv="auto", device="cpu")
+    assert model.kv == AUTO_CPU == "ottr2tr" and model.weights.kv_config("auto") == preset("ottr2tr")
+    assert preset("auto") == preset(AUTO) == preset("ottr3")
+    assert cli.main(["info", str(smollm2_path), "--kv", "auto", "-c", "4096"]) == 0
+    assert "ottr2tr: " in capsys.readouterr().out
+    assert cli.main(["info", str(smollm2_path), "--kv", "auto", "--kv-recent", "4", "-c", "4096"]) == 0
+    assert "custom: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

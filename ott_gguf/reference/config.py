@@ -345,13 +345,16 @@ PRESETS: dict[str, KVConfig] = {
     "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),
     "kvquant4": KVConfig(bits_k=4, bits_v=4, **_KVQ),
 }
-# --kv auto: the recommended cache, the one near f16 quality (4-bit keys, 2-bit values)
+# --kv auto: the recommended cache. AUTO_CPU, the most accurate 2-bit one, where it runs: on the
+# CPU, for a model whose RoPE is plain (keys before RoPE) and whose head size takes key tiers
+# (Weights.kv_config decides); elsewhere, and without a model, AUTO (4-bit keys, 2-bit values)
+AUTO_CPU = "ottr2tr"
 AUTO = "ottr3"
 
 
 def preset(name: str) -> KVConfig:
     """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, kvquant2/3/4, or auto:
-    AUTO's)."""
+    AUTO's, the recommended cache without a model to ask; Weights.kv_config resolves auto for one)."""
     if name == "auto":
         name = AUTO
     if name not in PRESETS:
