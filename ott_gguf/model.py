@@ -24,7 +24,7 @@ import numpy as np
 from ._native import check, ffi, lib
 from .ctx_size import available_memory, context_bytes_per_token, default_n_ctx
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedError
-from .reference.config import AUTO, AUTO_CPU, PRESETS, KVConfig, preset
+from .reference.config import AUTO_CPU, AUTO_ORDER, PRESETS, KVConfig, preset
 from .reference.footprint import Footprint, footprint, ring_rows
 from .tier_scale import tier_scale
 
@@ -165,21 +165,30 @@ class Weights:
         return self._tier_scale
 
     def kv_config(self, kv: str | KVConfig) -> KVConfig:
-        """The KVConfig of a mode name or KVConfig on these weights: "auto" is AUTO_CPU where
-        the model runs on the CPU and its cache takes AUTO_CPU (a plain RoPE for keys cached
-        before it, a head size for key tiers: the native library decides), else AUTO."""
+        """The KVConfig of a mode name or KVConfig on these weights: "auto" is the first preset
+        of AUTO_ORDER that this model's cache takes (the native library decides: a plain RoPE
+        for keys cached before it, head sizes for rotations and groups), AUTO_CPU only on the
+        CPU. A model that takes none of them is one error."""
         if isinstance(kv, KVConfig):
             return kv
         if kv != "auto":
             return preset(kv)
         if self._auto is None:
-            self._auto = AUTO
-            if self.info.device == "cpu":
+            why = ""
+            for name in AUTO_ORDER:
+                if name == AUTO_CPU and self.info.device != "cpu":
+                    continue
                 try:
-                    self.kv_seq_bytes(preset(AUTO_CPU), 1024)
-                    self._auto = AUTO_CPU
-                except (UnsupportedError, InvalidArgumentError):
-                    pass
+                    self.kv_seq_bytes(preset(name), 1024)
+                except (UnsupportedError, InvalidArgumentError) as e:
+                    why = str(e)
+                    continue
+                self._auto = name
+                break
+            else:
+                raise UnsupportedError(
+                    f"{self.path}: --kv auto: no quantized preset fits this model ({', '.join(AUTO_ORDER)}; {why})"
+                )
         return preset(self._auto)
 
     def fingerprint(self) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 from ott_gguf import cli
 from ott_gguf._native import ffi, lib
-from ott_gguf.errors import InvalidArgumentError, ModelFileError
+from ott_gguf.errors import InvalidArgumentError, ModelFileError, UnsupportedError
 from ott_gguf.model import Context, Model, Weights
 from ott_gguf.reference import PRESETS, preset
 from ott_gguf.reference.config import AUTO, AUTO_CPU
@@ -68,6 +68,24 @@ def test_auto_is_the_2bit_preset_where_it_runs(smollm2_path, capsys):
     assert "ottr2tr: " in capsys.readouterr().out
     assert cli.main(["info", str(smollm2_path), "--kv", "auto", "--kv-recent", "4", "-c", "4096"]) == 0
     assert "custom: " in capsys.readouterr().out
+
+
+def test_auto_falls_back_by_head_size(tmp_path):
+    """auto on head sizes the rotated presets cannot take: 96 (no Hadamard rotation) gets
+    kivi4, whose groups of 32 divide it; 40 takes no quantized preset: one error naming them."""
+    from make_gguf import write_random_model
+
+    for hd, want in ((96, "kivi4"), (40, None)):
+        path = write_random_model(tmp_path / f"hd{hd}.gguf", n_embd=2 * hd, n_head=2, n_head_kv=1, dtype="f32")
+        w = Weights(path, device="cpu")
+        if want:
+            assert w.kv_config("auto") == preset(want)
+            assert Model(w, n_ctx=64, kv="auto", n_threads=1).kv == want
+        else:
+            with pytest.raises(UnsupportedError, match="no quantized preset fits this model") as e:
+                w.kv_config("auto")
+            assert "\n" not in str(e.value)
+            w.close()
 
 
 @pytest.mark.parametrize(

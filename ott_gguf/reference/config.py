@@ -345,11 +345,14 @@ PRESETS: dict[str, KVConfig] = {
     "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),
     "kvquant4": KVConfig(bits_k=4, bits_v=4, **_KVQ),
 }
-# --kv auto: the recommended cache. AUTO_CPU, the most accurate 2-bit one, where it runs: on the
-# CPU, for a model whose RoPE is plain (keys before RoPE) and whose head size takes key tiers
-# (Weights.kv_config decides); elsewhere, and without a model, AUTO (4-bit keys, 2-bit values)
+# --kv auto: the recommended cache, the first of AUTO_ORDER a model's cache takes
+# (Weights.kv_config asks the native library). AUTO_CPU, the most accurate 2-bit one, runs on
+# the CPU for a plain RoPE (keys before RoPE) and a power-of-two head size that takes key
+# tiers; AUTO (4-bit keys, 2-bit values; the answer without a model) needs a power-of-two head
+# size for its Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
 AUTO_CPU = "ottr2tr"
 AUTO = "ottr3"
+AUTO_ORDER = (AUTO_CPU, AUTO, "kivi4")
 
 
 def preset(name: str) -> KVConfig:
