@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ott_gguf.model import Context, Weights  # noqa: E402
 from ott_gguf.perplexity import event_chunks, perplexity  # noqa: E402
 from ott_gguf.reference.config import KVConfig, preset  # noqa: E402
+from ott_gguf.reference.config import parse_mode as parse_kv_mode  # noqa: E402
 
 # llama.cpp's cache types -> bits per element (ggml block sizes: 32 values + fp16 scale [+ min])
 LLAMACPP_BITS = {"f16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0, "q4_0": 4.5}
@@ -45,14 +46,7 @@ LLAMACPP_BITS = {"f16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0
 
 def parse_mode(spec: str) -> tuple[str, str | KVConfig]:
     """'ott2' -> ('ott2', 'ott2'); 'ott2:rot_k=1:pool=0' -> (spec, ott2 with those knobs)."""
-    name, *knobs = spec.split(":")
-    if not knobs:
-        return spec, name
-    overrides = {}
-    for kv in knobs:
-        k, _, v = kv.partition("=")
-        overrides[k] = int(v)
-    return spec, preset(name).with_overrides(**overrides)
+    return spec, parse_kv_mode(spec)
 
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

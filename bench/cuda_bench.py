@@ -33,6 +33,7 @@ import numpy as np
 
 from ott_gguf.errors import BackendError
 from ott_gguf.model import Context, Weights
+from ott_gguf.reference.config import parse_mode
 
 RESERVE = 4 << 30  # compute buffers, prefill activations, CUDA context
 
@@ -57,11 +58,11 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
 
 def open_largest(weights: Weights, kv: str, n_ctx: int, cap: int) -> Context:
     free = free_gpu_bytes() - RESERVE
-    per_seq = weights.kv_seq_bytes(kv, n_ctx) * 1.01  # what the cache allocates, and its arrays' alignment
+    per_seq = weights.kv_seq_bytes(parse_mode(kv), n_ctx) * 1.01  # what the cache allocates, and its arrays' alignment
     n_seq = max(1, min(cap, int(free // per_seq)))
     while True:
         try:
-            return Context(weights, n_ctx=n_ctx, n_seq_max=n_seq, n_ubatch=512, kv=kv)
+            return Context(weights, n_ctx=n_ctx, n_seq_max=n_seq, n_ubatch=512, kv=parse_mode(kv))
         except BackendError:
             if n_seq == 1:
                 raise
@@ -107,7 +108,7 @@ def batches_upto(n: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--kv", default="f16,ott2,ottr2", help="KV modes, comma-separated")
+    ap.add_argument("--kv", default="f16,ott2,ottr2", help="KV modes, comma-separated (name:knob=value:...)")
     ap.add_argument("--contexts", default="4096,16384")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--max-batch", type=int, default=512)

@@ -5,10 +5,11 @@
   native/tests/cuda_ops.cpp: appends and quantization events bit for bit against kv_quant.c,
   fused attention within 3e-4 (relative L2) of float64.
 - End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
-  CUDA, f16, ott2 and key-tiered ottr2 caches, 64 tokens after a 200-token prompt (so quantization events
-  fire). The two backends round matmuls differently (ggml-cuda: fp16 activations in fp16
-  GEMMs, TF32 in fp32 ones), and with a 2-bit cache a K/V value that lands on the other side
-  of a rounding boundary changes a whole quantization step; so the logits agree within
+  CUDA, f16, ott2, key-tiered ottr2 and ottr2t with a recent block and symmetric values
+  caches, 64 tokens after a 200-token prompt (so quantization events fire). The two backends
+  round matmuls differently (ggml-cuda: fp16 activations in fp16 GEMMs, TF32 in fp32 ones),
+  and with a 2-bit cache a K/V value that lands on the other side of a rounding boundary
+  changes a whole quantization step; so the logits agree within
   LOGITS_BUDGET (relative L2 per step: at worst, and in the median), and the tokens are
   equal until a step whose CPU top-2 gap is at most twice the largest logit difference there
   (a near-tie the rounding explains; the test prints the numbers). The same check runs on
@@ -27,6 +28,7 @@ import pytest
 from ott_gguf.errors import InvalidArgumentError, UnsupportedError
 from ott_gguf.model import Model, cuda_device_count
 from ott_gguf.reference import preset
+from ott_gguf.reference.config import parse_mode
 
 REPO = Path(__file__).resolve().parent.parent
 CUDA_SOURCES = sorted((REPO / "native" / "src" / "cuda").glob("*.cu"))
@@ -36,8 +38,11 @@ SOURCE_DEFINES = {"attn_rows.cu": ["-DOTT_ATTN_HD=128", "-DOTT_ATTN_BK=2", "-DOT
 ARCHS = ("80", "86", "89", "90")
 N_GEN = 64
 TIERS = "ottr2:hi_k=4:lo_k=8"  # a mode with knobs, as bench/accuracy.py spells them
+# key tiers, symmetric values and a recent block re-coded at every event from the second on
+RECENT = "ottr2t:recent=1:sym_v=1:extra_pool=0"
 # relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
-LOGITS_BUDGET = {"f16": (1e-2, None), "ott2": (0.15, None), "ottr2": (0.15, None), TIERS: (0.15, None)}
+LOGITS_BUDGET = {kv: (0.15, None) for kv in ("ott2", "ottr2", TIERS, RECENT)}
+LOGITS_BUDGET["f16"] = (1e-2, None)
 # KVQuant's cache (tables of a made-up sidecar): keys before RoPE, and after it
 KVQ = ["kvquant2", "kvquant3:pre_rope=0"]
 LOGITS_BUDGET.update({kv: (0.15, None) for kv in KVQ})
@@ -117,17 +122,11 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(b - a)
 
 
-def kv_mode(spec: str):
-    """A preset name, or name:knob=value:... as a KVConfig."""
-    name, *knobs = spec.split(":")
-    return preset(name).with_overrides(**{k: int(v) for k, v in (kn.split("=") for kn in knobs)}) if knobs else name
-
-
 def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tuple | None = None, kv_calib=None):
     worst, median = budget or LOGITS_BUDGET[kv]
-    cpu_model = Model(path, n_ctx=n_ctx, n_threads=2, kv=kv_mode(kv), kv_calib=kv_calib, device="cpu")
+    cpu_model = Model(path, n_ctx=n_ctx, n_threads=2, kv=parse_mode(kv), kv_calib=kv_calib, device="cpu")
     cpu_tokens, cpu_logits = greedy(cpu_model, prompt, N_GEN)
-    cuda_model = Model(path, n_ctx=n_ctx, kv=kv_mode(kv), kv_calib=kv_calib, device="cuda")
+    cuda_model = Model(path, n_ctx=n_ctx, kv=parse_mode(kv), kv_calib=kv_calib, device="cuda")
     assert cuda_model.info.device == "cuda:0"
     cuda_tokens, cuda_logits = greedy(cuda_model, prompt, N_GEN)
     diverged = next((i for i, (a, b) in enumerate(zip(cpu_tokens, cuda_tokens)) if a != b), None)
@@ -174,7 +173,7 @@ def random_llama(tmp_path_factory):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT])
 def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
@@ -195,12 +194,12 @@ FA_BUDGET = 2e-2
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS])
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT])
 def test_prompt_chunks_over_quantized_blocks_cpu_equals_cuda(random_llama, kv):
     prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
     ends = {}
     for device in ("cpu", "cuda"):
-        model = Model(random_llama, n_ctx=1024, n_threads=2, kv=kv_mode(kv), device=device)
+        model = Model(random_llama, n_ctx=1024, n_threads=2, kv=parse_mode(kv), device=device)
         ends[device] = [model.eval(prompt[i : i + CHUNK]) for i in range(0, len(prompt), CHUNK)]
     errs = [rel_l2(a, b) for a, b in zip(ends["cpu"], ends["cuda"])]
     print(f"kv={kv}: chunk ends' logits rel L2 CPU vs CUDA {', '.join(f'{e:.2e}' for e in errs)}")
@@ -208,9 +207,9 @@ def test_prompt_chunks_over_quantized_blocks_cpu_equals_cuda(random_llama, kv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS])
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT])
 def test_flash_attention_chunk_equals_fused_kernels(random_llama, kv):
-    model = Model(random_llama, n_ctx=1024, n_seq_max=3, kv=kv_mode(kv), device="cuda")
+    model = Model(random_llama, n_ctx=1024, n_seq_max=3, kv=parse_mode(kv), device="cuda")
     prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
     for i in range(0, CHUNK * (N_CHUNKS - 1), CHUNK):
         model.eval(prompt[i : i + CHUNK], seq=0)
@@ -277,10 +276,10 @@ def test_greedy_cpu_equals_cuda_smollm2(smollm2_f32, kv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT])
 def test_copied_sequence_continues_alike(random_llama, kv):
-    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=kv_mode(kv), device="cuda")
-    prompt = np.random.default_rng(6).integers(0, 512, 170).tolist()
+    model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=parse_mode(kv), device="cuda")
+    prompt = np.random.default_rng(6).integers(0, 512, 300).tolist()  # two events: a re-coded block
     model.eval(prompt, seq=0)
     model.copy_sequence(0, 1)
     assert model.seq_len(1) == len(prompt)

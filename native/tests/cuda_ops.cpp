@@ -7,9 +7,9 @@
 //                              attention must be within ATTN_BUDGET of a float64 reference
 //                              (relative L2 error over the output).
 //   ott-cuda-ops perf [ctx[:batch] ..]  copy bandwidth of the card, then the attention
-//                              kernels (7B shape: 32 KV heads of 128; ott2, ottr2, ottr2 with
-//                              key tiers, kvquant2) at each context and batch (1..64, or the
-//                              one given): one JSON object per line.
+//                              kernels (7B shape: 32 KV heads of 128; ott2, ottr2, ottr3, ottr2
+//                              with key tiers, ottr2tr's old blocks, kvquant2) at each context
+//                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cpu/kvq_attn_cpu.h"
 #include "cuda/kvq_cuda.h"
@@ -61,13 +61,22 @@ template <typename T> T * upload_to(std::vector<void *> & dev, const std::vector
     return (T *)p;
 }
 
-// Host copy of one layer's stores (ott_cuda.h layout) and its device twin.
+// The geometry of recent blocks of a cache of geometry g (kv_config.cpp: rgeom).
+ott_kv_geom recent_geom(const ott_kv_geom & g) {
+    return { g.head_dim, g.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, g.group_k,
+             g.group_v,  0,       g.param_bits,       g.key_axis,         0,
+             0,          g.sym_v };
+}
+
+// Host copy of one layer's stores (ott_cuda.h layout) and its device twin; with recent
+// blocks (set_recent), the ring of the newest ones and the layer's recent view R.
 struct layer_store {
     ott_cuda_kv_layer L {};  // device pointers
+    ott_cuda_kv_layer R {};  // the recent view (R.ring > 0)
     int32_t S = 0;           // sequences
     std::vector<ott_fp16> sink_k, sink_v, win_k, win_v, pool_k, pool_v, extra_k, extra_v;
     std::vector<int32_t> pool_pos, extra_pos, n_pool, n_extra, tracing;
-    std::vector<uint8_t> blocks;
+    std::vector<uint8_t> blocks, ring;
     std::vector<float> tier_scale;  // [H][head_dim] with key tiers, or empty (1)
     std::vector<void *> dev;
 
@@ -102,6 +111,17 @@ struct layer_store {
         for (void * p : dev) cudaFree(p);
     }
 
+    // the newest n blocks of a sequence in a ring of the recent geometry
+    void set_recent(int32_t n) {
+        R            = L;
+        R.geom       = recent_geom(L.geom);
+        R.layout     = ott_kv_block_layout_of(&R.geom);
+        R.max_blocks = R.ring = n;
+        R.tier_scale          = nullptr;
+        ring.assign((size_t)S * n * L.n_head_kv * R.layout.size, 0);
+    }
+    const ott_cuda_kv_layer * recent_view() const { return R.ring ? &R : nullptr; }
+
     template <typename T> T * upload(const std::vector<T> & v) { return upload_to(dev, v); }
     template <typename T> static void download(std::vector<T> & v, const T * p) {
         if (!v.empty()) CHECK_CUDA(cudaMemcpy(v.data(), p, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
@@ -123,6 +143,15 @@ struct layer_store {
         L.tracing    = upload(tracing);
         L.blocks     = upload(blocks);
         L.tier_scale = tier_scale.empty() ? nullptr : upload(tier_scale);
+        if (R.ring) {
+            const int32_t n = R.ring;
+            R               = L;
+            R.geom          = recent_geom(L.geom);
+            R.layout        = ott_kv_block_layout_of(&R.geom);
+            R.max_blocks = R.ring = n;
+            R.tier_scale          = nullptr;
+            R.blocks              = upload(ring);
+        }
     }
     void from_device() {
         download(sink_k, L.sink_k);
@@ -139,9 +168,18 @@ struct layer_store {
         download(n_extra, L.n_extra);
         download(tracing, L.tracing);
         download(blocks, L.blocks);
+        if (R.ring) download(ring, R.blocks);
     }
     uint8_t * head_block(int32_t s, int32_t j, int32_t h) {
         return blocks.data() + (ott_cuda_head_block(L, s, j, h) - L.blocks);
+    }
+    uint8_t * ring_block(int32_t s, int32_t j, int32_t h) {
+        return ring.data() + (ott_cuda_head_block(R, s, j, h) - R.blocks);
+    }
+    // Block j of sequence s holding n_blocks: its geometry and head-block (recent: in the ring)
+    std::pair<const ott_kv_geom *, uint8_t *> block_of(int32_t s, int32_t j, int32_t h, int32_t n_blocks) {
+        if (R.ring && j >= n_blocks - R.ring) return { &R.geom, ring_block(s, j, h) };
+        return { &L.geom, head_block(s, j, h) };
     }
     const float * tier_scale_of(int32_t h) const {
         return tier_scale.empty() ? nullptr : tier_scale.data() + (size_t)h * L.geom.head_dim;
@@ -173,17 +211,39 @@ struct event_case {
     int32_t pool, extra;        // capacities (0: a layer that does not trace)
     int32_t n_pool0, n_extra0;  // counts before the event
     bool ties;                  // duplicated key rows: equal scores
+    int32_t recent;             // N > 0: recent blocks (sequence 0's event re-codes one)
 };
 
-// Sequence 0 fills a block at window rows [block, 2 block) (block index 1), sequence 1 at
-// rows [0, block) (block index 0); two KV heads each.
+// Sequence 0 fills a block at window rows [block, 2 block) (block index 1; with N recent
+// blocks N + 1, re-coding ring slot 1, an older block coded with masks, into block 1),
+// sequence 1 at rows [0, block) (block index 0); two KV heads each.
 void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     rng_t rng(seed);
     const ott_kv_geom & g = c.g;
-    const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, win_cap = 2 * block;
+    const int32_t S = 2, H = 2, hd = g.head_dim, block = g.block, win_cap = 2 * block, N = c.recent;
     layer_store st(g, S, H, 0, win_cap, c.pool, c.extra, 2);
     st.draw_tier_scale(rng);
-    const int32_t row0[S] = { block, 0 }, bidx[S] = { 1, 0 }, pos0[S] = { 1000, 3 * block };
+    const int32_t row0[S] = { block, 0 }, bidx[S] = { N + 1, 0 }, pos0[S] = { 1000, 3 * block };
+    if (N) st.set_recent(N);
+    const ott_kv_geom & eg = N ? st.R.geom : g;  // the geometry of the blocks the events code
+    std::vector<uint8_t> scratch(
+        std::max(ott_kv_event_scratch_bytes(&eg, std::max(c.pool, 3)), N ? ott_kv_recode_scratch_bytes(&eg) : 0) + 8);
+    if (N) {
+        std::vector<ott_fp16> ok((size_t)block * hd), ov(ok.size()), pk(3 * hd), pv(pk.size()), ek(32 * hd),
+            ev(ek.size());
+        std::vector<int32_t> ppos(3), epos(32);
+        for (int32_t h = 0; h < H; ++h) {
+            for (size_t i = 0; i < ok.size(); ++i) {
+                ok[i] = rand_f16(rng, (i / hd) % 5 == 2 ? 0.05f : 1.0f);
+                ov[i] = rand_f16(rng, 1.0f);
+            }
+            ott_kv_rows pool  = { pk.data(), pv.data(), ppos.data(), 0, 3 },
+                        extra = { ek.data(), ev.data(), epos.data(), 0, 32 };
+            int32_t tracing   = 1;
+            ott_kv_event_ref(&st.R.geom, ok.data(), ov.data(), pos0[0] - N * block, &pool, &extra, &tracing, nullptr,
+                             st.ring_block(0, bidx[0], h), scratch.data());
+        }
+    }
 
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
@@ -228,12 +288,13 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
     std::vector<ott_cuda_event> evs;
     for (int32_t s = 0; s < S; ++s) evs.push_back({ s, bidx[s], pos0[s], row0[s] });
     ott_cuda_event * d_evs = gpu.upload(evs);
-    CHECK_CUDA(ott_cuda_kv_event(gpu.L, d_evs, (int32_t)evs.size(), nullptr));
+    ott_fp16 * d_scratch   = gpu.upload(std::vector<ott_fp16>(N ? (size_t)S * H * 2 * block * hd : 0));
+    CHECK_CUDA(
+        ott_cuda_kv_event(gpu.L, gpu.recent_view(), d_evs, (int32_t)evs.size(), N ? d_scratch : nullptr, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     gpu.from_device();
 
-    // reference, in place on st
-    std::vector<uint8_t> scratch(ott_kv_event_scratch_bytes(&g, c.pool) + 8);
+    // reference, in place on st (as ott_cpu_kv_event)
     for (int32_t s = 0; s < S; ++s) {
         for (int32_t h = 0; h < H; ++h) {
             const size_t sh   = (size_t)s * H + h;
@@ -242,9 +303,14 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
             ott_kv_rows extra = { st.extra_k.data() + sh * c.extra * hd, st.extra_v.data() + sh * c.extra * hd,
                                   st.extra_pos.data() + sh * c.extra, st.n_extra[sh], c.extra };
             int32_t tracing   = st.tracing[sh];
-            ott_kv_event_ref(&g, st.win_k.data() + (sh * win_cap + row0[s]) * hd,
+            uint8_t * out     = N ? st.ring_block(s, bidx[s], h) : st.head_block(s, bidx[s], h);
+            if (N && bidx[s] >= N) {
+                ott_kv_recode_ref(&st.R.geom, out, &g, st.tier_scale_of(h), st.head_block(s, bidx[s] - N, h),
+                                  scratch.data());
+            }
+            ott_kv_event_ref(&eg, st.win_k.data() + (sh * win_cap + row0[s]) * hd,
                              st.win_v.data() + (sh * win_cap + row0[s]) * hd, pos0[s], &pool, &extra, &tracing,
-                             st.tier_scale_of(h), st.head_block(s, bidx[s], h), scratch.data());
+                             N ? nullptr : st.tier_scale_of(h), out, scratch.data());
             st.n_pool[sh]  = c.pool ? pool.n : 0;
             st.n_extra[sh] = c.extra ? extra.n : 0;
             st.tracing[sh] = tracing;
@@ -256,6 +322,7 @@ void check_event(const event_case & c, uint64_t seed, int & n_fail) {
         if (!ok) bad += std::string(bad.empty() ? "" : ",") + what;
     };
     cmp("head-blocks", same(st.blocks, gpu.blocks));
+    cmp("recent ring", same(st.ring, gpu.ring));
     cmp("window(substituted)", same(st.win_k, gpu.win_k) && same(st.win_v, gpu.win_v));
     cmp("pool", same(st.pool_k, gpu.pool_k) && same(st.pool_v, gpu.pool_v) && same(st.pool_pos, gpu.pool_pos));
     cmp("extra", same(st.extra_k, gpu.extra_k) && same(st.extra_v, gpu.extra_v) && same(st.extra_pos, gpu.extra_pos));
@@ -459,6 +526,7 @@ struct attn_case {
     int32_t n_blocks[2];  // quantized blocks of sequences 0 and 1
     int32_t sink, pool, extra, n_win;
     int32_t n_splits;
+    int32_t recent;  // the newest blocks of a sequence in the recent geometry (ott_cuda.h)
 };
 
 // A quantized entry: its code, and its group's scale and minimum as floats.
@@ -467,13 +535,13 @@ struct coded {
     float scale, min;
 };
 
-// Parameter i of arrays sc, mn (fp16, or 8-bit: kv_layout.h) with its code.
-coded with_params(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i) {
-    if (g.param_bits == 8) {
-        const float s = ott_kv_scale8(sc[i]);
-        return { code, s, ott_kv_min8((int8_t)mn[i], s) };
-    }
-    return { code, ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]), ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]) };
+// Parameter i of arrays sc, mn (fp16, or 8-bit: kv_layout.h; mn null: a symmetric group of
+// `bits`-bit codes) with its code.
+coded with_params(const ott_kv_geom & g, int code, const uint8_t * sc, const uint8_t * mn, int32_t i, int32_t bits) {
+    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+    if (!mn) return { code, s, ott_kv_sym_min(bits, s) };
+    return { code, s,
+             g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s) : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]) };
 }
 
 // Entry (t, c) of a head-block's keys or values.
@@ -483,16 +551,17 @@ coded entry(const ott_kv_geom & g, const uint8_t * hb, bool key, int32_t t, int3
         const int32_t r    = (int32_t)(std::find(hb + L.k_order, hb + L.k_order + g.head_dim, c) - (hb + L.k_order));
         const int32_t bits = ott_kv_k_row_bits(&g, r);
         const uint8_t byte = hb[L.k_codes + ott_kv_k_row_offset(&g, r) + t * bits / 8];
-        return with_params(g, (byte >> ((t * bits) % 8)) & ((1 << bits) - 1), hb + L.k_scale, hb + L.k_min, r);
+        return with_params(g, (byte >> ((t * bits) % 8)) & ((1 << bits) - 1), hb + L.k_scale, hb + L.k_min, r, bits);
     }
     if (key) {
         const uint8_t byte = hb[L.k_codes + (size_t)c * ott_kv_k_row_bytes(&g) + t * g.bits_k / 8];
         const int code     = (byte >> ((t * g.bits_k) % 8)) & ((1 << g.bits_k) - 1);
-        return with_params(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c);
+        return with_params(g, code, hb + L.k_scale, hb + L.k_min, t / g.group_k * g.head_dim + c, g.bits_k);
     }
     const uint8_t byte = hb[L.v_codes + (size_t)t * ott_kv_v_row_bytes(&g) + c * g.bits_v / 8];
     const int code     = (byte >> ((c * g.bits_v) % 8)) & ((1 << g.bits_v) - 1);
-    return with_params(g, code, hb + L.v_scale, hb + L.v_min, t * (g.head_dim / g.group_v) + c / g.group_v);
+    return with_params(g, code, hb + L.v_scale, g.sym_v ? nullptr : hb + L.v_min,
+                       t * (g.head_dim / g.group_v) + c / g.group_v, g.bits_v);
 }
 
 // code·scale + min in float64 (the attention's reference)
@@ -514,6 +583,7 @@ void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
     const int32_t S = ATTN_SEQS, H = ATTN_HEADS, hd = g.head_dim, block = g.block, win_cap = attn_win_cap(c);
     const bool traces = c.pool > 0;
     st.draw_tier_scale(rng);
+    if (c.recent) st.set_recent(c.recent);
     std::vector<ott_fp16> bk((size_t)block * hd), bv(bk.size());
     std::vector<uint8_t> masked(block);
     for (int32_t s = 0; s < S; ++s) {
@@ -525,8 +595,9 @@ void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
                     bv[i] = rand_f16(rng, 1.0f);
                 }
                 for (int32_t t = 0; t < block; ++t) masked[t] = traces && (rng() % 13 == 0);
-                ott_quantize_block_ref(&g, bk.data(), bv.data(), masked.data(), st.tier_scale_of(h),
-                                       st.head_block(s, j, h));
+                const auto [bg, hb] = st.block_of(s, j, h, c.n_blocks[s]);
+                ott_quantize_block_ref(bg, bk.data(), bv.data(), masked.data(),
+                                       bg == &g ? st.tier_scale_of(h) : nullptr, hb);
             }
             for (auto * vec : { &st.sink_k, &st.sink_v }) {
                 for (int32_t i = 0; i < c.sink * hd; ++i) (*vec)[sh * c.sink * hd + i] = rand_f16(rng, 1.0f);
@@ -546,11 +617,11 @@ void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
                 st.win_v[sh * win_cap * hd + i] = rand_f16(rng, 1.0f);
             }
             std::vector<int32_t> pooled;
-            const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                const auto [bg, hb]         = st.block_of(s, j, h, c.n_blocks[s]);
+                const ott_kv_block_layout L = ott_kv_block_layout_of(bg);
                 for (int32_t t = 0; t < block; ++t) {
-                    if ((st.head_block(s, j, h)[L.mask + t / 8] >> (t % 8)) & 1)
-                        pooled.push_back(c.sink + j * block + t);
+                    if ((hb[L.mask + t / 8] >> (t % 8)) & 1) pooled.push_back(c.sink + j * block + t);
                 }
             }
             for (int32_t i = 0; i < st.n_pool[sh] + st.n_extra[sh] && !pooled.empty(); ++i) {
@@ -613,11 +684,20 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     a.rows_per_tile = std::min(rows, OTT_CUDA_ATTN_ROWS);
     a.n_splits      = c.n_splits;
     a.tensor_cores  = tensor_cores;
-    std::vector<float> parts(tiles.size() * c.n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
+    a.recent        = c.recent;
+    a.n_parts       = c.n_splits + (c.recent ? 1 : 0);
+    std::vector<float> parts(tiles.size() * a.n_parts * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
     a.partials = gpu.upload(parts);
     std::vector<float> out((size_t)n_tok * n_head * hd, NAN);
     float * d_out = gpu.upload(out);
     CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
+    if (c.recent) {  // as kv_quant_cuda.cpp launches the recent blocks
+        ott_cuda_attn_args ar = a;
+        ar.L                  = gpu.R;
+        ar.n_splits           = 1;
+        ar.part0              = c.n_splits;
+        CHECK_CUDA(ott_cuda_attn_partial(ar, nullptr));
+    }
     CHECK_CUDA(ott_cuda_attn_merge(a, d_out, (int64_t)n_head * hd, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     layer_store::download(out, d_out);
@@ -642,14 +722,14 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
             };
             f16_rows(&st.sink_k[sh * c.sink * hd], &st.sink_v[sh * c.sink * hd], c.sink);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
-                const uint8_t * hb          = st.head_block(s, j, h);
-                const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
+                const auto [bg, hb]         = st.block_of(s, j, h, c.n_blocks[s]);
+                const ott_kv_block_layout L = ott_kv_block_layout_of(bg);
                 for (int32_t t = 0; t < block; ++t) {
                     if (traces && ((hb[L.mask + t / 8] >> (t % 8)) & 1)) continue;
                     std::vector<double> kr(hd), vr(hd);
                     for (int32_t ch = 0; ch < hd; ++ch) {
-                        kr[ch] = dequant(g, hb, true, t, ch);
-                        vr[ch] = dequant(g, hb, false, t, ch);
+                        kr[ch] = dequant(*bg, hb, true, t, ch);
+                        vr[ch] = dequant(*bg, hb, false, t, ch);
                     }
                     ks.push_back(kr);
                     vs.push_back(vr);
@@ -738,7 +818,7 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
         const ott_cuda_gather G = { s, c.sink, c.n_blocks[s], c.n_win, c.n_q, s * c.n_q, n_past + c.n_q + 70 };
         std::vector<ott_fp16> ko((size_t)H * G.n_rows * hd, 0x7E00), vo(ko.size(), 0x7E00);  // NaN
         ott_fp16 *dko = st.upload(ko), *dvo = st.upload(vo);
-        CHECK_CUDA(ott_cuda_kv_gather(st.L, dk, dv, G, dko, dvo, nullptr));
+        CHECK_CUDA(ott_cuda_kv_gather(st.L, st.recent_view(), dk, dv, G, dko, dvo, nullptr));
         CHECK_CUDA(cudaDeviceSynchronize());
         layer_store::download(ko, dko);
         layer_store::download(vo, dvo);
@@ -754,10 +834,11 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
             for (int32_t p = 0; p < c.sink; ++p)
                 put(p, &st.sink_k[(sh * c.sink + p) * hd], &st.sink_v[(sh * c.sink + p) * hd]);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
+                const auto [bg, hb] = st.block_of(s, j, h, c.n_blocks[s]);
                 for (int32_t t = 0; t < block; ++t) {
                     for (int32_t ch = 0; ch < hd; ++ch) {
-                        rk[row(c.sink + j * block + t) + ch] = entry_f16(g, st.head_block(s, j, h), true, t, ch);
-                        rv[row(c.sink + j * block + t) + ch] = entry_f16(g, st.head_block(s, j, h), false, t, ch);
+                        rk[row(c.sink + j * block + t) + ch] = entry_f16(*bg, hb, true, t, ch);
+                        rv[row(c.sink + j * block + t) + ch] = entry_f16(*bg, hb, false, t, ch);
                     }
                 }
             }
@@ -805,7 +886,13 @@ int run_checks() {
     const ott_kv_geom hi_only_128  = { 128, 128, 2, 2, 128, 64, 0, 16, 0, 32, 0 };
     const ott_kv_geom lo_only_64   = { 64, 32, 2, 2, 32, 16, 1, 8, 0, 0, 16 };
     const ott_kv_geom tier_b16_256 = { 256, 16, 2, 2, 16, 256, 1, 8, 0, 64, 64 };
-    const event_case events[]      = {
+    // symmetric value groups (sym_v): ottr2t's geometry with them, fp16 parameters without
+    // tiers, and ottr2tr's (tiers 5 + 10 of 16 channels)
+    const ott_kv_geom sym_tiers_128 = { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64, 1 };
+    const ott_kv_geom sym_64        = { 64, 128, 2, 2, 128, 64, 1, 16, 0, 0, 0, 1 };
+    const ott_kv_geom ottr2tr_64    = { 64, 128, 2, 2, 128, 64, 1, 8, 0, 20, 40, 1 };
+    const ott_kv_geom ottr2tr_128   = { 128, 128, 2, 2, 128, 128, 1, 8, 0, 40, 80, 1 };
+    const event_case events[]       = {
         { "ott2-hd128-first", ott2_128, 3, 32, 0, 0, false },
         { "ott2-hd128-pool-full", ott2_128, 3, 32, 3, 10, true },
         { "ott2-hd64-stop-rule", ott2_64, 3, 32, 3, 30, false },
@@ -827,6 +914,12 @@ int run_checks() {
         { "tiers-hi-only-hd128-fp16-params", hi_only_128, 3, 32, 3, 10, true },
         { "tiers-lo-only-hd64-b32", lo_only_64, 0, 0, 0, 0, false },
         { "tiers-hd256-b16", tier_b16_256, 2, 5, 2, 1, false },
+        { "sym-tiers-p8-hd128-pool-full", sym_tiers_128, 3, 32, 3, 10, true },
+        { "sym-p16-hd64-first", sym_64, 3, 32, 0, 0, false },
+        { "recent1-kivi2-hd64-no-tracing", kivi2_64, 0, 0, 0, 0, false, 1 },
+        { "recent2-sym-tiers-hd128", sym_tiers_128, 3, 32, 3, 10, false, 2 },
+        { "recent5-ottr2tr-hd64-pool-full", ottr2tr_64, 3, 32, 3, 10, true, 5 },
+        { "recent5-ottr2tr-hd128", ottr2tr_128, 3, 32, 1, 4, false, 5 },
     };
     uint64_t seed = 1;
     for (const event_case & c : events) check_event(c, seed++, n_fail);
@@ -866,6 +959,12 @@ int run_checks() {
         { "tiers-hi-only-hd128-decode", hi_only_128, 1, 1, { 5, 2 }, 0, 3, 32, 10, 1 },
         { "tiers-lo-only-hd64-b32-rep7", lo_only_64, 7, 2, { 11, 5 }, 2, 0, 0, 7, 3 },
         { "tiers-hd256-b16-decode", tier_b16_256, 1, 1, { 20, 3 }, 0, 2, 5, 5, 4 },
+        { "sym-tiers-hd128-rep1-decode", sym_tiers_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3 },
+        { "sym-p16-hd64-rep3-chunk2", sym_64, 3, 2, { 6, 3 }, 2, 3, 32, 20, 2 },
+        { "recent1-kivi2-hd64-rep2-chunk3", kivi2_64, 2, 3, { 4, 1 }, 0, 0, 0, 100, 2, 1 },
+        { "recent2-sym-tiers-hd128-rep1-decode", sym_tiers_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3, 2 },
+        { "recent5-ottr2tr-hd64-rep3-decode", ottr2tr_64, 3, 1, { 9, 3 }, 0, 3, 32, 60, 2, 5 },
+        { "recent5-ottr2tr-hd128-rep2-chunk2", ottr2tr_128, 2, 2, { 7, 0 }, 2, 3, 32, 30, 2, 5 },
     };
     for (const attn_case & c : attns) {
         check_attn(c, seed, 0, n_fail);
@@ -1035,7 +1134,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1): ott2,
     // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block),
     // then ottr3 (ottr2's layout with 4-bit keys), then ottr2 with key tiers (a quarter of the
-    // key rows at 4 bits, a half at 1 bit)
+    // key rows at 4 bits, a half at 1 bit), then ottr2tr's old blocks (keys after RoPE: tiers
+    // 5 + 10 of 16, symmetric values; its recent blocks not read)
     struct perf_mode {
         const char * name;
         ott_kv_geom g;
@@ -1045,7 +1145,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     const perf_mode modes[] = { { "ott2", { 128, 128, 2, 2, 128, 64, 0, 16 }, 32, true },
                                 { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr3", { 128, 128, 4, 2, 128, 128, 0, 8 }, 0, false },
-                                { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false } };
+                                { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false },
+                                { "ottr2tr-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 40, 80, 1 }, 0, false } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
         for (const auto & [ctx, only] : contexts) {

@@ -355,6 +355,22 @@ AUTO = "ottr3"
 AUTO_ORDER = (AUTO_CPU, AUTO, "kivi4")
 
 
+def parse_mode(spec: str) -> str | KVConfig:
+    """A KV mode as the bench scripts spell it: 'ott2' as it is, 'ott2:rot_k=1:pool=0' the
+    preset with those knobs."""
+    name, *knobs = spec.split(":")
+    if not knobs:
+        return name
+    overrides = {}
+    for knob in knobs:
+        k, _, v = knob.partition("=")
+        try:
+            overrides[k] = int(v)
+        except ValueError:
+            raise InvalidArgumentError(f"kv mode {spec!r}: knob {knob!r} is not name=integer") from None
+    return preset(name).with_overrides(**overrides)
+
+
 def preset(name: str) -> KVConfig:
     """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, kvquant2/3/4, or auto:
     AUTO's, the recommended cache without a model to ask; Weights.kv_config resolves auto for one)."""

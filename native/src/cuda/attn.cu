@@ -12,7 +12,7 @@ namespace {
 template <int HD> __global__ void attn_merge_kernel(const ott_cuda_attn_args a, float * out, int64_t out_nb1) {
     wait_for_partials();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    const int n_parts          = a.n_splits;
+    const int n_parts          = ott_cuda_attn_parts(a);
     const float * part         = a.partials + (size_t)blockIdx.x * n_parts * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;

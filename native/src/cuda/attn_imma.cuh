@@ -547,7 +547,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int t     = lane + 32 * i;
-                const float2 vp = param_at(L.geom, vsc, vmn, t * n_gv + gi);
+                const float2 vp = vparam_at(L.geom, vsc, vmn, t * n_gv + gi);
                 x[c][i]         = pr[i] * vp.x;
                 pm              = fmaf(pr[i], vp.y, pm);
                 E[c]            = max(E[c], exp_bits(x[c][i]));

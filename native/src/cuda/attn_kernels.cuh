@@ -52,6 +52,14 @@ __device__ __forceinline__ float2 param_at(const ott_kv_geom & g, const uint8_t 
     return make_float2(h2f(((const ott_fp16 *)sc)[i]), h2f(((const ott_fp16 *)mn)[i]));
 }
 
+// Value parameter i: param_at, or with symmetric value groups (sym_v) the scale and the
+// minimum it implies (mn unused).
+__device__ __forceinline__ float2 vparam_at(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
+    if (!g.sym_v) return param_at(g, sc, mn, i);
+    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : h2f(((const ott_fp16 *)sc)[i]);
+    return make_float2(s, ott_kv_sym_min(g.bits_v, s));
+}
+
 // acc[U0 + u][r] += s[gi][r]·(1 + code_u·2^(i·BITS-8)) for the NB·8/BITS codes u of the
 // first NB bytes of word w (i: u's index in its byte, gi: the group of u's byte among the
 // word's NGW groups, 1 or 4). Each byte is shifted to bits 15..22; one AND-OR per code makes
@@ -131,7 +139,8 @@ template <int HD, int NR>
 __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, NR> & S, const float * red,
                               const float * fv, const ott_cuda_attn_tile & T) {
     __syncthreads();
-    float * out = a.partials + ((size_t)blockIdx.x * a.n_splits + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
+    float * out = a.partials +
+                  ((size_t)blockIdx.x * ott_cuda_attn_parts(a) + a.part0 + blockIdx.y) * OTT_CUDA_ATTN_ROWS * (HD + 2);
     for (int r = 0; r < T.n_rows; ++r) {
         float mx = -INFINITY;
         for (int w = 0; w < STATES; ++w) mx = fmaxf(mx, S.m[w][r]);
@@ -159,11 +168,14 @@ __device__ void write_partial(const ott_cuda_attn_args & a, const attn_smem<HD, 
 
 // ---- split over quantized blocks ------------------------------------------------------------
 
-// The head-blocks [x, y) of tile T that split blockIdx.y reads.
+// The head-blocks [x, y) of tile T that split blockIdx.y reads: a share of the recent ones
+// over the recent view, else of the others.
 __device__ __forceinline__ int2 split_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T) {
-    const int per = (T.n_blocks + a.n_splits - 1) / a.n_splits;
-    const int b0  = min(T.n_blocks, (int)blockIdx.y * per);
-    return make_int2(b0, min(T.n_blocks, b0 + per));
+    const int n_old = T.n_blocks - min(a.recent, T.n_blocks);
+    const int lo = a.L.ring ? n_old : 0, hi = a.L.ring ? T.n_blocks : n_old;
+    const int per = (hi - lo + a.n_splits - 1) / a.n_splits;
+    const int b0  = min(hi, lo + (int)blockIdx.y * per);
+    return make_int2(b0, min(hi, b0 + per));
 }
 
 // Head-block blk of tile T's sequence and KV head.
@@ -452,7 +464,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 float pv[NGW][NR];
 #pragma unroll
                 for (int gi = 0; gi < NGW; ++gi) {
-                    const float2 vp = param_at(g, vsc, vmn, t * n_gv + gv[gi]);
+                    const float2 vp = vparam_at(g, vsc, vmn, t * n_gv + gv[gi]);
                     const float vs = vp.x, vm = vp.y;
 #pragma unroll
                     for (int r = 0; r < NR; ++r) {
@@ -550,7 +562,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     const int n_pool            = L.pool_cap > 0 ? L.n_pool[sh] : 0;
     const int n_extra           = L.extra_cap > 0 ? L.n_extra[sh] : 0;
     const int e_sink = T.n_sink, e_pool = e_sink + n_pool, e_extra = e_pool + n_extra, e_win = e_extra + T.n_win;
-    const int n_all = e_win + T.n_q;
+    const int n_all = L.ring ? 0 : e_win + T.n_q;  // the recent view's launch: none
     const int per   = (n_all + a.n_splits - 1) / a.n_splits;
     const int f0 = min(n_all, (int)blockIdx.y * per), f1 = min(n_all, f0 + per);
     const int per_w = (f1 - f0 + WARPS - 1) / WARPS;

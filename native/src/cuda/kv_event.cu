@@ -7,7 +7,7 @@
 //   kv_event_pool_kernel   one thread block per (event, KV head): the outlier pool (scores,
 //                          selection, moves, mean substitution in the ring rows), then the
 //                          head-block zeroed, its mask bits and, with key tiers, its key rows'
-//                          channel order
+//                          channel order (begin_head_block)
 //   kv_event_quant_kernel  `splits` thread blocks per (event, KV head), each a share of the
 //                          head-block's groups: key rows [r0, r1) and value slots [t0, t1)
 //                          staged as floats in shared memory, then a team of 16 lanes per group
@@ -15,6 +15,9 @@
 //                          then the lanes code the group's bytes side by side)
 // One thread block per event and head left most of the GPU idle for a prompt's events (one
 // sequence: 32 blocks on the 7B shape), each busy for hundreds of microseconds.
+// With recent blocks (ott_kv_recode_ref) a round starts with two more: kv_recode_kernel
+// decodes the ring slot the event re-codes into the sequence's scratch rows, substitutes its
+// masked slots and begins the head-block it becomes; kv_event_quant_kernel quantizes them.
 #include "cuda/ott_cuda.h"
 #include "cuda/kv_quant.cuh"
 
@@ -71,6 +74,24 @@ __device__ void rank_channels(const ott_kv_geom & g, const ott_fp16 * k, const f
         }
     }
     __syncthreads();
+}
+
+// Head-block `out` of KV head h, for the block blk_k [block][head_dim] whose slots `masked`
+// marks: zeroed, then its mask bits and, with key tiers, its key rows' channel order. Every
+// thread must call it.
+__device__ void begin_head_block(const ott_cuda_kv_layer & L, int32_t h, const ott_fp16 * blk_k, const uint8_t * masked,
+                                 uint8_t * out) {
+    const int32_t hd = L.geom.head_dim, block = L.geom.block;
+    for (uint32_t i = threadIdx.x; i < L.layout.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
+    __syncthreads();
+    for (int32_t b = threadIdx.x; b < block / 8; b += blockDim.x) {
+        uint32_t bits = 0;
+        for (int32_t i = 0; i < 8; ++i) bits |= (uint32_t)(masked[b * 8 + i] != 0) << i;
+        out[L.layout.mask + b] = (uint8_t)bits;
+    }
+    if (ott_kv_tiered(&L.geom)) {
+        rank_channels(L.geom, blk_k, L.tier_scale ? L.tier_scale + (size_t)h * hd : nullptr, out + L.layout.k_order);
+    }
 }
 
 // grid: (n_events, n_head_kv)
@@ -160,17 +181,66 @@ __global__ void __launch_bounds__(POOL_THREADS)
         ott_substitute_mean_ref(blk_v, block, hd, masked);
     }
 
-    /* the head-block: zeroed, then its mask bits and key rows' channel order */
-    for (uint32_t i = threadIdx.x; i < L.layout.size / 4; i += blockDim.x) ((uint32_t *)out)[i] = 0;
+    begin_head_block(L, h, blk_k, masked, out);
+}
+
+// ---- re-coding a recent block -----------------------------------------------------------------
+
+// The scratch rows of sequence s, KV head h: K [block][head_dim], then V.
+__host__ __device__ ott_fp16 * recode_rows(ott_fp16 * scratch, const ott_kv_geom & g, int32_t n_head_kv, int32_t s,
+                                           int32_t h) {
+    return scratch + ((size_t)s * n_head_kv + h) * 2 * g.block * g.head_dim;
+}
+
+// Parameter i of the arrays sc and mn as kv_quant.c's param_at decodes it, in double (mn null:
+// a symmetric group of `bits`-bit codes).
+__device__ double2 param_d(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int32_t bits, size_t i) {
+    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+    const float m = !mn                 ? ott_kv_sym_min(bits, s)
+                    : g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s)
+                                        : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
+    return make_double2((double)s, (double)m);
+}
+
+// decode_code: fp16 of the float of code·s + m, in double
+__device__ ott_fp16 decode_code(uint32_t code, double2 p) {
+    return ott_fp32_to_fp16_ref(__double2float_rn(__dadd_rn(__dmul_rn((double)code, p.x), p.y)));
+}
+
+// grid: (n_events, n_head_kv). An event of block_idx >= N (R.ring) re-codes ring slot
+// block_idx % N, block block_idx - N of the sequence: its keys and values dequantized into the
+// sequence's scratch rows, its masked slots substituted by the mean again, and its head-block
+// in `blocks` begun (kv_event_quant_kernel, shifted by N, codes the groups).
+__global__ void __launch_bounds__(POOL_THREADS) kv_recode_kernel(const ott_cuda_kv_layer L, const ott_cuda_kv_layer R,
+                                                                 const ott_cuda_event * events, ott_fp16 * scratch) {
+    __shared__ uint8_t masked[1024];
+    const ott_cuda_event ev = events[blockIdx.x];
+    if (ev.block_idx < R.ring) return;  // no block to re-code yet
+    const int32_t h        = blockIdx.y;
+    const ott_kv_geom & rg = R.geom;
+    const int32_t hd = rg.head_dim, block = rg.block;
+    const uint8_t * src = ott_cuda_head_block(R, ev.seq, ev.block_idx, h);
+    ott_fp16 * k        = recode_rows(scratch, rg, L.n_head_kv, ev.seq, h);
+    ott_fp16 * v        = k + (size_t)block * hd;
+    const size_t k_row = (size_t)block * rg.bits_k / 8, v_row = ott_kv_v_row_bytes(&rg);
+    const int32_t n_gv = (int32_t)ott_kv_n_gv(&rg);
+    for (int32_t t = threadIdx.x; t < block; t += blockDim.x) masked[t] = (src[R.layout.mask + t / 8] >> (t % 8)) & 1;
+    for (int32_t i = threadIdx.x; i < block * hd; i += blockDim.x) {
+        const int32_t t = i / hd, c = i % hd;
+        const uint8_t * kr = src + R.layout.k_codes + c * k_row; /* row c = channel c */
+        const uint8_t * vr = src + R.layout.v_codes + t * v_row;
+        k[i]               = decode_code(
+            ott_kvq_code_at(kr, t, rg.bits_k, k_row),
+            param_d(rg, src + R.layout.k_scale, src + R.layout.k_min, rg.bits_k, (size_t)(t / rg.group_k) * hd + c));
+        v[i] = decode_code(ott_kvq_code_at(vr, c, rg.bits_v, v_row),
+                           param_d(rg, src + R.layout.v_scale, rg.sym_v ? nullptr : src + R.layout.v_min, rg.bits_v,
+                                   (size_t)t * n_gv + c / rg.group_v));
+    }
     __syncthreads();
-    for (int32_t b = threadIdx.x; b < block / 8; b += blockDim.x) {
-        uint32_t bits = 0;
-        for (int32_t i = 0; i < 8; ++i) bits |= (uint32_t)(masked[b * 8 + i] != 0) << i;
-        out[L.layout.mask + b] = (uint8_t)bits;
-    }
-    if (ott_kv_tiered(&L.geom)) {
-        rank_channels(L.geom, blk_k, L.tier_scale ? L.tier_scale + (size_t)h * hd : nullptr, out + L.layout.k_order);
-    }
+    ott_substitute_mean_ref(k, block, hd, masked); /* nothing masked: unchanged */
+    ott_substitute_mean_ref(v, block, hd, masked);
+    __syncthreads();
+    begin_head_block(L, h, k, masked, ott_cuda_head_block(L, ev.seq, ev.block_idx - R.ring, h));
 }
 
 // ---- the groups --------------------------------------------------------------------------------
@@ -195,9 +265,9 @@ __host__ __device__ size_t stage_floats(const ott_kv_geom & g, int32_t splits) {
 // code is clamped in float: a NaN code stands for 0 as code_of's conversion makes it, and the
 // sign of a zero code does not reach e².
 __device__ double clip_err(const float * x, int32_t stride, int32_t n, float mn, float mx, int32_t c, float levels,
-                           int32_t param_bits) {
+                           int32_t param_bits, int32_t sym) {
     const float d      = __fmul_rn(ott_clip_shrink(c), __fsub_rn(mx, mn));
-    const range_enc rc = encode_range(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, param_bits);
+    const range_enc rc = encode_range(__fadd_rn(mn, d), __fsub_rn(mx, d), levels, param_bits, sym);
     double err         = 0.0;
     for (int32_t i = 0; i < n; ++i) {
         const float xi = x[i * stride];
@@ -209,18 +279,24 @@ __device__ double clip_err(const float * x, int32_t stride, int32_t n, float mn,
 }
 
 // One group by a team of 16 lanes (called by all 32 lanes of a warp alike; `live` false for a
-// team without a group): ott_quantize_group_ref's parameters and packed code bytes.
+// team without a group): ott_quantize_group_ref's parameters and packed code bytes (sym: a
+// symmetric group, its scale alone).
 __device__ void quantize_group_team(const float * x, int32_t stride, int32_t n, int32_t bits, int32_t clip,
-                                    int32_t param_bits, bool live, uint8_t * scale_out, uint8_t * min_out,
+                                    int32_t param_bits, int32_t sym, bool live, uint8_t * scale_out, uint8_t * min_out,
                                     uint8_t * codes) {
     const int32_t lane = threadIdx.x % TEAM;
     const float levels = (float)((1 << bits) - 1);
     float mn = 0.0f, mx = 0.0f;
     if (live) ott_range_ref(x, stride, n, &mn, &mx);
+    if (sym) { /* [-a, a], a = max(-mn, mx) + 0 (no -0) */
+        mx = __fadd_rn(-mn > mx ? -mn : mx, 0.0f);
+        mn = -mx;
+    }
     int32_t pick = 0;
     if (clip) {
-        const double err = live && lane < OTT_CLIP_N ? clip_err(x, stride, n, mn, mx, lane, levels, param_bits) : 0.0;
-        double best_err  = 0.0;
+        const double err =
+            live && lane < OTT_CLIP_N ? clip_err(x, stride, n, mn, mx, lane, levels, param_bits, sym) : 0.0;
+        double best_err = 0.0;
         for (int32_t j = 0; j < OTT_CLIP_N; ++j) { /* the first of the least */
             const double e = __shfl_sync(0xffffffffu, err, j, TEAM);
             if (j == 0 || e < best_err) {
@@ -236,11 +312,11 @@ __device__ void quantize_group_team(const float * x, int32_t stride, int32_t n, 
         lo            = __fadd_rn(mn, d);
         hi            = __fsub_rn(mx, d);
     }
-    const range_enc r = encode_range(lo, hi, levels, param_bits);
+    const range_enc r = encode_range(lo, hi, levels, param_bits, sym);
     if (lane == 0) {
         for (int32_t i = 0; i < (param_bits == 8 ? 1 : 2); ++i) {
             scale_out[i] = r.scale[i];
-            min_out[i]   = r.min[i];
+            if (!sym) min_out[i] = r.min[i];
         }
     }
     const int32_t per_byte = 8 / bits; /* codes LSB-first, n·bits a multiple of 8 */
@@ -254,20 +330,25 @@ __device__ void quantize_group_team(const float * x, int32_t stride, int32_t n, 
 }
 
 // grid: (n_events, n_head_kv, splits). The pool kernel has run: the ring rows hold the
-// substituted block, the head-block its zeros, mask and key order.
+// substituted block, the head-block its zeros, mask and key order. With scratch (after
+// kv_recode_kernel): the rows are the sequence's scratch rows, and an event of block_idx >=
+// shift codes block block_idx - shift (the others none).
 __global__ void __launch_bounds__(QUANT_THREADS)
-    kv_event_quant_kernel(const ott_cuda_kv_layer L, const ott_cuda_event * events, int32_t splits) {
+    kv_event_quant_kernel(const ott_cuda_kv_layer L, const ott_cuda_event * events, int32_t splits, ott_fp16 * scratch,
+                          int32_t shift) {
     extern __shared__ float stage[];
     const ott_cuda_event ev = events[blockIdx.x];
-    const int32_t h         = blockIdx.y;
-    const int64_t sh        = (int64_t)ev.seq * L.n_head_kv + h;
-    const ott_kv_geom & g   = L.geom;
+    if (ev.block_idx < shift) return;
+    const int32_t h       = blockIdx.y;
+    const int64_t sh      = (int64_t)ev.seq * L.n_head_kv + h;
+    const ott_kv_geom & g = L.geom;
     const int32_t hd = g.head_dim, block = g.block, vs = hd + 1;
     const split_share S = share_of(g, blockIdx.z, splits);
     const int32_t rows = S.r1 - S.r0, slots = S.t1 - S.t0;
-    const ott_fp16 * blk_k = L.win_k + ((size_t)sh * L.win_cap + ev.row0) * hd;  // [block][hd]
-    const ott_fp16 * blk_v = L.win_v + ((size_t)sh * L.win_cap + ev.row0) * hd;
-    uint8_t * out          = ott_cuda_head_block(L, ev.seq, ev.block_idx, h);
+    const ott_fp16 * blk_k = scratch ? recode_rows(scratch, g, L.n_head_kv, ev.seq, h)
+                                     : L.win_k + ((size_t)sh * L.win_cap + ev.row0) * hd;  // [block][hd]
+    const ott_fp16 * blk_v = scratch ? blk_k + (size_t)block * hd : L.win_v + ((size_t)sh * L.win_cap + ev.row0) * hd;
+    uint8_t * out          = ott_cuda_head_block(L, ev.seq, ev.block_idx - shift, h);
     const uint8_t * order  = out + L.layout.k_order;
     const bool tiered      = ott_kv_tiered(&g);
     float * xk             = stage;                         // [block][rows]
@@ -294,6 +375,7 @@ __global__ void __launch_bounds__(QUANT_THREADS)
         const float * x = xk;
         int32_t stride = rows, n = 1, bits = g.bits_k;
         uint8_t *scale = out, *mins = out, *codes = out;
+        int32_t sym = 0;
         if (live && q < n_kg) {
             const int32_t r = S.r0 + q / n_gk, gk = q % n_gk;
             const int32_t p = tiered ? r : gk * hd + r; /* the key parameter's index */
@@ -312,11 +394,12 @@ __global__ void __launch_bounds__(QUANT_THREADS)
             stride          = 1;
             n               = g.group_v;
             bits            = g.bits_v;
+            sym             = g.sym_v;
             scale           = out + L.layout.v_scale + (size_t)p * pb;
             mins            = out + L.layout.v_min + (size_t)p * pb;
             codes = out + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g) + (size_t)gv * g.group_v * g.bits_v / 8;
         }
-        quantize_group_team(x, stride, n, bits, g.clip, g.param_bits, live, scale, mins, codes);
+        quantize_group_team(x, stride, n, bits, g.clip, g.param_bits, sym, live, scale, mins, codes);
     }
 }
 
@@ -329,21 +412,31 @@ int32_t quant_splits(const ott_kv_geom & g) {
     return s;
 }
 
-}  // namespace
-
-cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
-                              cudaStream_t stream) {
-    if (n_events == 0) return cudaSuccess;
-    const size_t smem_pool = pool_smem(L);
-    cudaError_t e          = ott_cuda_allow_smem((const void *)kv_event_pool_kernel, smem_pool);
-    if (e != cudaSuccess) return e;
-    kv_event_pool_kernel<<<dim3(n_events, L.n_head_kv), POOL_THREADS, smem_pool, stream>>>(L, events);
-
+// kv_event_quant_kernel over the events' blocks of L (see there for scratch and shift).
+cudaError_t quantize_groups(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
+                            ott_fp16 * scratch, int32_t shift, cudaStream_t stream) {
     const int32_t splits    = quant_splits(L.geom);
     const size_t smem_quant = stage_floats(L.geom, splits) * sizeof(float);
-    e                       = ott_cuda_allow_smem((const void *)kv_event_quant_kernel, smem_quant);
+    const cudaError_t e     = ott_cuda_allow_smem((const void *)kv_event_quant_kernel, smem_quant);
     if (e != cudaSuccess) return e;
-    kv_event_quant_kernel<<<dim3(n_events, L.n_head_kv, splits), QUANT_THREADS, smem_quant, stream>>>(L, events,
-                                                                                                      splits);
+    kv_event_quant_kernel<<<dim3(n_events, L.n_head_kv, splits), QUANT_THREADS, smem_quant, stream>>>(L, events, splits,
+                                                                                                      scratch, shift);
     return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_kv_layer * R, const ott_cuda_event * events,
+                              int32_t n_events, ott_fp16 * scratch, cudaStream_t stream) {
+    if (n_events == 0) return cudaSuccess;
+    cudaError_t e = cudaSuccess;
+    if (R) {  // the blocks N events older leave the ring first
+        kv_recode_kernel<<<dim3(n_events, L.n_head_kv), POOL_THREADS, 0, stream>>>(L, *R, events, scratch);
+        if ((e = quantize_groups(L, events, n_events, scratch, R->ring, stream)) != cudaSuccess) return e;
+    }
+    const ott_cuda_kv_layer & D = R ? *R : L;  // where the events' blocks go
+    const size_t smem_pool      = pool_smem(D);
+    if ((e = ott_cuda_allow_smem((const void *)kv_event_pool_kernel, smem_pool)) != cudaSuccess) return e;
+    kv_event_pool_kernel<<<dim3(n_events, D.n_head_kv), POOL_THREADS, smem_pool, stream>>>(D, events);
+    return quantize_groups(D, events, n_events, nullptr, 0, stream);
 }

@@ -7,6 +7,8 @@
 #include "cuda/ott_cuda.h"
 #include "cuda/kv_quant.cuh"
 
+#include <algorithm>
+
 namespace {
 
 constexpr int SLOTS = 64;  // positions per thread block
@@ -16,13 +18,13 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int3
     return (row[i * bits / 8] >> (i * bits % 8)) & ((1u << bits) - 1);
 }
 
-__device__ __forceinline__ float2 param_of(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int i) {
-    if (g.param_bits == 8) {
-        const float s = ott_kv_scale8(sc[i]);
-        return make_float2(s, ott_kv_min8((int8_t)mn[i], s));
-    }
-    return make_float2(ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]),
-                       ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
+// Parameter i of the arrays sc and mn (mn null: a symmetric group of `bits`-bit codes).
+__device__ __forceinline__ float2 param_of(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int32_t bits,
+                                           int i) {
+    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+    if (!mn) return make_float2(s, ott_kv_sym_min(bits, s));
+    return make_float2(s, g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s)
+                                            : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
 }
 
 // fp16(code·scale + min), the product and the sum each rounded in float
@@ -30,14 +32,15 @@ __device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
     return ott_fp32_to_fp16_ref(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
 }
 
-// grid: (n_blocks, n_head_kv); threads over channels (blockDim.x = head_dim). Head-block j's
-// positions: thread c writes channel c of every slot, its key from the key row of channel c
-// (with tiers, the row its head-block ranked it to), its value from each slot's code c. The
-// slots' loads do not wait for the stores before them (restrict), so several are in flight.
-__global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, ott_fp16 * __restrict__ ko,
-                                        ott_fp16 * __restrict__ vo) {
+// grid: (blocks, n_head_kv) for head-blocks j0 ..; threads over channels (blockDim.x =
+// head_dim). Head-block j's positions: thread c writes channel c of every slot, its key from
+// the key row of channel c (with tiers, the row its head-block ranked it to), its value from
+// each slot's code c. The slots' loads do not wait for the stores before them (restrict), so
+// several are in flight.
+__global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, int32_t j0,
+                                        ott_fp16 * __restrict__ ko, ott_fp16 * __restrict__ vo) {
     const ott_kv_geom & g = L.geom;
-    const int32_t j = blockIdx.x, h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
+    const int32_t j = j0 + blockIdx.x, h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
     const uint8_t * __restrict__ hb = ott_cuda_head_block(L, G.seq, j, h);
     __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c
     int32_t r = c;
@@ -51,8 +54,9 @@ __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cud
     const int32_t kbits = ott_kv_k_row_bits(&g, r), n_gv = (int32_t)ott_kv_n_gv(&g);
 #pragma unroll 4
     for (int32_t t = 0; t < g.block; ++t) {
-        const float2 kp = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, (t / g.group_k) * hd + r);
-        const float2 vp = param_of(g, hb + L.layout.v_scale, hb + L.layout.v_min, t * n_gv + c / g.group_v);
+        const float2 kp = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t / g.group_k) * hd + r);
+        const float2 vp = param_of(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
+                                   t * n_gv + c / g.group_v);
         const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
         ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
         vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);
@@ -107,11 +111,16 @@ __global__ void kv_gather_pools_kernel(const ott_cuda_kv_layer L, const ott_cuda
 
 }  // namespace
 
-cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
-                               const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo, cudaStream_t stream) {
+cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_layer * R, ott_cuda_f32_3d k,
+                               ott_cuda_f32_3d v, const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo,
+                               cudaStream_t stream) {
     const int32_t n_fp16 = G.n_rows - G.n_blocks * L.geom.block;
-    if (G.n_blocks)
-        kv_gather_blocks_kernel<<<dim3(G.n_blocks, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
+    const int32_t n_old  = R ? G.n_blocks - std::min(R->ring, G.n_blocks) : G.n_blocks;
+    if (n_old) kv_gather_blocks_kernel<<<dim3(n_old, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, G, 0, ko, vo);
+    if (G.n_blocks > n_old) {
+        kv_gather_blocks_kernel<<<dim3(G.n_blocks - n_old, L.n_head_kv), L.geom.head_dim, 0, stream>>>(*R, G, n_old, ko,
+                                                                                                       vo);
+    }
     kv_gather_rows_kernel<<<dim3((n_fp16 + SLOTS - 1) / SLOTS, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, k, v, G,
                                                                                                            ko, vo);
     if (L.pool_cap || L.extra_cap) kv_gather_pools_kernel<<<L.n_head_kv, L.geom.head_dim, 0, stream>>>(L, G, ko, vo);

@@ -60,19 +60,35 @@ static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
 }
 
 typedef struct {
-    uint8_t scale[2], min[2]; /* as stored: fp16 (low byte first), or one byte each */
+    uint8_t scale[2], min[2]; /* as stored: fp16 (low byte first), or one byte each (sym: min unused) */
     float s, m, inv;          /* decoded; inv = 1/s, or 0 for a zero scale */
 } range_enc;
 
-static __device__ range_enc encode_range(float lo, float hi, float levels, int32_t param_bits) {
+/* The least ufp8 scale >= t (t >= 0), at least 1. */
+static __device__ uint32_t scale8_of(float t) {
+    uint32_t h = ott_fp32_to_fp16_ref(t);
+    if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
+    const uint32_t s8 = (h + 127) >> 7;             /* the least ufp8 >= h */
+    return s8 == 0 ? 1 : s8;
+}
+
+static __device__ range_enc encode_range(float lo, float hi, float levels, int32_t param_bits, int32_t sym) {
     range_enc r;
-    if (param_bits == 8) {
+    r.min[0] = r.min[1] = 0;
+    if (sym) {
         const float t = __fdiv_rn(__fsub_rn(hi, lo), levels);
-        uint32_t h    = ott_fp32_to_fp16_ref(t);
-        if (ott_fp16_to_fp32_ref((ott_fp16)h) < t) h++; /* the least fp16 >= t */
-        uint32_t s8 = (h + 127) >> 7;                   /* the least ufp8 >= h */
-        if (s8 == 0) s8 = 1;
-        for (;; ++s8) { /* widen until z reaches lo */
+        if (param_bits == 8) {
+            r.scale[0] = (uint8_t)scale8_of(t);
+            r.s        = ott_kv_scale8(r.scale[0]);
+        } else {
+            const ott_fp16 s16 = ott_fp32_to_fp16_ref(t);
+            r.scale[0]         = (uint8_t)(s16 & 0xff);
+            r.scale[1]         = (uint8_t)(s16 >> 8);
+            r.s                = ott_fp16_to_fp32_ref(s16);
+        }
+        r.m = __fmul_rn(__fmul_rn(-0.5f, levels), r.s); /* ott_kv_sym_min */
+    } else if (param_bits == 8) {
+        for (uint32_t s8 = scale8_of(__fdiv_rn(__fsub_rn(hi, lo), levels));; ++s8) { /* widen until z reaches lo */
             r.s           = ott_kv_scale8((uint8_t)s8);
             const float z = floorf(__fmul_rn(__fdiv_rn(lo, r.s), 4.0f));
             if (z >= -128.0f && z <= 127.0f) {

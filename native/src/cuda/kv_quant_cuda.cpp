@@ -22,6 +22,9 @@
 // (sequence, KV head) holds R + block rows, or the whole context with prefill_fp16 (a
 // deferred prompt stays in the window until its events), rounded up to a multiple of block:
 // the rows of a block being quantized are then contiguous, as the event kernel reads them.
+// With recent blocks, each layer also holds the ring of its newest head-blocks (ott_cuda.h),
+// and the events share one scratch of n_seq_max x n_head_kv blocks of fp16 rows (their
+// re-coding): steps that run deferred events wait for the last layer's events first.
 #include "kv/kv_cache.h"
 #include "kv/kv_report.h"
 #include "cuda/kvq_cuda.h"
@@ -101,7 +104,9 @@ public:
             take(S * H * 4);
             take(S * max_blocks * H * cfg.layout.size);
             take(cfg.tier_scale.empty() ? 0 : H * hd * sizeof(float));
+            take(S * cfg.recent * H * cfg.rlayout.size);
         }
+        take(cfg.recent ? S * H * 2 * cfg.geom.block * hd * sizeof(ott_fp16) : 0);  // the events' re-coding
         // KVQuant: the calibrated tables, their ott_kvq_tables [n_layer][n_head_kv], the RoPE
         // table of keys cached before it, the events' scratch
         const size_t n_lev = cfg.kvq ? cfg.kvq_levels.size() / sh.n_layer : 0;
@@ -151,7 +156,18 @@ public:
                 OTT_CUDA_TRY(cudaMemcpy(u, cfg.tier_scale_of(il, 0), H * hd * sizeof(float), cudaMemcpyHostToDevice));
             }
             layers.push_back(L);
+            uint8_t * ring = next();
+            if (!cfg.recent) continue;
+            ott_cuda_kv_layer R = L;  // the recent view: the same stores, the ring as its blocks
+            R.geom              = cfg.rgeom;
+            R.layout            = cfg.rlayout;
+            R.max_blocks        = cfg.recent;
+            R.ring              = cfg.recent;
+            R.blocks            = ring;
+            R.tier_scale        = nullptr;
+            rviews.push_back(R);
         }
+        recode_scratch = (ott_fp16 *)next();
         if (cfg.kvq) {
             float * keys   = (float *)next();
             float * levels = (float *)next();
@@ -266,9 +282,9 @@ public:
             plan_cap = packed.size() * 2;
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
-        const size_t parts =
-            cfg.kvq ? ott_cuda_kvq_partial_floats(cfg.kvq_geom, (int32_t)tiles.size(), n_splits)
-                    : tiles.size() * (size_t)n_splits * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
+        const size_t parts = cfg.kvq ? ott_cuda_kvq_partial_floats(cfg.kvq_geom, (int32_t)tiles.size(), n_splits)
+                                     : tiles.size() * (size_t)(n_splits + (cfg.recent ? 1 : 0)) * OTT_CUDA_ATTN_ROWS *
+                                           ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
             partials_cap = parts * 2;
@@ -281,19 +297,24 @@ public:
     // Layer il's kernels on the executor's stream.
     ott_status run_layer(int il, cudaStream_t exec_stream) override {
         const ott_cuda_kv_layer & L = layers[il];
+        const ott_cuda_kv_layer * R = cfg.recent ? &rviews[il] : nullptr;                        // the recent view
         const ott_kvq_tables * tabs = cfg.kvq ? kvq_tabs + (size_t)il * sh.n_head_kv : nullptr;  // KVQuant
         auto events                 = [&](const span & s, cudaStream_t st) {
             return cfg.kvq
                        ? ott_cuda_kvq_layer_event(cfg.kvq_geom, L, tabs, items<ott_cuda_event>(s), s.n, kvq_scratch, st)
-                       : ott_cuda_kv_event(L, items<ott_cuda_event>(s), s.n, st);
+                       : ott_cuda_kv_event(L, R, items<ott_cuda_event>(s), s.n, recode_scratch, st);
         };
+        if (R && !pre_spans.empty()) {  // the previous layer's events, on `side`, re-code through the scratch too
+            OTT_CUDA_TRY(cudaEventRecord(ev_side, side));
+            OTT_CUDA_TRY(cudaStreamWaitEvent(exec_stream, ev_side, 0));
+        }
         for (const span & s : pre_spans) OTT_CUDA_TRY(events(s, exec_stream));
 
         const layer_io & x      = io[il];
         const ott_cuda_f32_3d k = view_of(x.k), v = view_of(x.v);
         if (fa_step) {
             OTT_CUDA_TRY(
-                ott_cuda_kv_gather(L, k, v, gather, (ott_fp16 *)fa_k->data, (ott_fp16 *)fa_v->data, exec_stream));
+                ott_cuda_kv_gather(L, R, k, v, gather, (ott_fp16 *)fa_k->data, (ott_fp16 *)fa_v->data, exec_stream));
         } else if (cfg.kvq) {
             float * out           = (float *)x.out->data;
             const int64_t out_nb1 = (int64_t)(x.out->nb[1] / sizeof(float));
@@ -317,7 +338,16 @@ public:
             a.n_splits      = n_splits;
             a.tensor_cores  = tensor_cores;
             a.partials      = d_partials;
+            a.recent        = cfg.recent;
+            a.n_parts       = n_splits + (R ? 1 : 0);
             OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
+            if (R) {  // the recent blocks: the last partial of every tile
+                ott_cuda_attn_args ar = a;
+                ar.L                  = *R;
+                ar.n_splits           = 1;
+                ar.part0              = n_splits;
+                OTT_CUDA_TRY(ott_cuda_attn_partial(ar, exec_stream));
+            }
             OTT_CUDA_TRY(ott_cuda_attn_merge(a, out, out_nb1, exec_stream));
         }
 
@@ -354,6 +384,11 @@ public:
     ott_status seq_copy(int32_t src, int32_t dst) override {
         OTT_CUDA_TRY(cudaSetDevice(sh.cuda_device));
         const size_t H = sh.n_head_kv, hd = cfg.geom.head_dim;
+        for (const ott_cuda_kv_layer & R : rviews) {
+            const size_t per_seq = (size_t)R.max_blocks * H * R.layout.size;
+            OTT_CUDA_TRY(cudaMemcpyAsync(R.blocks + dst * per_seq, R.blocks + src * per_seq, per_seq,
+                                         cudaMemcpyDeviceToDevice, stream));
+        }
         for (const ott_cuda_kv_layer & L : layers) {
             auto copy = [&](void * base, size_t per_seq) {
                 uint8_t * b = (uint8_t *)base;
@@ -402,8 +437,13 @@ public:
         auto get = [](void * dst, const void * src, size_t n) {
             return dst && n ? cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) : cudaSuccess;
         };
-        for (int32_t b = 0; out.blocks && b < out.n_blocks; ++b) {
+        const int32_t n_old = out.n_blocks - out.n_recent;
+        for (int32_t b = 0; out.blocks && b < n_old; ++b) {
             OTT_CUDA_TRY(get(out.blocks + (size_t)b * B.size, ott_cuda_head_block(L, seq, b, h), B.size));
+        }
+        for (int32_t b = n_old; out.recent && b < out.n_blocks; ++b) {
+            OTT_CUDA_TRY(get(out.recent + (size_t)(b - n_old) * cfg.rlayout.size,
+                             ott_cuda_head_block(rviews[il], seq, b, h), cfg.rlayout.size));
         }
         OTT_CUDA_TRY(get(out.sink_k, L.sink_k + sh_idx * L.sink * hd, out.n_sink * row));
         OTT_CUDA_TRY(get(out.sink_v, L.sink_v + sh_idx * L.sink * hd, out.n_sink * row));
@@ -567,6 +607,8 @@ private:
     int32_t max_blocks = 0;                 // head-block slots per (sequence, KV head)
     std::vector<ott_kv_sched> sched;        // [n_seq_max]
     std::vector<ott_cuda_kv_layer> layers;  // [n_layer] device pointers into buf
+    std::vector<ott_cuda_kv_layer> rviews;  // [n_layer] their recent views (cfg.recent > 0)
+    ott_fp16 * recode_scratch = nullptr;    // the events' re-coding rows (ott_cuda_kv_event)
     ggml_backend_buffer_t buf = nullptr;
 
     cudaStream_t stream  = nullptr;  // sequence copies and resets, outside steps
@@ -611,22 +653,17 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
     }
-    if (cfg.recent) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: recent=%d (4-bit recent blocks) runs on the CPU only",
-                        cfg.recent);
-    }
     if (cfg.pre_rope && !cfg.kvq) {
         return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: pre_rope=1 runs on the CPU only outside KVQuant");
     }
-    if (cfg.geom.sym_v) {
-        return ott_fail(OTT_ERR_UNSUPPORTED,
-                        "kv config on CUDA: sym_v=1 (symmetric value groups) runs on the CPU only");
-    }
-    const char * why = cfg.kvq ? nullptr : ott_cuda_attn_unsupported(cfg.geom);  // KVQuant: any geometry
-    if (why) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: %s (head_dim %d, block %d, bits %d/%d, groups %d/%d)",
-                        why, cfg.geom.head_dim, cfg.geom.block, cfg.geom.bits_k, cfg.geom.bits_v, cfg.geom.group_k,
-                        cfg.geom.group_v);
+    for (const ott_kv_geom * g : { &cfg.geom, cfg.recent ? &cfg.rgeom : nullptr }) {
+        const char * why = !g || cfg.kvq ? nullptr : ott_cuda_attn_unsupported(*g);  // KVQuant: any geometry
+        if (why) {
+            return ott_fail(OTT_ERR_UNSUPPORTED,
+                            "kv config on CUDA: %s (%shead_dim %d, block %d, bits %d/%d, groups %d/%d)", why,
+                            g == &cfg.rgeom ? "recent blocks: " : "", g->head_dim, g->block, g->bits_k, g->bits_v,
+                            g->group_k, g->group_v);
+        }
     }
     auto c = std::make_unique<kv_quant_cuda>(cfg, shape);
     OTT_TRY(c->init());

@@ -30,6 +30,10 @@
 //   tier_scale float [n_head_kv][head_dim], with key tiers (or null)
 //   blocks     head-blocks (kv_layout.h) [n_seq_max][max_blocks][n_head_kv], block j of a
 //              sequence = positions sink + j*block ..
+// With recent blocks (ott_kv_config::recent = N), the newest N blocks of a sequence are
+// head-blocks of the recent geometry in a ring of their own, [n_seq_max][N][n_head_kv], block
+// j at slot j % N: the layer's recent view (ott_cuda_kv_layer::ring = N) is the same stores
+// with that geometry, layout and ring as `blocks`.
 #pragma once
 
 #include "kv/kv_layout.h"
@@ -62,10 +66,12 @@ struct ott_cuda_kv_layer {
     int32_t * tracing;
     uint8_t * blocks;
     const float * tier_scale;  // key tiers' query scale [n_head_kv][head_dim] (kv_quant.h), or null: 1
+    int32_t ring;              // 0; a recent view: its N, blocks being a ring of max_blocks = N slots
 };
 
-// Head-block j of KV head h of sequence s.
+// Head-block j of KV head h of sequence s (a recent view: at slot j % ring).
 static inline OTT_HD uint8_t * ott_cuda_head_block(const ott_cuda_kv_layer & L, int32_t s, int32_t j, int32_t h) {
+    if (L.ring) j %= L.ring;
     return L.blocks + (((size_t)s * L.max_blocks + j) * L.n_head_kv + h) * L.layout.size;
 }
 
@@ -109,8 +115,11 @@ struct ott_cuda_event {
 };
 
 // events: device array [n_events], at most one per sequence (a sequence's events are ordered).
-cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_event * events, int32_t n_events,
-                              cudaStream_t stream);
+// With recent blocks, R is the layer's recent view and scratch fp16 [n_seq_max][n_head_kv][2]
+// [block][head_dim] (else both null): an event first re-codes the block N events older from
+// its ring slot into `blocks` (ott_kv_recode_ref), then codes its own block into that slot.
+cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_kv_layer * R, const ott_cuda_event * events,
+                              int32_t n_events, ott_fp16 * scratch, cudaStream_t stream);
 
 // ---- attention ------------------------------------------------------------------------------
 
@@ -152,8 +161,20 @@ struct ott_cuda_attn_args {
     int32_t tensor_cores;   // 1: head-blocks attn_imma.cuh serves (head_dim 128, block 128, 2-bit
                             // values) run on integer tensor cores (needs sm_80+), 0: FFMA everywhere
     int32_t n_splits;       // blocks per tile, each a share of its quantized blocks and fp16 rows
-    float * partials;       // device [n_tiles][n_splits][OTT_CUDA_ATTN_ROWS][head_dim+2]
+    float * partials;       // device [n_tiles][n_parts][OTT_CUDA_ATTN_ROWS][head_dim+2]
+    // Recent blocks (ott_kv_config::recent): the newest min(recent, n_blocks) head-blocks of a
+    // tile are read by a launch over the recent view (L.ring > 0: its blocks alone, no fp16
+    // rows), the others by the launch over the layer. A launch's splits write partials
+    // part0 .. part0 + n_splits - 1 of the tile's n_parts (0: n_splits), which the merge reads.
+    int32_t recent;
+    int32_t part0;
+    int32_t n_parts;
 };
+
+// Partials per tile that the merge of a reads.
+static inline OTT_HD int32_t ott_cuda_attn_parts(const ott_cuda_attn_args & a) {
+    return a.n_parts ? a.n_parts : a.n_splits;
+}
 
 // Which kernel configurations exist: bits 2/4/8 with every code word (32 bits) inside one
 // group and one row; head_dim a multiple of 64 up to 256. Returns nullptr when supported,
@@ -188,6 +209,8 @@ struct ott_cuda_gather {
     int32_t n_rows;  // rows written per KV head: the positions, then zero rows up to n_rows
 };
 
-// ko, vo: fp16 [n_head_kv][n_rows][head_dim]; row p of head h holds position p.
-cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, ott_cuda_f32_3d k, ott_cuda_f32_3d v,
-                               const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo, cudaStream_t stream);
+// ko, vo: fp16 [n_head_kv][n_rows][head_dim]; row p of head h holds position p. R: the
+// layer's recent view (its newest blocks), or null.
+cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_layer * R, ott_cuda_f32_3d k,
+                               ott_cuda_f32_3d v, const ott_cuda_gather & G, ott_fp16 * ko, ott_fp16 * vo,
+                               cudaStream_t stream);
