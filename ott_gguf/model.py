@@ -265,7 +265,7 @@ class Context:
         prefill_fp16: bool = False,
         kv_calib: str | os.PathLike | None = None,
     ):
-        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, or auto:
+        """kv: a mode name (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr2tg, ottr3, or auto:
         Weights.kv_config) or a KVConfig, e.g.
         `preset("ott2").with_overrides(pool=8)`. prefill_fp16: a multi-token chunk attends in
         full precision and is quantized at the sequence's next single-token step.

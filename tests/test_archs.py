@@ -87,9 +87,9 @@ def test_tokenizer_ids_match_llamacpp(ggufs, llamacpp, name):
 
 
 def test_auto_falls_back_where_keys_cannot_precede_rope(ggufs):
-    """auto on the CPU: ottr2tr where the cache takes it (Qwen3, Gemma 3), ottr3 for Phi-3,
-    whose LongRoPE factors keep keys from being cached before RoPE."""
-    for name, want in (("qwen3", "ottr2tr"), ("gemma3", "ottr2tr"), ("phi3-window", "ottr3")):
+    """auto on the CPU: ottr2tr where the cache takes it (Qwen3, Gemma 3), ottr2tg (its keys
+    after RoPE) for Phi-3, whose LongRoPE factors keep keys from being cached before RoPE."""
+    for name, want in (("qwen3", "ottr2tr"), ("gemma3", "ottr2tr"), ("phi3-window", "ottr2tg")):
         w = Weights(ggufs[0][name], device="cpu")
         assert w.kv_config("auto") == PRESETS[want], name
         w.close()

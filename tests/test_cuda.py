@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from ott_gguf.errors import InvalidArgumentError, UnsupportedError
-from ott_gguf.model import Model, cuda_device_count
+from ott_gguf.model import Model, Weights, cuda_device_count
 from ott_gguf.reference import preset
 from ott_gguf.reference.config import parse_mode
 
@@ -352,6 +352,15 @@ def test_cuda_kv_stats_count_quantized_bytes(random_llama):
     assert f16.kv_stats().bytes_per_token_layer == 2 * 64 * 2 * 2
     st = ott.kv_stats()
     assert st.n_tokens == 400 and 0 < st.bytes_per_token_layer < 0.6 * 512
+
+
+@needs_gpu
+def test_auto_on_a_gpu_is_the_2bit_preset_with_keys_after_rope(random_llama):
+    """auto: ottr2tr where its keys before RoPE run (the CPU), ottr2tg on the GPU."""
+    assert Weights(random_llama, device="cpu").kv_config("auto") == preset("ottr2tr")
+    weights = Weights(random_llama, device="cuda")
+    assert weights.kv_config("auto") == preset("ottr2tg")
+    assert Model(weights, n_ctx=256, kv="auto").eval([1, 2, 3]).size
 
 
 @needs_gpu

@@ -59,8 +59,8 @@ def test_modes_by_name(smollm2_path, name):
 
 def test_auto_is_the_2bit_preset_where_it_runs(smollm2_path, capsys):
     """auto: ottr2tr on the CPU for a model with a plain RoPE, in the Python API and the CLI
-    (a knob overridden makes it a custom mode); ottr3 without a model (test_archs.py: and for
-    a model whose RoPE is scaled)."""
+    (a knob overridden makes it a custom mode); ottr3 without a model (test_archs.py: ottr2tg
+    for a model whose RoPE is scaled; test_cuda.py: on a GPU)."""
     model = Model(smollm2_path, n_ctx=256, n_threads=2, kv="auto", device="cpu")
     assert model.kv == AUTO_CPU == "ottr2tr" and model.weights.kv_config("auto") == preset("ottr2tr")
     assert preset("auto") == preset(AUTO) == preset("ottr3")

@@ -8,7 +8,7 @@
 //                              (relative L2 error over the output).
 //   ott-cuda-ops perf [ctx[:batch] ..]  copy bandwidth of the card, then the attention
 //                              kernels (7B shape: 32 KV heads of 128; ott2, ottr2, ottr3, ottr2
-//                              with key tiers, ottr2tr's old blocks, kvquant2) at each context
+//                              with key tiers, ottr2tg's old blocks, kvquant2) at each context
 //                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cpu/kvq_attn_cpu.h"
@@ -1134,8 +1134,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     // attention of one layer of a Llama-2-7B-shaped model (32 KV heads of 128, n_rep 1): ott2,
     // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block),
     // then ottr3 (ottr2's layout with 4-bit keys), then ottr2 with key tiers (a quarter of the
-    // key rows at 4 bits, a half at 1 bit), then ottr2tr's old blocks (keys after RoPE: tiers
-    // 5 + 10 of 16, symmetric values; its recent blocks not read)
+    // key rows at 4 bits, a half at 1 bit), then ottr2tg's old blocks (those tiers, clipped
+    // ranges, symmetric values; its recent blocks not read)
     struct perf_mode {
         const char * name;
         ott_kv_geom g;
@@ -1146,7 +1146,7 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                                 { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr3", { 128, 128, 4, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false },
-                                { "ottr2tr-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 40, 80, 1 }, 0, false } };
+                                { "ottr2tg-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64, 1 }, 0, false } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
         for (const auto & [ctx, only] : contexts) {

@@ -340,6 +340,9 @@ PRESETS: dict[str, KVConfig] = {
     "ottr2tr": KVConfig(
         bits_k=2, bits_v=2, clip=1, hi_k=5, lo_k=10, recent=5, sym_v=1, pre_rope=1, **dict(_OTTR, extra_pool=0)
     ),
+    # ottr2tr with keys cached after RoPE, for the GPU: there its tiers 4 + 8 of 16 (with keys
+    # after RoPE, 5 + 10 bought nothing) keep the attention on the integer tensor-core kernel
+    "ottr2tg": KVConfig(bits_k=2, bits_v=2, clip=1, hi_k=4, lo_k=8, recent=5, sym_v=1, **dict(_OTTR, extra_pool=0)),
     "ottr3": KVConfig(bits_k=4, bits_v=2, **_OTTR),
     "kvquant2": KVConfig(bits_k=2, bits_v=2, **_KVQ),
     "kvquant3": KVConfig(bits_k=3, bits_v=3, **_KVQ),
@@ -348,11 +351,12 @@ PRESETS: dict[str, KVConfig] = {
 # --kv auto: the recommended cache, the first of AUTO_ORDER a model's cache takes
 # (Weights.kv_config asks the native library). AUTO_CPU, the most accurate 2-bit one, runs on
 # the CPU for a plain RoPE (keys before RoPE) and a power-of-two head size that takes key
-# tiers; AUTO (4-bit keys, 2-bit values; the answer without a model) needs a power-of-two head
-# size for its Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
+# tiers; ottr2tg (its keys after RoPE) on either backend for such a head size; AUTO (4-bit
+# keys, 2-bit values; the answer without a model) needs a power-of-two head size for its
+# Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
 AUTO_CPU = "ottr2tr"
 AUTO = "ottr3"
-AUTO_ORDER = (AUTO_CPU, AUTO, "kivi4")
+AUTO_ORDER = (AUTO_CPU, "ottr2tg", AUTO, "kivi4")
 
 
 def parse_mode(spec: str) -> str | KVConfig:
@@ -372,7 +376,7 @@ def parse_mode(spec: str) -> str | KVConfig:
 
 
 def preset(name: str) -> KVConfig:
-    """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr3, kvquant2/3/4, or auto:
+    """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr2tg, ottr3, kvquant2/3/4, or auto:
     AUTO's, the recommended cache without a model to ask; Weights.kv_config resolves auto for one)."""
     if name == "auto":
         name = AUTO
