@@ -102,9 +102,9 @@ public:
             take(S * H * 4);
             take(S * H * 4);
             take(S * H * 4);
-            take(S * max_blocks * H * cfg.layout.size);
+            take(S * (max_blocks - n_recent()) * H * cfg.layout.size);
             take(cfg.tier_scale.empty() ? 0 : H * hd * sizeof(float));
-            take(S * cfg.recent * H * cfg.rlayout.size);
+            take(S * n_recent() * H * cfg.rlayout.size);
         }
         take(cfg.recent ? S * H * 2 * cfg.geom.block * hd * sizeof(ott_fp16) : 0);  // the events' re-coding
         // KVQuant: the calibrated tables, their ott_kvq_tables [n_layer][n_head_kv], the RoPE
@@ -135,7 +135,7 @@ public:
             L.win_cap    = win_cap;
             L.pool_cap   = cfg.pool_cap(il);
             L.extra_cap  = cfg.extra_cap(il);
-            L.max_blocks = max_blocks;
+            L.max_blocks = max_blocks - n_recent();
             L.sink_k     = (ott_fp16 *)next();
             L.sink_v     = (ott_fp16 *)next();
             L.win_k      = (ott_fp16 *)next();
@@ -161,7 +161,7 @@ public:
             ott_cuda_kv_layer R = L;  // the recent view: the same stores, the ring as its blocks
             R.geom              = cfg.rgeom;
             R.layout            = cfg.rlayout;
-            R.max_blocks        = cfg.recent;
+            R.max_blocks        = n_recent();
             R.ring              = cfg.recent;
             R.blocks            = ring;
             R.tier_scale        = nullptr;
@@ -408,9 +408,9 @@ public:
             OTT_CUDA_TRY(copy(L.n_extra, H * 4));
             OTT_CUDA_TRY(copy(L.tracing, H * 4));
             const size_t per_seq = (size_t)L.max_blocks * H * L.layout.size;
+            const int32_t n_old  = sched[src].n_blocks - std::min(cfg.recent, sched[src].n_blocks);  // not in the ring
             OTT_CUDA_TRY(cudaMemcpyAsync(L.blocks + dst * per_seq, L.blocks + src * per_seq,
-                                         (size_t)sched[src].n_blocks * H * L.layout.size, cudaMemcpyDeviceToDevice,
-                                         stream));
+                                         (size_t)n_old * H * L.layout.size, cudaMemcpyDeviceToDevice, stream));
         }
         OTT_CUDA_TRY(cudaStreamSynchronize(stream));
         sched[dst] = sched[src];
@@ -603,8 +603,10 @@ private:
 
     ott_kv_config cfg;
     ott_kv_shape sh;
-    int32_t win_cap    = 0;                 // window ring rows per (sequence, KV head)
-    int32_t max_blocks = 0;                 // head-block slots per (sequence, KV head)
+    int32_t win_cap    = 0;  // window ring rows per (sequence, KV head)
+    int32_t max_blocks = 0;  // blocks a sequence holds at most
+    // Of them, the recent ones at most, in the ring (kv/kv_report.cpp counts the same bytes).
+    int32_t n_recent() const { return std::min(cfg.recent, max_blocks); }
     std::vector<ott_kv_sched> sched;        // [n_seq_max]
     std::vector<ott_cuda_kv_layer> layers;  // [n_layer] device pointers into buf
     std::vector<ott_cuda_kv_layer> rviews;  // [n_layer] their recent views (cfg.recent > 0)
