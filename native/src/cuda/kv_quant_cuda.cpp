@@ -24,7 +24,7 @@
 // the rows of a block being quantized are then contiguous, as the event kernel reads them.
 // With recent blocks, each layer also holds the ring of its newest head-blocks (ott_cuda.h),
 // and the events share one scratch of n_seq_max x n_head_kv blocks of fp16 rows (their
-// re-coding): steps that run deferred events wait for the last layer's events first.
+// re-coding): steps that run deferred events wait for the earlier layers' events first.
 #include "kv/kv_cache.h"
 #include "kv/kv_report.h"
 #include "cuda/kvq_cuda.h"
