@@ -61,13 +61,6 @@ template <typename T> T * upload_to(std::vector<void *> & dev, const std::vector
     return (T *)p;
 }
 
-// The geometry of recent blocks of a cache of geometry g (kv_config.cpp: rgeom).
-ott_kv_geom recent_geom(const ott_kv_geom & g) {
-    return { g.head_dim, g.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, g.group_k,
-             g.group_v,  0,       g.param_bits,       g.key_axis,         0,
-             0,          g.sym_v };
-}
-
 // Host copy of one layer's stores (ott_cuda.h layout) and its device twin; with recent
 // blocks (set_recent), the ring of the newest ones and the layer's recent view R.
 struct layer_store {
@@ -113,12 +106,16 @@ struct layer_store {
 
     // the newest n blocks of a sequence in a ring of the recent geometry
     void set_recent(int32_t n) {
+        view_recent(n);
+        ring.assign((size_t)S * n * L.n_head_kv * R.layout.size, 0);
+    }
+    // R: L's stores with the recent geometry and a ring of n slots as its blocks
+    void view_recent(int32_t n) {
         R            = L;
-        R.geom       = recent_geom(L.geom);
+        R.geom       = ott_kv_recent_geom(&L.geom);
         R.layout     = ott_kv_block_layout_of(&R.geom);
         R.max_blocks = R.ring = n;
         R.tier_scale          = nullptr;
-        ring.assign((size_t)S * n * L.n_head_kv * R.layout.size, 0);
     }
     const ott_cuda_kv_layer * recent_view() const { return R.ring ? &R : nullptr; }
 
@@ -143,14 +140,9 @@ struct layer_store {
         L.tracing    = upload(tracing);
         L.blocks     = upload(blocks);
         L.tier_scale = tier_scale.empty() ? nullptr : upload(tier_scale);
-        if (R.ring) {
-            const int32_t n = R.ring;
-            R               = L;
-            R.geom          = recent_geom(L.geom);
-            R.layout        = ott_kv_block_layout_of(&R.geom);
-            R.max_blocks = R.ring = n;
-            R.tier_scale          = nullptr;
-            R.blocks              = upload(ring);
+        if (R.ring) {  // the device's stores
+            view_recent(R.ring);
+            R.blocks = upload(ring);
         }
     }
     void from_device() {

@@ -192,19 +192,9 @@ __host__ __device__ ott_fp16 * recode_rows(ott_fp16 * scratch, const ott_kv_geom
     return scratch + ((size_t)s * n_head_kv + h) * 2 * g.block * g.head_dim;
 }
 
-// Parameter i of the arrays sc and mn as kv_quant.c's param_at decodes it, in double (mn null:
-// a symmetric group of `bits`-bit codes).
-__device__ double2 param_d(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int32_t bits, size_t i) {
-    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
-    const float m = !mn                 ? ott_kv_sym_min(bits, s)
-                    : g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s)
-                                        : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]);
-    return make_double2((double)s, (double)m);
-}
-
-// decode_code: fp16 of the float of code·s + m, in double
-__device__ ott_fp16 decode_code(uint32_t code, double2 p) {
-    return ott_fp32_to_fp16_ref(__double2float_rn(__dadd_rn(__dmul_rn((double)code, p.x), p.y)));
+// decode_code (kv_quant.c): fp16 of the float of code·s + m, in double
+__device__ ott_fp16 decode_code(uint32_t code, float2 p) {
+    return ott_fp32_to_fp16_ref(__double2float_rn(__dadd_rn(__dmul_rn((double)code, (double)p.x), (double)p.y)));
 }
 
 // grid: (n_events, n_head_kv). An event of block_idx >= N (R.ring) re-codes ring slot
@@ -229,12 +219,12 @@ __global__ void __launch_bounds__(POOL_THREADS) kv_recode_kernel(const ott_cuda_
         const int32_t t = i / hd, c = i % hd;
         const uint8_t * kr = src + R.layout.k_codes + c * k_row; /* row c = channel c */
         const uint8_t * vr = src + R.layout.v_codes + t * v_row;
-        k[i]               = decode_code(
-            ott_kvq_code_at(kr, t, rg.bits_k, k_row),
-            param_d(rg, src + R.layout.k_scale, src + R.layout.k_min, rg.bits_k, (size_t)(t / rg.group_k) * hd + c));
+        k[i]               = decode_code(ott_kvq_code_at(kr, t, rg.bits_k, k_row),
+                                         ott_param_ref(rg, src + R.layout.k_scale, src + R.layout.k_min, rg.bits_k,
+                                                       (size_t)(t / rg.group_k) * hd + c));
         v[i] = decode_code(ott_kvq_code_at(vr, c, rg.bits_v, v_row),
-                           param_d(rg, src + R.layout.v_scale, rg.sym_v ? nullptr : src + R.layout.v_min, rg.bits_v,
-                                   (size_t)t * n_gv + c / rg.group_v));
+                           ott_param_ref(rg, src + R.layout.v_scale, rg.sym_v ? nullptr : src + R.layout.v_min,
+                                         rg.bits_v, (size_t)t * n_gv + c / rg.group_v));
     }
     __syncthreads();
     ott_substitute_mean_ref(k, block, hd, masked); /* nothing masked: unchanged */

@@ -18,15 +18,6 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int3
     return (row[i * bits / 8] >> (i * bits % 8)) & ((1u << bits) - 1);
 }
 
-// Parameter i of the arrays sc and mn (mn null: a symmetric group of `bits`-bit codes).
-__device__ __forceinline__ float2 param_of(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn, int32_t bits,
-                                           int i) {
-    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
-    if (!mn) return make_float2(s, ott_kv_sym_min(bits, s));
-    return make_float2(s, g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s)
-                                            : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
-}
-
 // fp16(code·scale + min), the product and the sum each rounded in float
 __device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
     return ott_fp32_to_fp16_ref(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
@@ -54,9 +45,9 @@ __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cud
     const int32_t kbits = ott_kv_k_row_bits(&g, r), n_gv = (int32_t)ott_kv_n_gv(&g);
 #pragma unroll 4
     for (int32_t t = 0; t < g.block; ++t) {
-        const float2 kp = param_of(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t / g.group_k) * hd + r);
-        const float2 vp = param_of(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
-                                   t * n_gv + c / g.group_v);
+        const float2 kp = ott_param_ref(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t / g.group_k) * hd + r);
+        const float2 vp = ott_param_ref(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
+                                        t * n_gv + c / g.group_v);
         const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
         ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
         vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);

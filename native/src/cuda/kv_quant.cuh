@@ -112,6 +112,17 @@ static __device__ range_enc encode_range(float lo, float hi, float levels, int32
     return r;
 }
 
+// Scale and minimum i of a head-block's parameter arrays sc and mn as the reference decodes
+// them (kv_layout.h: fp16, or a ufp8 scale and an int8 minimum; mn null: a symmetric group of
+// `bits`-bit codes, the minimum implied).
+static __device__ __forceinline__ float2 ott_param_ref(const ott_kv_geom & g, const uint8_t * sc, const uint8_t * mn,
+                                                       int32_t bits, size_t i) {
+    const float s = g.param_bits == 8 ? ott_kv_scale8(sc[i]) : ott_fp16_to_fp32_ref(((const ott_fp16 *)sc)[i]);
+    if (!mn) return make_float2(s, ott_kv_sym_min(bits, s));
+    return make_float2(s, g.param_bits == 8 ? ott_kv_min8((int8_t)mn[i], s)
+                                            : ott_fp16_to_fp32_ref(((const ott_fp16 *)mn)[i]));
+}
+
 // An element of a group as the reference reads it: fp16 decoded, float as it is.
 static __device__ float ott_value_of(ott_fp16 x) { return ott_fp16_to_fp32_ref(x); }
 static __device__ float ott_value_of(float x) { return x; }

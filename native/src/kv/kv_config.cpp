@@ -186,10 +186,9 @@ ott_status ott_kv_config_resolve(const ott_kv_params & p, const ott_kv_shape & s
                         "kv config: recent=%d needs codes of at most %d bits (bits_k=%d, bits_v=%d)", p.recent,
                         OTT_KV_RECENT_BITS, p.bits_k, p.bits_v);
     }
-    cfg.recent  = p.recent;
-    cfg.rgeom   = { hd, p.block, OTT_KV_RECENT_BITS, OTT_KV_RECENT_BITS, group_k, group_v, 0, param_bits, p.key_axis, 0,
-                    0,  p.sym_v };
-    cfg.rlayout = ott_kv_block_layout_of(&cfg.rgeom);
+    cfg.recent       = p.recent;
+    cfg.rgeom        = ott_kv_recent_geom(&cfg.geom);
+    cfg.rlayout      = ott_kv_block_layout_of(&cfg.rgeom);
     cfg.prefill_fp16 = p.prefill_fp16;
     cfg.rot_k        = p.rot_k;
     cfg.rot_v        = p.rot_v;

@@ -174,6 +174,16 @@ static inline OTT_HD ott_kv_block_layout ott_kv_block_layout_of(const ott_kv_geo
     return L;
 }
 
+/* The geometry of the recent blocks of a cache of geometry g (ott_kv_params.recent): 4-bit keys
+ * and values in its groups and parameter format, min-max ranges, no key tiers. */
+static inline OTT_HD ott_kv_geom ott_kv_recent_geom(const ott_kv_geom * g) {
+    ott_kv_geom r = *g;
+    r.bits_k = r.bits_v = OTT_KV_RECENT_BITS;
+    r.clip              = 0;
+    r.n_hi = r.n_lo = 0;
+    return r;
+}
+
 /* Head-block of KV head h among the n_head_kv head-blocks of one event, laid side by side. */
 static inline OTT_HD uint8_t * ott_kv_head_block(uint8_t * event, const ott_kv_block_layout * L, int32_t h) {
     return event + (size_t)h * L->size;
