@@ -63,6 +63,8 @@ static_assert(VL == 16 && sizeof(v16f) == sizeof(v16z), "v16f and v16z are VL fl
 OTT_INLINE v16f operator+(v16f a, v16f b) { return { a.lo + b.lo, a.hi + b.hi }; }
 OTT_INLINE v16f operator+(v16f a, float b) { return { a.lo + b, a.hi + b }; }
 OTT_INLINE v16f operator*(float a, v16f b) { return { a * b.lo, a * b.hi }; }
+OTT_INLINE v16f operator*(v16f a, v16f b) { return { a.lo * b.lo, a.hi * b.hi }; }
+OTT_INLINE v16f operator-(v16f a, v16f b) { return { a.lo - b.lo, a.hi - b.hi }; }
 OTT_INLINE v16f & operator+=(v16f & a, v16f b) {
     a.lo += b.lo;
     a.hi += b.hi;
@@ -274,8 +276,9 @@ struct attn_ws {
     float * kmn;      // [KEY_TILE][head_dim] key mins
     float * vsc;      // [KEY_TILE][n_gv] value scales of a tile's slots
     float * vmn;      // [KEY_TILE][n_gv]
-    float * rc;       // [KEY_TILE] RoPE: cos of one pair at each key of a tile (gathered)
-    float * rs;       // [KEY_TILE] sin
+    float * rc;       // [max(KEY_TILE, hdp/2)] RoPE: cos of one pair at each key of a tile
+                      // (gathered), or of each pair at a quantized tile's first key
+    float * rs;       // sin
     int32_t * lim;    // [rows] causal limit of each row inside a tile of the chunk
     uint8_t * dead;   // [KEY_TILE] 1: masked slot
 };
@@ -308,8 +311,8 @@ size_t workspace_layout(void * mem, int32_t hd, int32_t n_gv, int32_t rows, attn
     w.kmn       = floats(T * hd);
     w.vsc       = floats(T * n_gv);
     w.vmn       = floats(T * n_gv);
-    w.rc        = floats(T);
-    w.rs        = floats(T);
+    w.rc        = floats(std::max(T, H / 2));
+    w.rs        = floats(std::max(T, H / 2));
     w.lim       = (int32_t *)take(R, sizeof(int32_t));
     w.dead      = (uint8_t *)take(T, 1);
     return off;
@@ -346,6 +349,37 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
         for (int r = 0; r < RB; ++r) a[r] = splat(0.0f);
         for (int32_t c = 0; c < hd; ++c) {
             const v16f k = load16(kc + (size_t)c * LD + t);
+            for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
+        }
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r]);
+    }
+}
+
+// s[r][t] = Σ_c q[r][c]·k[c][t], k the keys kc rotated by RoPE (table R) at positions p + t:
+// each pair rotated in registers as it is scored (kc is left as it is), t in [0, n_t) rounded
+// up to VL, n_t at most R.n_pos. The angle of pair i at p + t is composed of the one at p
+// (c0[i], s0[i]) and the one at t: the table's first n_t positions, which every tile reads,
+// stay in cache, where its rows at p + t would stream the table from memory at every step
+// (4 bytes a pair and key, 16 times what 2-bit codes take).
+template <class V, int RB>
+OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * c0, const float * s0, const float * q,
+                               int32_t hdp, int32_t hd, const float * kc, int32_t n_t, float * s) {
+    const int32_t half = R.n_rot / 2;
+    const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
+    for (int32_t t = 0; t < n_t; t += VL) {
+        V a[RB] {};
+        const float *ct = R.cs + t, *st = R.cs + (size_t)half * R.n_pos + t, *k = kc + t, *qa = q;
+        for (int32_t i = 0; i < half; ++i, ct += R.n_pos, st += R.n_pos, k += step * LD, qa += step) {
+            const V x = load16<V>(k), y = load16<V>(k + other * LD), cr = load16<V>(ct), sr = load16<V>(st);
+            const V co = c0[i] * cr - s0[i] * sr, si = s0[i] * cr + c0[i] * sr;
+            const V xr = x * co - y * si, yr = x * si + y * co;
+            for (int r = 0; r < RB; ++r) {
+                a[r] += qa[(size_t)r * hdp] * xr;
+                a[r] += qa[(size_t)r * hdp + other] * yr;
+            }
+        }
+        for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
+            const V k = load16<V>(kc + (size_t)c * LD + t);
             for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
         }
         for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r]);
@@ -611,28 +645,21 @@ OTT_INLINE void values_vnni(const attn_ws & w, int32_t rows, const uint8_t * vco
 }
 
 // Key rows r0 .. r1-1 of one run (BITS-bit codes, parameters sc[r], mn[r]) dequantized into
-// kc[channel][t] (rows of LD floats) for the n_t slots from t0, a multiple of 8 each; channel
-// = order[r], or r without tiers.
-template <int BITS>
+// kc[channel][t] (rows of LD floats) for the n_t slots from t0, a multiple of VL each, VL at
+// a time in vectors V (codes16's lane factors folded into the scale); channel = order[r], or
+// r without tiers.
+template <class V, int BITS>
 OTT_INLINE void dequant_key_rows(const key_rows & kr, const uint8_t * order, const float * sc, const float * mn,
                                  int32_t t0, int32_t n_t, float * kc) {
+    static constexpr float ONES[VL] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 };
     for (int32_t r = kr.r0; r < kr.r1; ++r) {
         const uint8_t * row = kr.codes + (size_t)(r - kr.r0) * kr.row_bytes + (size_t)t0 * BITS / 8;
         float * kt          = kc + (size_t)(order ? order[r] : r) * LD;
-        for (int32_t t = 0; t < n_t; t += 8) {
-            v8f x;
-            if constexpr (BITS == 8) {
-                for (int j = 0; j < 8; ++j) x[j] = (float)row[t + j];
-            } else {
-                x = to_float(codes8<BITS>(row + t * BITS / 8));
-            }
-            x = x * sc[r] + mn[r];
-            std::memcpy(kt + t, &x, sizeof x);
-        }
+        const V scale       = lane_scale<V, BITS>::down(sc[r] * load16<V>(ONES));
+        const float m       = mn[r];
+        for (int32_t t = 0; t < n_t; t += VL) store16(kt + t, codes16<BITS, V>(row + t * BITS / 8) * scale + m);
     }
 }
-
-OTT_CLONES void rope_tile(const ott_rope_table & R, const int32_t * pos, int32_t pos0, int32_t n_t, const attn_ws & w);
 
 // Slots t0 .. t0+n_t-1 of a head-block straight from the codes (fused path; group_k,
 // group_v multiples of VL, n_t a multiple of VL); the kernels in vectors V, NV per iteration,
@@ -650,18 +677,30 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
     const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
 
     if (rope) {  // keys before RoPE: kc[channel][t] = code·scale + min, a run of key rows at a time
+        // the angles at the tile's first position (w.rc, w.rs), loaded while the keys
+        // dequantize, and the next tile's fetched
+        const int32_t half = rope->n_rot / 2, p = pos0 + t0;
+        for (int32_t i = 0; i < half; ++i) {
+            const float * row_c = rope->cs + (size_t)i * rope->n_pos;
+            const float * row_s = rope->cs + (size_t)(half + i) * rope->n_pos;
+            w.rc[i]             = row_c[p];
+            w.rs[i]             = row_s[p];
+            __builtin_prefetch(row_c + p + n_t);
+            __builtin_prefetch(row_s + p + n_t);
+        }
         for (int32_t ta = t0; ta < t0 + n_t;) {
             const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
             params_f32(g, hb + L.k_scale, hb + L.k_min, g.bits_k, (size_t)gi * hd, hd, w.ksc, w.kmn);
             for (int32_t i = 0; i < n_runs; ++i) {
                 with_code_width(runs[i].bits, [&](auto B) {
-                    dequant_key_rows<B()>(runs[i], order, w.ksc, w.kmn, ta, tb - ta, w.kc + (ta - t0));
+                    dequant_key_rows<V, B()>(runs[i], order, w.ksc, w.kmn, ta, tb - ta, w.kc + (ta - t0));
                 });
             }
             ta = tb;
         }
-        rope_tile(*rope, nullptr, pos0 + t0, n_t, w);  // rotated at their positions, scored in float
-#define OTT_SCORES(RB) scores_rb<RB>(w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
+        // rotated at their positions as they are scored, in float
+#define OTT_SCORES(RB)                                                                                                 \
+    rope_scores_rb<V, RB>(*rope, w.rc, w.rs, w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
         OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
     } else {
