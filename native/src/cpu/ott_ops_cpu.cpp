@@ -367,7 +367,7 @@ OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * c0, const
     const int32_t half = R.n_rot / 2;
     const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
     for (int32_t t = 0; t < n_t; t += VL) {
-        V a[RB] {};
+        V a[RB] {}, b[RB] {};  // the pairs' first and second channels: two chains of FMAs a row
         const float *ct = R.cs + t, *st = R.cs + (size_t)half * R.n_pos + t, *k = kc + t, *qa = q;
         for (int32_t i = 0; i < half; ++i, ct += R.n_pos, st += R.n_pos, k += step * LD, qa += step) {
             const V x = load16<V>(k), y = load16<V>(k + other * LD), cr = load16<V>(ct), sr = load16<V>(st);
@@ -375,14 +375,14 @@ OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * c0, const
             const V xr = x * co - y * si, yr = x * si + y * co;
             for (int r = 0; r < RB; ++r) {
                 a[r] += qa[(size_t)r * hdp] * xr;
-                a[r] += qa[(size_t)r * hdp + other] * yr;
+                b[r] += qa[(size_t)r * hdp + other] * yr;
             }
         }
         for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
             const V k = load16<V>(kc + (size_t)c * LD + t);
             for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
         }
-        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r]);
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r] + b[r]);
     }
 }
 
