@@ -312,6 +312,15 @@ CASES = [
         150,
         [1, 4],
     ),
+    # 7 query rows a KV head: decode rows scored all at once (AVX-512's 8-row RoPE kernel)
+    (
+        "hd64-gqa7-pre-rope-tiers-sym-v",
+        64,
+        7,
+        SMALL.with_overrides(pre_rope=1, hi_k=4, lo_k=8, clip=1, param_bits=8, rot_v=HADAMARD, recent=2, sym_v=1),
+        150,
+        [1],
+    ),
     (
         "hd128-gqa1-pre-rope-keys-per-token",
         128,

@@ -698,10 +698,24 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
             }
             ta = tb;
         }
-        // rotated at their positions as they are scored, in float
+        // rotated at their positions as they are scored, in float; AVX-512's 32 registers
+        // hold the accumulators of up to FUSED_ROWS rows, so that each pair rotates once
 #define OTT_SCORES(RB)                                                                                                 \
     rope_scores_rb<V, RB>(*rope, w.rc, w.rs, w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
-        OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
+        bool all_rows = false;
+        if constexpr (std::is_same_v<V, v16z>) {
+            static_assert(FUSED_ROWS == 8, "rows 5 .. 8 below");
+            const int32_t r0 = 0;
+            all_rows         = rows > RB_MAX;
+            switch (all_rows ? rows : 0) {
+                case 0:  break;
+                case 5:  OTT_SCORES(5); break;
+                case 6:  OTT_SCORES(6); break;
+                case 7:  OTT_SCORES(7); break;
+                default: OTT_SCORES(8); break;
+            }
+        }
+        if (!all_rows) OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
 #undef OTT_SCORES
     } else {
         // scores, one key group segment at a time: qs = q·scale, qm = q·min (per key row)
