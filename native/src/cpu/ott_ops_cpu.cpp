@@ -705,14 +705,15 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
         bool all_rows = false;
         if constexpr (std::is_same_v<V, v16z>) {
             static_assert(FUSED_ROWS == 8, "rows 5 .. 8 below");
-            const int32_t r0 = 0;
-            all_rows         = rows > RB_MAX;
-            switch (all_rows ? rows : 0) {
-                case 0:  break;
-                case 5:  OTT_SCORES(5); break;
-                case 6:  OTT_SCORES(6); break;
-                case 7:  OTT_SCORES(7); break;
-                default: OTT_SCORES(8); break;
+            all_rows = rows > RB_MAX;
+            if (all_rows) {
+                const int32_t r0 = 0;
+                switch (rows) {
+                    case 5:  OTT_SCORES(5); break;
+                    case 6:  OTT_SCORES(6); break;
+                    case 7:  OTT_SCORES(7); break;
+                    default: OTT_SCORES(8); break;
+                }
             }
         }
         if (!all_rows) OTT_FOR_ROW_BLOCKS(rows, OTT_SCORES)
