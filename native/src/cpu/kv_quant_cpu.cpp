@@ -300,7 +300,7 @@ private:
     // Head-blocks for events up to n_blocks in every layer of sequence s: the recent ring's
     // slots for the newest min(recent, n_blocks), the others' own.
     ott_status reserve_blocks(int32_t s, int32_t n_blocks) {
-        const int32_t n_recent = std::min(cfg.recent, n_blocks);
+        const int32_t n_recent = cfg.n_recent(n_blocks);
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_kv_layer_seq & L = ls(il, s);
             OTT_TRY(grow(L.blocks, n_blocks - n_recent, cfg.event_bytes(), s));

@@ -408,7 +408,7 @@ public:
             OTT_CUDA_TRY(copy(L.n_extra, H * 4));
             OTT_CUDA_TRY(copy(L.tracing, H * 4));
             const size_t per_seq = (size_t)L.max_blocks * H * L.layout.size;
-            const int32_t n_old  = sched[src].n_blocks - std::min(cfg.recent, sched[src].n_blocks);  // not in the ring
+            const int32_t n_old  = sched[src].n_blocks - cfg.n_recent(sched[src].n_blocks);  // not in the ring
             OTT_CUDA_TRY(cudaMemcpyAsync(L.blocks + dst * per_seq, L.blocks + src * per_seq,
                                          (size_t)n_old * H * L.layout.size, cudaMemcpyDeviceToDevice, stream));
         }
@@ -606,7 +606,7 @@ private:
     int32_t win_cap    = 0;  // window ring rows per (sequence, KV head)
     int32_t max_blocks = 0;  // blocks a sequence holds at most
     // Of them, the recent ones at most, in the ring (kv/kv_report.cpp counts the same bytes).
-    int32_t n_recent() const { return std::min(cfg.recent, max_blocks); }
+    int32_t n_recent() const { return cfg.n_recent(max_blocks); }
     std::vector<ott_kv_sched> sched;        // [n_seq_max]
     std::vector<ott_cuda_kv_layer> layers;  // [n_layer] device pointers into buf
     std::vector<ott_cuda_kv_layer> rviews;  // [n_layer] their recent views (cfg.recent > 0)

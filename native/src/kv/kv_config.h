@@ -48,6 +48,8 @@ struct ott_kv_config {
     size_t event_bytes() const { return (size_t)layout.size * (size_t)n_head_kv; }
     // Whether block b of a sequence holding n_blocks is a recent one.
     bool is_recent(int32_t b, int32_t n_blocks) const { return b >= n_blocks - recent; }
+    // How many of n_blocks blocks are recent ones (held in the recent ring).
+    int32_t n_recent(int32_t n_blocks) const { return n_blocks < recent ? n_blocks : recent; }
     // Bytes of one event's recent head-blocks.
     size_t recent_event_bytes() const { return (size_t)rlayout.size * (size_t)n_head_kv; }
     // This config as it reads a recent block (geom, layout of the recent blocks, no tiers).

@@ -1,11 +1,9 @@
 // kv_report.cpp — memory accounting and export header of the quantized KV cache (kv_report.h).
 #include "kv/kv_report.h"
 
-#include <algorithm>
-
 double ott_kv_used_bytes(const ott_kv_config & cfg, int il, const ott_kv_sched & sc, int64_t n_pooled) {
     const int64_t token    = 2 * (int64_t)cfg.geom.head_dim * sizeof(ott_fp16);
-    const int64_t n_recent = std::min(cfg.recent, sc.n_blocks);
+    const int64_t n_recent = cfg.n_recent(sc.n_blocks);
     const int64_t blocks =
         (int64_t)(sc.n_blocks - n_recent) * (int64_t)(cfg.kvq ? ott_kvq_block_data_bytes(&cfg.kvq_geom)
                                                               : ott_kv_block_data_bytes(&cfg.geom, cfg.traces(il))) +
@@ -18,7 +16,7 @@ int64_t ott_kv_quant_seq_bytes(const ott_kv_config & cfg, int32_t n_ctx, bool wh
     const int64_t hd = cfg.geom.head_dim, token = 2 * hd * (int64_t)sizeof(ott_fp16);
     const int64_t rows     = cfg.sink + (whole_blocks ? ott_kv_ring_rows(cfg, n_ctx)
                                                       : ott_kv_win_cap(cfg, cfg.prefill_fp16 ? n_ctx - cfg.sink : 0));
-    const int64_t n_blocks = ott_kv_max_blocks(cfg, n_ctx), n_recent = std::min(cfg.recent, (int32_t)n_blocks);
+    const int64_t n_blocks = ott_kv_max_blocks(cfg, n_ctx), n_recent = cfg.n_recent((int32_t)n_blocks);
     const int64_t blocks = (n_blocks - n_recent) * cfg.layout.size + n_recent * cfg.rlayout.size;
     int64_t total        = 0;
     for (int il = 0; il < cfg.n_layer; ++il) {
@@ -52,7 +50,7 @@ void ott_kv_export_header(const ott_kv_config & cfg, const ott_kv_sched & sc, ot
     for (int i = 0; i < 8; ++i) out.block_offsets[i] = (int32_t)offs[i];
     const ott_kv_block_layout & R = cfg.rlayout;
     const uint32_t roffs[8]       = { R.k_scale, R.k_min, R.v_scale, R.v_min, R.k_codes, R.v_codes, R.mask, R.k_order };
-    out.n_recent                  = std::min(cfg.recent, sc.n_blocks);
+    out.n_recent                  = cfg.n_recent(sc.n_blocks);
     out.recent_bytes              = (int32_t)R.size;
     for (int i = 0; i < 8; ++i) out.recent_offsets[i] = (int32_t)roffs[i];
 }
