@@ -628,8 +628,9 @@ void fill_stores(const attn_case & c, rng_t & rng, layer_store & st) {
     }
 }
 
-// tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h)
-void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fail) {
+// tensor_cores: run the integer tensor-core block phase where it applies (ott_cuda.h); n_sm:
+// the multiprocessors ott_cuda_attn_n_parts sizes the recent launch for
+void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int32_t n_sm, int & n_fail) {
     rng_t rng(seed);
     const ott_kv_geom & g = c.g;
     const int32_t S = ATTN_SEQS, H = ATTN_HEADS, hd = g.head_dim, block = g.block, n_head = H * c.n_rep;
@@ -677,19 +678,13 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     a.n_splits      = c.n_splits;
     a.tensor_cores  = tensor_cores;
     a.recent        = c.recent;
-    a.n_parts       = c.n_splits + (c.recent ? 1 : 0);
+    a.n_parts       = ott_cuda_attn_n_parts(c.n_splits, c.recent, a.n_tiles, n_sm);
     std::vector<float> parts(tiles.size() * a.n_parts * OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(hd), NAN);
     a.partials = gpu.upload(parts);
     std::vector<float> out((size_t)n_tok * n_head * hd, NAN);
     float * d_out = gpu.upload(out);
     CHECK_CUDA(ott_cuda_attn_partial(a, nullptr));
-    if (c.recent) {  // as kv_quant_cuda.cpp launches the recent blocks
-        ott_cuda_attn_args ar = a;
-        ar.L                  = gpu.R;
-        ar.n_splits           = 1;
-        ar.part0              = c.n_splits;
-        CHECK_CUDA(ott_cuda_attn_partial(ar, nullptr));
-    }
+    if (c.recent) CHECK_CUDA(ott_cuda_attn_recent(a, gpu.R, nullptr));
     CHECK_CUDA(ott_cuda_attn_merge(a, d_out, (int64_t)n_head * hd, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     layer_store::download(out, d_out);
@@ -777,7 +772,8 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int & n_fa
     const double rel = std::sqrt(err2 / ref2), budget = tensor_cores ? ATTN_BUDGET_TC : ATTN_BUDGET;
     char detail[96];
     snprintf(detail, sizeof(detail), "rel_l2 %.2e (budget %.0e)", rel, budget);
-    report(std::string(tensor_cores ? "attn-tc/" : "attn/") + c.name, finite && rel < budget, detail, n_fail);
+    const char * launch = c.recent && n_sm == 1 ? "/recent-unsplit" : "";
+    report(std::string(tensor_cores ? "attn-tc/" : "attn/") + c.name + launch, finite && rel < budget, detail, n_fail);
 }
 
 // ---- gather: ott_cuda_kv_gather vs the stores read in position order ---------------------------
@@ -959,9 +955,14 @@ int run_checks() {
         { "recent5-ottr2tr-hd128-rep2-chunk2", ottr2tr_128, 2, 2, { 7, 0 }, 2, 3, 32, 30, 2, 5 },
     };
     for (const attn_case & c : attns) {
-        check_attn(c, seed, 0, n_fail);
-        if (ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
-            check_attn(c, seed, 1, n_fail);
+        // the recent blocks' launch both ways: a warp per head-block (many multiprocessors), a
+        // block per tile (one)
+        for (const int32_t n_sm : { INT32_MAX, 1 }) {
+            if (n_sm == 1 && !c.recent) continue;
+            check_attn(c, seed, 0, n_sm, n_fail);
+            if (ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
+                check_attn(c, seed, 1, n_sm, n_fail);
+            }
         }
         check_gather(c, seed, n_fail);
         ++seed;

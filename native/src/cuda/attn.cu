@@ -112,6 +112,20 @@ cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t str
     return dispatch_partial(a, stream, nullptr);
 }
 
+int32_t ott_cuda_attn_n_parts(int32_t n_splits, int32_t recent, int32_t n_tiles, int32_t n_sm) {
+    if (!recent) return n_splits;
+    return n_splits + (n_tiles < n_sm ? (recent + WARPS - 1) / WARPS : 1);
+}
+
+cudaError_t ott_cuda_attn_recent(const ott_cuda_attn_args & a, const ott_cuda_kv_layer & R, cudaStream_t stream) {
+    ott_cuda_attn_args ar = a;
+    ar.L                  = R;
+    ar.part0              = a.n_splits;
+    ar.n_splits           = ott_cuda_attn_parts(a) - a.n_splits;
+    if (ar.n_splits > 1) ar.prefetch = 32;  // a warp's one head-block: its loads in flight at once
+    return ott_cuda_attn_partial(ar, stream);
+}
+
 cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream) {
     if (a.n_tiles == 0) return cudaSuccess;
     int dev = 0, major = 0;

@@ -282,9 +282,10 @@ public:
             plan_cap = packed.size() * 2;
             OTT_CUDA_TRY(cudaMalloc(&d_plan, plan_cap));
         }
-        const size_t parts = cfg.kvq ? ott_cuda_kvq_partial_floats(cfg.kvq_geom, (int32_t)tiles.size(), n_splits)
-                                     : tiles.size() * (size_t)(n_splits + (cfg.recent ? 1 : 0)) * OTT_CUDA_ATTN_ROWS *
-                                           ott_cuda_partial_row(cfg.geom.head_dim);
+        const size_t parts =
+            cfg.kvq ? ott_cuda_kvq_partial_floats(cfg.kvq_geom, (int32_t)tiles.size(), n_splits)
+                    : tiles.size() * (size_t)ott_cuda_attn_n_parts(n_splits, cfg.recent, (int32_t)tiles.size(), n_sm) *
+                          OTT_CUDA_ATTN_ROWS * ott_cuda_partial_row(cfg.geom.head_dim);
         if (parts > partials_cap) {
             if (d_partials) OTT_CUDA_TRY(cudaFree(d_partials));
             partials_cap = parts * 2;
@@ -339,15 +340,9 @@ public:
             a.tensor_cores  = tensor_cores;
             a.partials      = d_partials;
             a.recent        = cfg.recent;
-            a.n_parts       = n_splits + (R ? 1 : 0);
+            a.n_parts       = ott_cuda_attn_n_parts(n_splits, cfg.recent, a.n_tiles, n_sm);
             OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
-            if (R) {  // the recent blocks: the last partial of every tile
-                ott_cuda_attn_args ar = a;
-                ar.L                  = *R;
-                ar.n_splits           = 1;
-                ar.part0              = n_splits;
-                OTT_CUDA_TRY(ott_cuda_attn_partial(ar, exec_stream));
-            }
+            if (R) OTT_CUDA_TRY(ott_cuda_attn_recent(a, *R, exec_stream));  // the last partials of every tile
             OTT_CUDA_TRY(ott_cuda_attn_merge(a, out, out_nb1, exec_stream));
         }
 

@@ -192,6 +192,15 @@ int32_t ott_cuda_attn_splits(const ott_kv_geom & g, int32_t rows_per_tile, int32
                              int32_t n_sm, int32_t max_blocks);
 
 cudaError_t ott_cuda_attn_partial(const ott_cuda_attn_args & a, cudaStream_t stream);
+
+// Recent blocks: partials per tile (n_parts) for n_splits splits over the layer's blocks and
+// a ring of `recent` blocks. While n_tiles leave multiprocessors of the n_sm idle, the recent
+// launch gives each warp one head-block (one block of a tile would leave a warp several rounds
+// of its ring, each waiting on its loads); from n_sm tiles on, one block a tile, as more
+// partials to merge cost more than the idle warps.
+int32_t ott_cuda_attn_n_parts(int32_t n_splits, int32_t recent, int32_t n_tiles, int32_t n_sm);
+// The launch over R, the recent view of a.L: partials a.n_splits .. n_parts - 1 of every tile.
+cudaError_t ott_cuda_attn_recent(const ott_cuda_attn_args & a, const ott_cuda_kv_layer & R, cudaStream_t stream);
 // out: F32 [head_dim*n_head, n_tokens] (row stride out_nb1 floats)
 cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64_t out_nb1, cudaStream_t stream);
 
