@@ -290,6 +290,13 @@ def test_missing_model_file(tmp_path):
     assert_one_line_error(cli("info", tmp_path / "missing.gguf"), "missing.gguf")
 
 
+def test_native_dir_without_a_build(smollm2_path, tmp_path, monkeypatch):
+    """OTT_NATIVE_DIR names the build to run: a folder without one is an error, not the
+    installed build in its place."""
+    monkeypatch.setenv("OTT_NATIVE_DIR", str(tmp_path))
+    assert_one_line_error(cli("info", smollm2_path), f"OTT_NATIVE_DIR={tmp_path}", "no _ott_cffi extension there")
+
+
 def test_truncated_gguf(smollm2_path, tmp_path):
     truncated = tmp_path / "truncated.gguf"
     with open(smollm2_path, "rb") as f:

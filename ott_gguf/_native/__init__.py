@@ -50,6 +50,8 @@ def _load():
                 tried.append(f"{f}: {e}")
         if not tried:
             tried.append(f"OTT_NATIVE_DIR={override}: no _ott_cffi extension there")
+        # the folder asked for, or an error: another build in its place would run unnoticed
+        raise ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
     try:
         return importlib.import_module(_MODULE)
     except ImportError as e:

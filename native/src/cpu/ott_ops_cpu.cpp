@@ -600,8 +600,8 @@ OTT_INLINE void fixed_pairs(const float * x, int32_t n, int16_t * q, float * sca
 }
 
 // Whether attn_vnni serves a head-block's codes: key rows and values of 1, 2 or 4 bits, each run
-// of key rows (tiers) an even number of rows.
-bool vnni_fits(const ott_kv_geom & g) {
+// of key rows (tiers) an even number of rows (asked by the AVX-512 version alone).
+[[maybe_unused]] bool vnni_fits(const ott_kv_geom & g) {
     return ott_vnni_enabled() && g.bits_k != 8 && g.bits_v != 8 && g.head_dim <= 256 && g.n_hi % 2 == 0 &&
            g.n_lo % 2 == 0;
 }

@@ -88,10 +88,11 @@ inline uint8_t * ott_kv_event_of(const ott_kv_config & cfg, const ott_kv_layer_s
 }
 
 // A hot CPU function compiled for x86-64-v4 (AVX-512), v3 (AVX2/FMA) and the baseline,
-// picked at load time (x86-64 Linux with GCC; elsewhere the baseline only). Where
-// OTT_VERSIONS is 1, a function may instead have versions of its own source for these
-// targets (GCC's function multiversioning: OTT_V4, OTT_V3, OTT_BASELINE).
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+// picked at load time (x86-64 Linux with GCC; elsewhere, or built with OTT_CPU_VERSIONS off,
+// the baseline only). Where OTT_VERSIONS is 1, a function may instead have versions of its
+// own source for these targets (GCC's function multiversioning: OTT_V4, OTT_V3, OTT_BASELINE).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) &&                           \
+    !defined(OTT_NO_CPU_VERSIONS)
 #define OTT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define OTT_VERSIONS 1
 #define OTT_V4 __attribute__((target("arch=x86-64-v4")))
