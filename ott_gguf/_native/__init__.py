@@ -3,7 +3,7 @@
 `ffi` and `lib` mirror the C header one to one; `check()` turns a status code into the
 matching exception with the library's one-line message. Set OTT_NATIVE_DIR to a folder
 holding another build (`_ott_cffi*.so` beside its `libott.so`) to use that one instead of
-the build installed with the package. Run from a source checkout (`python -m ott_gguf` in
+the build installed with the package (a folder without one is an error). Run from a source checkout (`python -m ott_gguf` in
 the repository root), the package finds the compiled module of the installed distribution.
 """
 
@@ -39,6 +39,10 @@ def _installed_native_dir() -> Path | None:
     return folder if folder.resolve() != Path(__file__).resolve().parent else None
 
 
+def _cannot_load(tried: list[str]) -> ImportError:
+    return ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
+
+
 def _load():
     tried = []
     override = os.environ.get("OTT_NATIVE_DIR")
@@ -50,8 +54,7 @@ def _load():
                 tried.append(f"{f}: {e}")
         if not tried:
             tried.append(f"OTT_NATIVE_DIR={override}: no _ott_cffi extension there")
-        # the folder asked for, or an error: another build in its place would run unnoticed
-        raise ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
+        raise _cannot_load(tried)  # the build asked for, not another in its place unnoticed
     try:
         return importlib.import_module(_MODULE)
     except ImportError as e:
@@ -68,7 +71,7 @@ def _load():
         tried.append("no installed ott-gguf distribution elsewhere (pip install .)")
     elif not any(installed.glob("_ott_cffi*.so")):
         tried.append(f"{installed}: no _ott_cffi extension there")
-    raise ImportError("cannot load the ott-gguf native library; tried: " + "; ".join(tried))
+    raise _cannot_load(tried)
 
 
 _mod = _load()
