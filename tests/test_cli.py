@@ -290,11 +290,12 @@ def test_missing_model_file(tmp_path):
     assert_one_line_error(cli("info", tmp_path / "missing.gguf"), "missing.gguf")
 
 
-def test_native_dir_without_a_build(smollm2_path, tmp_path, monkeypatch):
+def test_native_dir_without_a_build(tmp_path, monkeypatch):
     """OTT_NATIVE_DIR names the build to run: a folder without one is an error, not the
-    installed build in its place."""
+    installed build in its place (the library loads before the model is opened)."""
     monkeypatch.setenv("OTT_NATIVE_DIR", str(tmp_path))
-    assert_one_line_error(cli("info", smollm2_path), f"OTT_NATIVE_DIR={tmp_path}", "no _ott_cffi extension there")
+    proc = cli("info", tmp_path / "model.gguf")
+    assert_one_line_error(proc, f"OTT_NATIVE_DIR={tmp_path}", "no _ott_cffi extension there")
 
 
 def test_truncated_gguf(smollm2_path, tmp_path):
