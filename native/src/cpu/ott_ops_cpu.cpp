@@ -77,6 +77,13 @@ template <class V = v16f> OTT_INLINE V load16(const float * p) {
     return v;
 }
 template <class V> OTT_INLINE void store16(float * p, V v) { std::memcpy(p, &v, sizeof v); }
+
+// RoPE angles composed: the cosines and sines (co, si) of a + b from those of a (c0, s0; one
+// pair) and of b (c, s; one per lane). V: v8f, v16f or v16z.
+template <class V> OTT_INLINE void compose_angles(float c0, float s0, V c, V s, V & co, V & si) {
+    co = c0 * c - s0 * s;
+    si = s0 * c + c0 * s;
+}
 OTT_INLINE v16f splat(float x) { return { (v8f) {} + x, (v8f) {} + x }; }
 OTT_INLINE v8f to_float(v8u x) { return __builtin_convertvector((v8i)x, v8f); }
 
@@ -371,7 +378,8 @@ OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * c0, const
         const float *ct = R.cs + t, *st = R.cs + (size_t)half * R.n_pos + t, *k = kc + t, *qa = q;
         for (int32_t i = 0; i < half; ++i, ct += R.n_pos, st += R.n_pos, k += step * LD, qa += step) {
             const V x = load16<V>(k), y = load16<V>(k + other * LD), cr = load16<V>(ct), sr = load16<V>(st);
-            const V co = c0[i] * cr - s0[i] * sr, si = s0[i] * cr + c0[i] * sr;
+            V co, si;
+            compose_angles(c0[i], s0[i], cr, sr, co, si);
             const V xr = x * co - y * si, yr = x * si + y * co;
             for (int r = 0; r < RB; ++r) {
                 a[r] += qa[(size_t)r * hdp] * xr;
@@ -988,7 +996,8 @@ OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, 
             v8f ct, st;
             std::memcpy(&ct, co + t, sizeof ct);
             std::memcpy(&st, si + t, sizeof st);
-            const v8f c = c0 * ct - s0 * st, sn = s0 * ct + c0 * st;
+            v8f c, sn;
+            compose_angles(c0, s0, ct, st, c, sn);
             const v8f x = a * c - b * sn, y = a * sn + b * c;
             std::memcpy(ka + t, &x, sizeof x);
             std::memcpy(kb + t, &y, sizeof y);
