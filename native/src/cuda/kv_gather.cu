@@ -7,6 +7,8 @@
 #include "cuda/ott_cuda.h"
 #include "cuda/kv_quant.cuh"
 
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
 namespace {
@@ -18,16 +20,23 @@ __device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int3
     return (row[i * bits / 8] >> (i * bits % 8)) & ((1u << bits) - 1);
 }
 
+// The fp16 of f as ott_fp32_to_fp16_ref gives it: the hardware's conversion (round to nearest
+// even, overflow to infinity: the same bits for every other value), a NaN as the reference
+// writes it.
+__device__ __forceinline__ ott_fp16 f16_of(float f) {
+    return isnan(f) ? ott_fp32_to_fp16_ref(f) : __half_as_ushort(__float2half_rn(f));
+}
+
 // fp16(code·scale + min), the product and the sum each rounded in float
 __device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
-    return ott_fp32_to_fp16_ref(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
+    return f16_of(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
 }
 
 // grid: (blocks, n_head_kv) for head-blocks j0 ..; threads over channels (blockDim.x =
 // head_dim). Head-block j's positions: thread c writes channel c of every slot, its key from
-// the key row of channel c (with tiers, the row its head-block ranked it to), its value from
-// each slot's code c. The slots' loads do not wait for the stores before them (restrict), so
-// several are in flight.
+// the key row of channel c (with tiers, the row its head-block ranked it to; its parameters
+// decoded once a key group), its value from each slot's code c. The slots' loads do not wait
+// for the stores before them (restrict), so several are in flight.
 __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, int32_t j0,
                                         ott_fp16 * __restrict__ ko, ott_fp16 * __restrict__ vo) {
     const ott_kv_geom & g = L.geom;
@@ -43,14 +52,17 @@ __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cud
     const size_t row0                 = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
     const uint8_t * __restrict__ krow = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
     const int32_t kbits = ott_kv_k_row_bits(&g, r), n_gv = (int32_t)ott_kv_n_gv(&g);
+    for (int32_t t0 = 0; t0 < g.block; t0 += g.group_k) {
+        const float2 kp =
+            ott_param_ref(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t0 / g.group_k) * hd + r);
 #pragma unroll 4
-    for (int32_t t = 0; t < g.block; ++t) {
-        const float2 kp = ott_param_ref(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t / g.group_k) * hd + r);
-        const float2 vp = ott_param_ref(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
-                                        t * n_gv + c / g.group_v);
-        const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
-        ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
-        vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);
+        for (int32_t t = t0; t < t0 + g.group_k; ++t) {
+            const float2 vp = ott_param_ref(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
+                                            t * n_gv + c / g.group_v);
+            const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
+            ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
+            vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);
+        }
     }
 }
 
