@@ -36,12 +36,13 @@ _KV_KNOBS = {
     "sink": "first tokens kept in fp16",
     "clip": "clipped group ranges (1) or min-max (0)",
     "param_bits": "bits of a group's scale and min: 16 or 8",
-    "key_axis": "key groups per channel (0) or per token along the head (1)",
+    "key_axis": "key groups per channel (0) or per token along the head (1, CPU only)",
     "hi_k": "key tiers: of every 16 channels of a block, ranked by range x query scale, the first coded with 4 bits",
     "lo_k": "key tiers: of every 16 channels of a block, the last ones coded with 1 bit",
-    "recent": "the newest N blocks keep 4-bit keys and values, re-coded to the mode's codes as they age (CPU)",
-    "sym_v": "value groups symmetric around zero, their scale alone stored (1) or scale and min (0) (CPU)",
-    "pre_rope": "keys cached before RoPE, rotated at their position in attention (1) or after (0)",
+    "recent": "the newest N blocks keep 4-bit keys and values, re-coded to the mode's codes as they age",
+    "sym_v": "value groups symmetric around zero, their scale alone stored (1) or scale and min (0)",
+    "pre_rope": "keys cached before RoPE, rotated at their position in attention (1; CPU only outside KVQuant) "
+    "or after (0)",
 }
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}

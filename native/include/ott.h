@@ -112,7 +112,7 @@ typedef enum {
     OTT_KV_KIVI    = 1, /* quantized blocks + fp16 window (pool = extra_pool = 0)           */
     OTT_KV_OTT     = 2, /* KIVI + Outlier Token Tracing (pool > 0)                          */
     OTT_KV_KVQUANT = 3, /* KVQuant: calibrated per-channel keys (before RoPE), per-token
-                           values, codebooks, sparse fp16 outliers (CPU only for now)      */
+                           values, codebooks, sparse fp16 outliers (both backends)         */
 } ott_kv_type;
 
 /* Knobs of the quantized cache (docs/design.md §2, ott_gguf/reference/config.py); all 0 for
@@ -170,10 +170,10 @@ typedef struct {
                                  values in the cache's groups (min-max ranges, no tiers);
                                  a block is re-coded to the cache's codes when it ages out
                                  (ott_gguf/reference/cache.py). bits_k, bits_v <= 4, not
-                                 KVQuant; CPU only: the CUDA cache refuses it              */
+                                 KVQuant; both backends                                    */
     int32_t sym_v;            /* 1: value groups symmetric around zero, their scale alone
-                                 stored (ott_gguf/reference/quant.py); not KVQuant; CPU
-                                 only: the CUDA cache refuses it                           */
+                                 stored (ott_gguf/reference/quant.py); not KVQuant; both
+                                 backends                                                  */
 } ott_kv_params;
 
 /* ---- context ------------------------------------------------------------------------- */
