@@ -32,37 +32,68 @@ __device__ __forceinline__ ott_fp16 entry_f16(uint32_t code, float2 sm) {
     return f16_of(__fadd_rn(__fmul_rn((float)code, sm.x), sm.y));
 }
 
-// grid: (blocks, n_head_kv) for head-blocks j0 ..; threads over channels (blockDim.x =
-// head_dim). Head-block j's positions: thread c writes channel c of every slot, its key from
-// the key row of channel c (with tiers, the row its head-block ranked it to; its parameters
-// decoded once a key group), its value from each slot's code c. The slots' loads do not wait
-// for the stores before them (restrict), so several are in flight.
+// Two fp16 bit patterns as one word, a in the low half.
+__device__ __forceinline__ uint32_t pair_of(ott_fp16 a, ott_fp16 b) { return (uint32_t)a | (uint32_t)b << 16; }
+
+// grid: (blocks, n_head_kv) for head-blocks j0 ..; head_dim threads, dynamic shared memory
+// of one head-block. The head-block is copied into shared memory in 16-byte words first, so
+// that the scattered code reads (a key row per channel) hit shared memory. Then each thread
+// writes 8 channels c0 .. c0+7 (its octet, tid % (head_dim/8)) of every (8·blockDim/head_dim)-th
+// slot from tid / (head_dim/8), as one 16-byte store for keys and one for values: a channel's
+// key from the key row of that channel (with tiers, the row its head-block ranked it to; the
+// rows, widths and parameters fixed per key group), its value from each slot's code c.
 __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, int32_t j0,
                                         ott_fp16 * __restrict__ ko, ott_fp16 * __restrict__ vo) {
-    const ott_kv_geom & g = L.geom;
-    const int32_t j = j0 + blockIdx.x, h = blockIdx.y, hd = g.head_dim, c = threadIdx.x;
-    const uint8_t * __restrict__ hb = ott_cuda_head_block(L, G.seq, j, h);
+    extern __shared__ uint4 hb_words[];
     __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c
-    int32_t r = c;
-    if (ott_kv_tiered(&g)) {  // each head-block ranks its own channels
-        row_of[hb[L.layout.k_order + c]] = (uint8_t)c;
+    const ott_kv_geom & g = L.geom;
+    const int32_t j = j0 + blockIdx.x, h = blockIdx.y, hd = g.head_dim, tid = threadIdx.x;
+    const uint4 * __restrict__ src = (const uint4 *)ott_cuda_head_block(L, G.seq, j, h);
+    for (uint32_t i = tid; i < L.layout.size / 16; i += blockDim.x) hb_words[i] = src[i];
+    __syncthreads();
+    const uint8_t * hb = (const uint8_t *)hb_words;
+    const bool tiered  = ott_kv_tiered(&g);
+    if (tiered) {  // each head-block ranks its own channels: row r holds channel k_order[r]
+        for (int32_t r = tid; r < hd; r += blockDim.x) row_of[hb[L.layout.k_order + r]] = (uint8_t)r;
         __syncthreads();
-        r = row_of[c];
     }
-    const size_t row0                 = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
-    const uint8_t * __restrict__ krow = hb + L.layout.k_codes + ott_kv_k_row_offset(&g, r);
-    const int32_t kbits = ott_kv_k_row_bits(&g, r), n_gv = (int32_t)ott_kv_n_gv(&g);
-    for (int32_t t0 = 0; t0 < g.block; t0 += g.group_k) {
-        const float2 kp =
-            ott_param_ref(g, hb + L.layout.k_scale, hb + L.layout.k_min, kbits, (t0 / g.group_k) * hd + r);
-#pragma unroll 4
-        for (int32_t t = t0; t < t0 + g.group_k; ++t) {
-            const float2 vp = ott_param_ref(g, hb + L.layout.v_scale, g.sym_v ? nullptr : hb + L.layout.v_min, g.bits_v,
-                                            t * n_gv + c / g.group_v);
-            const uint8_t * __restrict__ vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
-            ko[(row0 + t) * hd + c]           = entry_f16(code_at(krow, t, kbits), kp);
-            vo[(row0 + t) * hd + c]           = entry_f16(code_at(vrow, c, g.bits_v), vp);
+    const int32_t octets = hd / 8, c0 = tid % octets * 8, n_gv = (int32_t)ott_kv_n_gv(&g);
+    int32_t bits[8];    // the code width of each of the thread's channels
+    uint32_t krow[8];   // the byte offset of its key row in the head-block
+    int32_t kparam[8];  // the index of its key parameter in the first key group
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int32_t r = tiered ? row_of[c0 + k] : c0 + k;
+        bits[k]         = ott_kv_k_row_bits(&g, r);
+        krow[k]         = L.layout.k_codes + ott_kv_k_row_offset(&g, r);
+        kparam[k]       = r;
+    }
+    const size_t row0    = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
+    const uint8_t * vmin = g.sym_v ? nullptr : hb + L.layout.v_min;
+    float2 kp[8];
+    int32_t kgroup = -1;
+    for (int32_t t = tid / octets; t < g.block; t += blockDim.x / octets) {
+        if (t / g.group_k != kgroup) {  // the key parameters of the thread's channels in this key group
+            kgroup = t / g.group_k;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                kp[k] = ott_param_ref(g, hb + L.layout.k_scale, hb + L.layout.k_min, bits[k],
+                                      (size_t)kgroup * hd + kparam[k]);
+            }
         }
+        const uint8_t * vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
+        ott_fp16 kh[8], vh[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float2 vp =
+                ott_param_ref(g, hb + L.layout.v_scale, vmin, g.bits_v, (size_t)t * n_gv + (c0 + k) / g.group_v);
+            kh[k] = entry_f16(code_at(hb + krow[k], t, bits[k]), kp[k]);
+            vh[k] = entry_f16(code_at(vrow, c0 + k, g.bits_v), vp);
+        }
+        *(uint4 *)(ko + (row0 + t) * hd + c0) =
+            make_uint4(pair_of(kh[0], kh[1]), pair_of(kh[2], kh[3]), pair_of(kh[4], kh[5]), pair_of(kh[6], kh[7]));
+        *(uint4 *)(vo + (row0 + t) * hd + c0) =
+            make_uint4(pair_of(vh[0], vh[1]), pair_of(vh[2], vh[3]), pair_of(vh[4], vh[5]), pair_of(vh[6], vh[7]));
     }
 }
 
@@ -119,11 +150,15 @@ cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_la
                                cudaStream_t stream) {
     const int32_t n_fp16 = G.n_rows - G.n_blocks * L.geom.block;
     const int32_t n_old  = R ? G.n_blocks - std::min(R->ring, G.n_blocks) : G.n_blocks;
-    if (n_old) kv_gather_blocks_kernel<<<dim3(n_old, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, G, 0, ko, vo);
-    if (G.n_blocks > n_old) {
-        kv_gather_blocks_kernel<<<dim3(G.n_blocks - n_old, L.n_head_kv), L.geom.head_dim, 0, stream>>>(*R, G, n_old, ko,
-                                                                                                       vo);
-    }
+    auto blocks          = [&](const ott_cuda_kv_layer & B, int32_t j0, int32_t n) {
+        const cudaError_t e = ott_cuda_allow_smem((const void *)kv_gather_blocks_kernel, B.layout.size);
+        if (e != cudaSuccess || n == 0) return e;
+        kv_gather_blocks_kernel<<<dim3(n, L.n_head_kv), L.geom.head_dim, B.layout.size, stream>>>(B, G, j0, ko, vo);
+        return cudaGetLastError();
+    };
+    cudaError_t e = blocks(L, 0, n_old);
+    if (e == cudaSuccess && G.n_blocks > n_old) e = blocks(*R, n_old, G.n_blocks - n_old);
+    if (e != cudaSuccess) return e;
     kv_gather_rows_kernel<<<dim3((n_fp16 + SLOTS - 1) / SLOTS, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, k, v, G,
                                                                                                            ko, vo);
     if (L.pool_cap || L.extra_cap) kv_gather_pools_kernel<<<L.n_head_kv, L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
