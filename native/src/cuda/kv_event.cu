@@ -25,7 +25,10 @@
 
 namespace {
 
-constexpr int POOL_THREADS = 256, QUANT_THREADS = 256, TEAM = 16;
+// RECODE_THREADS: kv_recode_kernel has one block per event and head (a prompt chunk's 4 events
+// on the 7B shape: 128 blocks, about one per SM), each decoding 2·block·head_dim entries whose
+// loads wait on memory; 1024 threads keep four times as many in flight as 256.
+constexpr int POOL_THREADS = 256, RECODE_THREADS = 1024, QUANT_THREADS = 256, TEAM = 16;
 
 // ---- the pool --------------------------------------------------------------------------------
 
@@ -201,8 +204,8 @@ __device__ ott_fp16 decode_code(uint32_t code, float2 p) {
 // block_idx % N, block block_idx - N of the sequence: its keys and values dequantized into the
 // sequence's scratch rows, its masked slots substituted by the mean again, and its head-block
 // in `blocks` begun (kv_event_quant_kernel, shifted by N, codes the groups).
-__global__ void __launch_bounds__(POOL_THREADS) kv_recode_kernel(const ott_cuda_kv_layer L, const ott_cuda_kv_layer R,
-                                                                 const ott_cuda_event * events, ott_fp16 * scratch) {
+__global__ void __launch_bounds__(RECODE_THREADS) kv_recode_kernel(const ott_cuda_kv_layer L, const ott_cuda_kv_layer R,
+                                                                   const ott_cuda_event * events, ott_fp16 * scratch) {
     __shared__ uint8_t masked[1024];
     const ott_cuda_event ev = events[blockIdx.x];
     if (ev.block_idx < R.ring) return;  // no block to re-code yet
@@ -421,7 +424,7 @@ cudaError_t ott_cuda_kv_event(const ott_cuda_kv_layer & L, const ott_cuda_kv_lay
     if (n_events == 0) return cudaSuccess;
     cudaError_t e = cudaSuccess;
     if (R) {  // the blocks N events older leave the ring first
-        kv_recode_kernel<<<dim3(n_events, L.n_head_kv), POOL_THREADS, 0, stream>>>(L, *R, events, scratch);
+        kv_recode_kernel<<<dim3(n_events, L.n_head_kv), RECODE_THREADS, 0, stream>>>(L, *R, events, scratch);
         if ((e = quantize_groups(L, events, n_events, scratch, R->ring, stream)) != cudaSuccess) return e;
     }
     const ott_cuda_kv_layer & D = R ? *R : L;  // where the events' blocks go
