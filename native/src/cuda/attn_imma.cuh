@@ -178,22 +178,30 @@ __device__ __forceinline__ void block_mma(const uint32_t * rows, const uint32_t 
 // 2^-(BITS·s) for n-tile t: its codes stand at bit BITS·s of their bytes, s = t % (8 / BITS).
 template <int BITS> __device__ __forceinline__ float tile_scale(int t) { return pow2(-BITS * (t & (8 / BITS - 1))); }
 
-// Whether the tensor-core phase serves key tiers of g: each tier a whole number of k-steps,
-// the rows' codes averaging 2 bits (n_lo = 2·n_hi), so that they fill code_bytes<2>().
+// Whether the tensor-core phase serves key tiers of g: each tier a whole number of k-steps
+// and the rows' codes averaging 2 bits, so that they fill code_bytes<2>(). At head size 128
+// that is one layout: 32 rows of 4 bits, 32 of 2, 64 of 1 (ottr2t, ottr2tg).
 __host__ __device__ inline bool tiers_fit(const ott_kv_geom & g) {
-    return g.bits_k == 2 && g.n_hi % 32 == 0 && g.n_lo % 32 == 0 && g.n_lo == 2 * g.n_hi;
+    return g.bits_k == 2 && g.n_hi == HD / 4 && g.n_lo == HD / 2;
 }
+// The code width of k-step ks's rows in that layout, and the byte offset of its first row.
+__host__ __device__ constexpr int tier_bits(int ks) { return ks == 0 ? 4 : ks == 1 ? 2 : 1; }
+__host__ __device__ constexpr int tier_offset(int ks) {
+    return ks == 0 ? 0 : tier_offset(ks - 1) + 4 * BLOCK * tier_bits(ks - 1);
+}
+static_assert(tier_offset(4) == code_bytes<2>(), "the tiers fill the 2-bit codes' bytes");
 
-// block_mma over a tiered head-block's key rows (tiers_fit): k-step ks has the width of its
-// rows, and n-tile t of column n (slot 16n + t) takes codes shifted down to bit 0 of their
-// bytes, so D is sum A·code over every k-step (no per-tile scale).
-__device__ __forceinline__ void block_mma_tiers(const uint8_t * codes, const ott_kv_geom & geom,
-                                                const uint32_t (&a)[4][4], int (&d)[4][4][4], int g, int q) {
+// block_mma over a tiered head-block's key rows (tiers_fit, the layout above; the geometry is
+// checked by the launcher): k-step ks has the width of its rows, known at compile time, and
+// n-tile t of column n (slot 16n + t) takes codes shifted down to bit 0 of their bytes, so D
+// is sum A·code over every k-step (no per-tile scale).
+__device__ __forceinline__ void block_mma_tiers(const uint8_t * codes, const uint32_t (&a)[4][4], int (&d)[4][4][4],
+                                                int g, int q) {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-        const int bits        = ott_kv_k_row_bits(&geom, 32 * ks);  // the same for the k-step's rows
-        const int words       = BLOCK * bits / 32;                  // per row
-        const uint32_t * rows = (const uint32_t *)(codes + ott_kv_k_row_offset(&geom, 32 * ks));
+        const int bits        = tier_bits(ks);      // the same for the k-step's rows
+        const int words       = BLOCK * bits / 32;  // per row
+        const uint32_t * rows = (const uint32_t *)(codes + tier_offset(ks));
         auto b_of             = [&](const auto & y, int byte, int shift) {
             return (y[byte] >> shift) & ((1u << bits) - 1) * 0x01010101u;
         };
@@ -470,7 +478,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         load_a(a_hi, a_lo, k_row, ck, q, af);
         int d[4][4][4];
         if constexpr (TIERS)
-            block_mma_tiers(hb + L.layout.k_codes, L.geom, af, d, g, q);
+            block_mma_tiers(hb + L.layout.k_codes, af, d, g, q);
         else
             block_mma<BK>((const uint32_t *)(hb + L.layout.k_codes), af, d, g, q);
 
