@@ -13,7 +13,8 @@
 
 namespace {
 
-constexpr int SLOTS = 64;  // positions per thread block
+constexpr int SLOTS        = 64;   // positions per thread block (kv_gather_rows_kernel)
+constexpr int ROW_OF_BYTES = 256;  // kv_gather_blocks_kernel's static shared memory: head_dim <= 256 with tiers
 
 // Code `i` of a row of `bits`-bit codes packed LSB-first (bits 1, 2, 4 or 8: no byte straddles).
 __device__ __forceinline__ uint32_t code_at(const uint8_t * row, int32_t i, int32_t bits) {
@@ -45,7 +46,7 @@ __device__ __forceinline__ uint32_t pair_of(ott_fp16 a, ott_fp16 b) { return (ui
 __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cuda_gather G, int32_t j0,
                                         ott_fp16 * __restrict__ ko, ott_fp16 * __restrict__ vo) {
     extern __shared__ uint4 hb_words[];
-    __shared__ uint8_t row_of[256];  // key tiers: the key row of channel c
+    __shared__ uint8_t row_of[ROW_OF_BYTES];  // key tiers: the key row of channel c
     const ott_kv_geom & g = L.geom;
     const int32_t j = j0 + blockIdx.x, h = blockIdx.y, hd = g.head_dim, tid = threadIdx.x;
     const uint4 * __restrict__ src = (const uint4 *)ott_cuda_head_block(L, G.seq, j, h);
@@ -151,7 +152,7 @@ cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_la
     const int32_t n_fp16 = G.n_rows - G.n_blocks * L.geom.block;
     const int32_t n_old  = R ? G.n_blocks - std::min(R->ring, G.n_blocks) : G.n_blocks;
     auto blocks          = [&](const ott_cuda_kv_layer & B, int32_t j0, int32_t n) {
-        const cudaError_t e = ott_cuda_allow_smem((const void *)kv_gather_blocks_kernel, B.layout.size);
+        const cudaError_t e = ott_cuda_allow_smem((const void *)kv_gather_blocks_kernel, B.layout.size, ROW_OF_BYTES);
         if (e != cudaSuccess || n == 0) return e;
         kv_gather_blocks_kernel<<<dim3(n, L.n_head_kv), L.geom.head_dim, B.layout.size, stream>>>(B, G, j0, ko, vo);
         return cudaGetLastError();
