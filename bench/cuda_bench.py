@@ -11,9 +11,10 @@
    the largest batch that fits in the GPU's free memory (from what the mode allocates per
    sequence, Weights.kv_seq_bytes; shrunk by 10% until creation succeeds); sequence 0
    prefilled to the context in chunks of 512 ("fill_s", the seconds of the second of two
-   such fills: the first warms kernels and memory pools up), then copied into the others; then for batch b = 1, 2, 4, ... up to that largest, tokens per second summed over b
-   sequences decoding one token each (median of --steps steps after 2
-   warm-up steps; each step is one ott_decode of b tokens with their logits copied back).
+   such fills: the first warms kernels and memory pools up), then copied into the others;
+   then for batch b = 1, 2, 4, ... up to that largest, tokens per second summed over b
+   sequences decoding one token each (median of --steps steps after 2 warm-up steps; each
+   step is one ott_decode of b tokens with their logits copied back).
 3. KV bytes per token from the allocations (ott_kv_stats): bytes of the live tokens per
    token, and the allocation per token slot (n_seq_max * n_ctx).
 The model is written with bench/llama7b_gguf.py when --model does not exist.
