@@ -69,8 +69,9 @@ __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cud
         krow[k]         = L.layout.k_codes + ott_kv_k_row_offset(&g, r);
         kparam[k]       = r;
     }
-    const size_t row0    = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
-    const uint8_t * vmin = g.sym_v ? nullptr : hb + L.layout.v_min;
+    const size_t row0     = (size_t)h * G.n_rows + G.n_sink + (size_t)j * g.block;
+    const uint8_t * vmin  = g.sym_v ? nullptr : hb + L.layout.v_min;
+    const bool one_vgroup = c0 / g.group_v == (c0 + 7) / g.group_v;  // the 8 channels share a value group
     float2 kp[8];
     int32_t kgroup = -1;
     for (int32_t t = tid / octets; t < g.block; t += blockDim.x / octets) {
@@ -83,13 +84,16 @@ __global__ void kv_gather_blocks_kernel(const ott_cuda_kv_layer L, const ott_cud
             }
         }
         const uint8_t * vrow = hb + L.layout.v_codes + (size_t)t * ott_kv_v_row_bytes(&g);
+        auto vparam          = [&](int32_t c) {
+            return ott_param_ref(g, hb + L.layout.v_scale, vmin, g.bits_v, (size_t)t * n_gv + c / g.group_v);
+        };
+        const float2 vp0 = vparam(c0);  // the octet's value group, unless it spans two
         ott_fp16 kh[8], vh[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const float2 vp =
-                ott_param_ref(g, hb + L.layout.v_scale, vmin, g.bits_v, (size_t)t * n_gv + (c0 + k) / g.group_v);
-            kh[k] = entry_f16(code_at(hb + krow[k], t, bits[k]), kp[k]);
-            vh[k] = entry_f16(code_at(vrow, c0 + k, g.bits_v), vp);
+            const float2 vp = one_vgroup ? vp0 : vparam(c0 + k);
+            kh[k]           = entry_f16(code_at(hb + krow[k], t, bits[k]), kp[k]);
+            vh[k]           = entry_f16(code_at(vrow, c0 + k, g.bits_v), vp);
         }
         *(uint4 *)(ko + (row0 + t) * hd + c0) =
             make_uint4(pair_of(kh[0], kh[1]), pair_of(kh[2], kh[3]), pair_of(kh[4], kh[5]), pair_of(kh[6], kh[7]));
