@@ -3,8 +3,9 @@
 `ffi` and `lib` mirror the C header one to one; `check()` turns a status code into the
 matching exception with the library's one-line message. Set OTT_NATIVE_DIR to a folder
 holding another build (`_ott_cffi*.so` beside its `libott.so`) to use that one instead of
-the build installed with the package (a folder without one is an error). Run from a source checkout (`python -m ott_gguf` in
-the repository root), the package finds the compiled module of the installed distribution.
+the build installed with the package (a folder without one is an error). Run from a source
+checkout (`python -m ott_gguf` in the repository root), the package finds the compiled
+module of the installed distribution.
 """
 
 from __future__ import annotations
