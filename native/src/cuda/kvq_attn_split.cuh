@@ -54,9 +54,12 @@ template <int BITS> __device__ __forceinline__ uint32_t codes8(const uint8_t * p
     }
 }
 
-// f = 1 + code/4 of the 2-bit code j of x, made from its bits (no conversion).
+// f = 1 + code/4 of the 2-bit code j of x, made from its bits (no conversion): a shift and
+// one LOP3, (x' & mask) | 1.0f, with 1.0f's bits in a register (two immediates take two LOP3s).
 __device__ __forceinline__ float f2(uint32_t x, int j) {
-    return __uint_as_float(0x3F800000u | ((x << (21 - 2 * j)) & (3u << 21)));
+    uint32_t f;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(f) : "r"(x << (21 - 2 * j)), "n"(3u << 21), "r"(0x3F800000u));
+    return __uint_as_float(f);
 }
 
 __device__ __forceinline__ float cubic(const float4 & a, float f) {
@@ -114,7 +117,7 @@ __device__ __forceinline__ float2 compose(const float2 & a, const float2 & b) {
 
 // The pair of channel ch (pair_of's i).
 __device__ __forceinline__ int pair_index(int ch, int half, int neox) {
-    return ch < 2 * half && neox ? ch % half : ch / 2;
+    return ch < 2 * half && neox ? (ch < half ? ch : ch - half) : ch / 2;
 }
 
 // The weight of a key entry at channel ch (of pair c) in q·k once k's pair is rotated by cs:
@@ -163,9 +166,23 @@ template <int HD> struct key_tables {
     }
 };
 
-// 4-byte asynchronous copies into shared memory, one group per unit and lane.
+// 4- and 16-byte asynchronous copies into shared memory, one group per unit and lane.
 __device__ __forceinline__ void cp4(uint32_t * dst, const void * src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp16(uint32_t * dst, const void * src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+// n contiguous words from src into dst, the warp's lanes in turn: 16 bytes a copy where both
+// ends are 16-byte aligned and n a multiple of 4 (a head-block's arrays start at multiples of
+// OTT_KV_ALIGN), else 4.
+__device__ __forceinline__ void copy_words(uint32_t * dst, const uint8_t * src, int32_t n, int lane) {
+    if (n % 4 == 0 && (((uintptr_t)src | (uintptr_t)__cvta_generic_to_shared(dst)) & 15) == 0)
+        for (int32_t e = 4 * lane; e < n; e += 128) cp16(dst + e, src + 4 * e);
+    else
+        for (int32_t e = lane; e < n; e += 32) cp4(dst + e, src + 4 * e);
 }
 
 // Words of a unit's stage buffer: key codes [HD][BITS] (channel rows of the unit's 32
@@ -243,7 +260,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
     constexpr int KW        = HD * BITS;       // words of a unit's key codes, and of its values'
     constexpr uint32_t MASK = (1u << BITS) - 1;
     __shared__ smem_t<HD, NR> S;
-    extern __shared__ uint32_t stage_mem[];  // [WARPS][2][stage_words]
+    extern __shared__ __align__(16) uint32_t stage_mem[];  // [WARPS][2][stage_words]
     const auto G     = groups.at(blockIdx.x, HD);
     const int32_t r0 = blockIdx.z * NR, nr = min(NR, G.rows() - r0);
     if (nr <= 0) return;
@@ -286,20 +303,21 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
             const int32_t jb = u / upb, t0 = (u % upb) * UNIT, P0 = G.pos0() + jb * g.block + t0;
             const uint8_t * b = G.block(jb);
             uint32_t * d      = stage + buf * sw;
-            for (int e = lane; e < KW; e += 32) {
-                cp4(d + e, b + Lb.k_codes + (e / BITS) * k_row + t0 * BITS / 8 + 4 * (e % BITS));
-                cp4(d + KW + e, b + Lb.v_codes + t0 * v_row + 4 * e);
-            }
-            if (lane < 16) {
-                cp4(d + 2 * KW + lane, b + Lb.v_zero + 2 * t0 + 4 * lane);
-                cp4(d + 2 * KW + 16 + lane, b + Lb.v_scale + 2 * t0 + 4 * lane);
-            }
+            if (k_row == 4 * BITS)  // a unit per block: its key codes are contiguous
+                copy_words(d, b + Lb.k_codes, KW, lane);
+            else
+                for (int e = lane; e < KW; e += 32)
+                    cp4(d + e, b + Lb.k_codes + (e / BITS) * k_row + t0 * BITS / 8 + 4 * (e % BITS));
+            copy_words(d + KW, b + Lb.v_codes + t0 * v_row, KW, lane);
+            copy_words(d + 2 * KW, b + Lb.v_zero + 2 * t0, 16, lane);
+            copy_words(d + 2 * KW + 16, b + Lb.v_scale + 2 * t0, 16, lane);
             for (int i = lane; i < half; i += 32) {
                 cp4(d + 2 * KW + 32 + 2 * i, R.cs + (size_t)i * R.n_pos + P0);
                 cp4(d + 2 * KW + 33 + 2 * i, R.cs + (size_t)(half + i) * R.n_pos + P0);
             }
             const uint32_t sp[4] = { Lb.k_out_idx, Lb.k_out_val, Lb.v_out_idx, Lb.v_out_val };
-            for (int e = lane; e < 4 * n_sp; e += 32) cp4(d + 2 * KW + 32 + HD + e, b + sp[e / n_sp] + 4 * (e % n_sp));
+#pragma unroll
+            for (int a = 0; a < 4; ++a) copy_words(d + 2 * KW + 32 + HD + a * n_sp, b + sp[a], n_sp, lane);
         }
         asm volatile("cp.async.commit_group;");
     };
