@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 const uint32_t xa      = split::codes8<BITS>(ka_row, (t0 + 8 * sg) * BITS / 8);
                 const uint32_t xb      = split::codes8<BITS>(kb_row, (t0 + 8 * sg) * BITS / 8);
                 const float4 A = S.tabs.kc[c.a], B = S.tabs.kc[c.b];
-                const float2 step = S.tabs.a1[i];
+                const float2 step = S.tabs.a1[0][i];
                 float2 cs = c.rot ? split::compose(split::angle(R, i, P0), S.tabs.a8[sg][i]) : make_float2(1.0f, 0.0f);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {

@@ -92,6 +92,20 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// Per row, x summed over each run of lanes with equal keys (runs of consecutive lanes); the
+// sum of a run lands in its last lane (a segmented scan).
+template <int NR> __device__ __forceinline__ void run_sums(float (&x)[NR], int32_t key, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const bool same = __shfl_up_sync(FULL, key, o) == key && lane >= o;
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            const float y = __shfl_up_sync(FULL, x[r], o);
+            if (same) x[r] += y;
+        }
+    }
+}
+
 // Channels (a, b) of pair i and whether RoPE rotates them (pairs past n_rot/2: channels
 // n_rot + 2(i - n_rot/2) and the next, unrotated; half = 0: none rotated).
 struct pair_ch {
@@ -148,21 +162,30 @@ template <int BITS> __device__ __forceinline__ float level_at(uint32_t code, con
 template <int HD> struct key_tables {
     float4 kc[HD];         // per channel: 2 bits the cubic (scale, zero folded in), else (scale, zero)
     float2 a8[4][HD / 2];  // per pair the angle at position 8·sg (identity where not rotated)
-    float2 a1[HD / 2];     // and at 1
+    float2 a1[3][HD / 2];  // and at 1, 2 and 4
 
     template <int BITS> __device__ void fill(const ott_kvq_tables & tab, const ott_rope_table & R, int half) {
         for (int c = threadIdx.x; c < HD; c += blockDim.x) {
             const float sc = tab.k_scale[c], z = tab.k_zero[c];
             kc[c] = BITS == 2 ? cubic_through(tab.levels_k, sc, z) : make_float4(sc, z, 0.0f, 0.0f);
         }
-        for (int e = threadIdx.x; e < 5 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1
-            const int i = e % (HD / 2), p = e < 2 * HD ? 8 * (e / (HD / 2)) : 1;
+        for (int e = threadIdx.x; e < 7 * HD / 2; e += blockDim.x) {  // a8 [4][HD/2], then a1 [3][HD/2]
+            const int i = e % (HD / 2), k = e / (HD / 2), p = k < 4 ? 8 * k : 1 << (k - 4);
             const float2 a = i < half && p < R.n_pos ? angle(R, i, p) : make_float2(1.0f, 0.0f);
-            if (e < 2 * HD)
-                a8[e / (HD / 2)][i] = a;
+            if (k < 4)
+                a8[k][i] = a;
             else
-                a1[i] = a;
+                a1[k - 4][i] = a;
         }
+    }
+
+    // The angle of pair i at slot t (0 .. 31) of a unit, from the tables.
+    __device__ float2 at_slot(int i, int t) const {
+        float2 a = a8[t >> 3][i];
+#pragma unroll
+        for (int b = 0; b < 3; ++b)
+            if (t >> b & 1) a = compose(a, a1[b][i]);
+        return a;
     }
 };
 
@@ -347,7 +370,7 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 const uint32_t xa = codes8<BITS>(kcode, c.a * BITS * 4 + sg * BITS);
                 const uint32_t xb = codes8<BITS>(kcode, c.b * BITS * 4 + sg * BITS);
                 const float4 A = S.tabs.kc[c.a], B = S.tabs.kc[c.b];
-                const float2 step = S.tabs.a1[i];
+                const float2 step = S.tabs.a1[0][i];
                 float2 cs         = c.rot ? compose(a0[i], S.tabs.a8[sg][i]) : make_float2(1.0f, 0.0f);
                 float qa[NR], qb[NR];
 #pragma unroll
@@ -389,18 +412,34 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
                 S.s[w][r][lane] = (b0 ? s2[1][r] : s2[0][r]) + __shfl_xor_sync(FULL, b0 ? s2[0][r] : s2[1][r], 1);
             }
             __syncwarp();
-            // sparse keys: (exact - dense) times the row's query rotated to the key's position
-            for (int e = lane; e < g.n_out; e += 32) {
-                const int32_t idx = sp[e], tt = idx / HD - t0, ch = idx % HD;
-                if (tt < 0 || tt >= UNIT) continue;
-                const uint32_t code = ott_kvq_code_at(kcode + ch * BITS * 4, tt, BITS, BITS * 4);
-                const float d       = f16(sp[g.n_out + e]) - level_at<BITS>(code, S.tabs.kc[ch], G.tab.levels_k);
-                const int i         = pair_index(ch, half, R.neox);
-                const pair_ch c     = pair_of(i, half, R.neox);
-                const float2 cs     = c.rot ? compose(a0[i], angle(R, i, tt)) : make_float2(1.0f, 0.0f);
-                for (int r = 0; r < NR; ++r) atomicAdd(&S.s[w][r][tt], d * rotated_query(S.q[r], c, ch, cs));
+            // sparse keys: (exact - dense) times the row's query rotated to the key's position.
+            // A slot's entries are consecutive (ascending t·HD + c): their sum per run of lanes
+            // is added by the run's last lane.
+            for (int32_t e0 = 0; e0 < g.n_out; e0 += 32) {
+                const int32_t e = e0 + lane, idx = e < g.n_out ? sp[e] : 0, tt = idx / HD - t0;
+                const bool on = e < g.n_out && tt >= 0 && tt < UNIT;
+                float x[NR];
+#pragma unroll
+                for (int r = 0; r < NR; ++r) x[r] = 0.0f;
+                if (on) {
+                    const int ch        = idx % HD;
+                    const uint32_t code = ott_kvq_code_at(kcode + ch * BITS * 4, tt, BITS, BITS * 4);
+                    const float d       = f16(sp[g.n_out + e]) - level_at<BITS>(code, S.tabs.kc[ch], G.tab.levels_k);
+                    const int i         = pair_index(ch, half, R.neox);
+                    const pair_ch c     = pair_of(i, half, R.neox);
+                    const float2 cs     = c.rot ? compose(a0[i], S.tabs.at_slot(i, tt)) : make_float2(1.0f, 0.0f);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) x[r] = d * rotated_query(S.q[r], c, ch, cs);
+                }
+                const int32_t key = on ? tt : -1 - lane;
+                run_sums<NR>(x, key, lane);
+                const int32_t next = __shfl_down_sync(FULL, key, 1);
+                if (on && (lane == 31 || next != key)) {
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) S.s[w][r][tt] += x[r];
+                }
+                __syncwarp();
             }
-            __syncwarp();
 #pragma unroll
             for (int r = 0; r < NR; ++r) s[r] = S.s[w][r][lane];
             W.template fold<HD>(s, p, S.vc[w]);
