@@ -1084,7 +1084,8 @@ OTT_CLONES void attend_kvq_blocks(const ott_kvq_geom & g, const ott_kvq_tables &
             });
         });
     };
-    const int32_t per_tile = std::max(1, KEY_TILE / g.block);
+    const int32_t per_tile  = std::max(1, KEY_TILE / g.block);
+    const uint32_t hb_bytes = ott_kvq_block_layout_of(&g).size;
     for (int32_t b = 0; b < n;) {
         if (g.block > KEY_TILE) {
             for (int32_t t0 = 0; t0 < g.block; t0 += KEY_TILE) {
@@ -1096,6 +1097,11 @@ OTT_CLONES void attend_kvq_blocks(const ott_kvq_geom & g, const ott_kvq_tables &
             continue;
         }
         const int32_t k = std::min(per_tile, n - b);
+        // the next tile's head-blocks (blocks are allocations of their own) fetched while this
+        // one is read
+        for (int32_t j = b + k; j < std::min(n, b + 2 * k); ++j) {
+            for (uint32_t o = 0; o < hb_bytes; o += 64) __builtin_prefetch(hbs[j] + o);
+        }
         for (int32_t j = 0; j < k; ++j) dequant(hbs[b + j], 0, pos0 + (b + j) * g.block, g.block, j * g.block);
         attend_tile(w, rows, k * g.block, nullptr, false);
         b += k;
