@@ -1186,11 +1186,20 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                                  return (const uint8_t *)ott_kv_head_block(ls.blocks[I.b0 + j], &cfg.layout, I.head);
                              });
         } else {
+            // block b's head-block, and the config its codes follow
+            auto head_block = [&](int32_t b) {
+                const bool recent        = cfg.recent && cfg.is_recent(b, S.before.n_blocks);
+                const ott_kv_config * bc = recent ? st.rcfg : &cfg;
+                return std::make_pair(
+                    bc, ott_kv_head_block(ott_kv_event_of(cfg, ls, b, S.before.n_blocks), &bc->layout, I.head));
+            };
             for (int32_t b = I.b0; b < I.b1; ++b) {
-                const bool recent       = cfg.recent && cfg.is_recent(b, S.before.n_blocks);
-                const ott_kv_config & c = recent ? *st.rcfg : cfg;
-                const uint8_t * hb =
-                    ott_kv_head_block(ott_kv_event_of(cfg, ls, b, S.before.n_blocks), &c.layout, I.head);
+                const auto [cp, hb]     = head_block(b);
+                const ott_kv_config & c = *cp;
+                if (b + 1 < I.b1) {  // the next head-block fetched (blocks are allocations of their own)
+                    const auto [c1, next] = head_block(b + 1);
+                    for (uint32_t o = 0; o < c1->layout.size; o += 64) __builtin_prefetch(next + o);
+                }
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                     const int32_t n_t   = std::min(KEY_TILE, block - t0);
                     const bool any_dead = traces && tile_dead(hb + c.layout.mask, t0, n_t, w.dead);
