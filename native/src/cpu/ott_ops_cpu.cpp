@@ -1070,6 +1070,12 @@ template <typename F> OTT_INLINE void with_kvq_width(int32_t bits, F f) {
     }
 }
 
+// The `bytes` of a head-block fetched into cache ahead of its reads, a line at a time: blocks
+// are allocations of their own, where the hardware prefetcher's runs end.
+OTT_INLINE void prefetch_head_block(const uint8_t * hb, uint32_t bytes) {
+    for (uint32_t o = 0; o < bytes; o += 64) __builtin_prefetch(hb + o);
+}
+
 // n KVQuant head-blocks hbs[0..n) of consecutive slots, slot 0 of the first at position pos0:
 // dequantised (keys rotated when rope is non-NULL: keys cached before RoPE) as many blocks
 // to a tile as it holds, or a block in several tiles, each tile then attended by every row.
@@ -1097,11 +1103,8 @@ OTT_CLONES void attend_kvq_blocks(const ott_kvq_geom & g, const ott_kvq_tables &
             continue;
         }
         const int32_t k = std::min(per_tile, n - b);
-        // the next tile's head-blocks (blocks are allocations of their own) fetched while this
-        // one is read
-        for (int32_t j = b + k; j < std::min(n, b + 2 * k); ++j) {
-            for (uint32_t o = 0; o < hb_bytes; o += 64) __builtin_prefetch(hbs[j] + o);
-        }
+        for (int32_t j = b + k; j < std::min(n, b + 2 * k); ++j)
+            prefetch_head_block(hbs[j], hb_bytes);  // the next tile's, while this one is read
         for (int32_t j = 0; j < k; ++j) dequant(hbs[b + j], 0, pos0 + (b + j) * g.block, g.block, j * g.block);
         attend_tile(w, rows, k * g.block, nullptr, false);
         b += k;
@@ -1196,9 +1199,9 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
             for (int32_t b = I.b0; b < I.b1; ++b) {
                 const auto [cp, hb]     = head_block(b);
                 const ott_kv_config & c = *cp;
-                if (b + 1 < I.b1) {  // the next head-block fetched (blocks are allocations of their own)
+                if (b + 1 < I.b1) {  // the next head-block, fetched while this one is read
                     const auto [c1, next] = head_block(b + 1);
-                    for (uint32_t o = 0; o < c1->layout.size; o += 64) __builtin_prefetch(next + o);
+                    prefetch_head_block(next, c1->layout.size);
                 }
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                     const int32_t n_t   = std::min(KEY_TILE, block - t0);
