@@ -860,7 +860,8 @@ int run_checks() {
     const ott_kv_geom ott2_128 = { 128, 128, 2, 2, 128, 64 }, ott2_64 = { 64, 128, 2, 2, 128, 64 };
     const ott_kv_geom kivi2_64 = { 64, 128, 2, 2, 32, 32 }, ott4_128 = { 128, 128, 4, 4, 128, 64 };
     const ott_kv_geom kivi2_128 = { 128, 128, 2, 2, 32, 32 }, g16_128 = { 128, 128, 2, 2, 16, 16 };
-    const ott_kv_geom v32_128 = { 128, 128, 2, 2, 128, 32 };
+    const ott_kv_geom kivi4_128 = { 128, 128, 4, 4, 32, 32 };
+    const ott_kv_geom v32_128   = { 128, 128, 2, 2, 128, 32 };
     const ott_kv_geom small2 = { 64, 16, 2, 2, 8, 16 }, small8 = { 64, 16, 8, 8, 4, 16 },
                       small4    = { 128, 16, 4, 4, 16, 32 };
     const ott_kv_geom clip2_128 = { 128, 128, 2, 2, 128, 64, 1, 16 }, clip4_64 = { 64, 16, 4, 4, 8, 16, 1, 16 };
@@ -953,6 +954,9 @@ int run_checks() {
         { "recent2-sym-tiers-hd128-rep1-decode", sym_tiers_128, 1, 1, { 9, 4 }, 0, 3, 32, 40, 3, 2 },
         { "recent5-ottr2tr-hd64-rep3-decode", ottr2tr_64, 3, 1, { 9, 3 }, 0, 3, 32, 60, 2, 5 },
         { "recent5-ottr2tr-hd128-rep2-chunk2", ottr2tr_128, 2, 2, { 7, 0 }, 2, 3, 32, 30, 2, 5 },
+        { "recent5-ottr2tg-hd128-rep1-decode", sym_tiers_128, 1, 1, { 9, 6 }, 0, 3, 0, 40, 3, 5 },
+        { "ott4-hd128-rep1-chunk3", ott4_128, 1, 3, { 5, 2 }, 0, 3, 32, 20, 2 },
+        { "kivi4-hd128-rep2-decode", kivi4_128, 2, 1, { 6, 3 }, 0, 0, 0, 50, 2 },
     };
     for (const attn_case & c : attns) {
         // the recent blocks' launch both ways: a warp per head-block (many multiprocessors), a
@@ -1128,7 +1132,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     // then ottr2 (one value group per head, 8-bit parameters, no fp16 window beyond the block),
     // then ottr3 (ottr2's layout with 4-bit keys), then ottr2 with key tiers (a quarter of the
     // key rows at 4 bits, a half at 1 bit), then ottr2tg's old blocks (those tiers, clipped
-    // ranges, symmetric values; its recent blocks not read)
+    // ranges, symmetric values; its recent blocks not read), then a cache of ottr2tg's recent
+    // geometry alone (4-bit keys and values, min-max ranges, symmetric values)
     struct perf_mode {
         const char * name;
         ott_kv_geom g;
@@ -1139,7 +1144,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                                 { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr3", { 128, 128, 4, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false },
-                                { "ottr2tg-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64, 1 }, 0, false } };
+                                { "ottr2tg-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64, 1 }, 0, false },
+                                { "ottr2tg-recent", { 128, 128, 4, 4, 128, 128, 0, 8, 0, 0, 0, 1 }, 0, false } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
         for (const auto & [ctx, only] : contexts) {

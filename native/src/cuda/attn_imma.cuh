@@ -1,7 +1,7 @@
 // attn_imma.cuh — the attention kernels' quantized-block phase on integer tensor cores (sm_80+), for
-// head-blocks of head_dim 128, block 128, 2-bit values and 2- or 4-bit keys or key tiers (ott2,
-// kivi2, ottr2, ottr3, ottr2t at these sizes): mma.sync m16n8k32 with 8-bit operands and exact
-// int32 sums. Included by
+// head-blocks of head_dim 128, block 128, 2-bit values with 2- or 4-bit keys or key tiers, or
+// 4-bit keys and values (ott2, kivi2, ottr2, ottr3, ottr2t, ott4, kivi4 and the recent blocks of
+// ottr2tg at these sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
 // attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
 // head_block, WARPS, param_at).
 //
@@ -18,7 +18,8 @@
 //    so the 32 lanes' words lie in 32 different shared-memory banks. 4-bit keys: a row's 16
 //    slots 16n .. 16n+15 are its words 2n and 2n+1, and n-tile t = 8w + 2b + s holds the
 //    code at bit 4s of byte b of word 2n + w (code·16^s <= 240), so t is again the slot's
-//    offset 16n + t; two lanes of 32 then share a bank.
+//    offset 16n + t; two lanes of 32 then share a bank. 4-bit values alike: n-tile t holds
+//    channel 16n + t.
 //  - Key tiers (rows ranked by weight; 4-, 2- and 1-bit rows, each tier a whole number of
 //    k-steps of 32 rows): a k-step's rows have one width, and the code of n-tile t is
 //    shifted down to bit 0 of its byte before the AND, so every k-step adds plain codes into
@@ -51,7 +52,6 @@
 namespace imma {
 
 constexpr int HD = 128, BLOCK = 128;
-constexpr int VBITS = 2;  // the values' code width
 
 // Bytes of a head-block's key (value) codes at BITS bits.
 template <int BITS> __host__ __device__ constexpr int code_bytes() { return HD * BLOCK * BITS / 8; }
@@ -312,8 +312,9 @@ template <int BYTES> __device__ __forceinline__ void copy_fixed(uint8_t * dst, c
 }
 
 // The key part (scales, mins, codes of BK bits, mask) or the value part (scales, mins,
-// codes) of the head-block at src (none when null) to dst, as one cp.async group of this lane.
-template <int BK>
+// codes of BV bits) of the head-block at src (none when null) to dst, as one cp.async group
+// of this lane.
+template <int BK, int BV>
 __device__ __forceinline__ void copy_part(uint8_t * dst, const uint8_t * src, const ott_kv_block_layout & L, bool keys,
                                           int lane) {
     if (src && keys) {
@@ -322,7 +323,7 @@ __device__ __forceinline__ void copy_part(uint8_t * dst, const uint8_t * src, co
         copy_range(dst, src, L.mask, L.size, lane);
     } else if (src) {
         copy_range(dst, src, L.v_scale, L.k_codes, lane);
-        copy_fixed<code_bytes<VBITS>()>(dst + L.v_codes, src + L.v_codes, lane);
+        copy_fixed<code_bytes<BV>()>(dst + L.v_codes, src + L.v_codes, lane);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
@@ -344,13 +345,13 @@ __host__ __device__ inline size_t warp_smem_bytes(const ott_kv_block_layout & L,
 
 // The key part of this warp's first head-block of split blockIdx.y, as the first cp.async
 // group of its lanes (attend_blocks_imma then waits for it).
-template <int NR, int BK>
+template <int NR, int BK, int BV>
 __device__ void copy_first_keys(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, uint8_t * dyn) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int2 range = split_blocks(a, T);
     const int blk    = range.x + warp;
-    copy_part<BK>(dyn + (size_t)warp * warp_smem_bytes(a.L.layout, NR),
-                  blk < range.y ? head_block(a.L, T, blk) : nullptr, a.L.layout, true, lane);
+    copy_part<BK, BV>(dyn + (size_t)warp * warp_smem_bytes(a.L.layout, NR),
+                      blk < range.y ? head_block(a.L, T, blk) : nullptr, a.L.layout, true, lane);
 }
 
 // The lane's n-tile i when REP lanes share an A row: tile t = REP·i + h (h: the lane's share
@@ -385,7 +386,7 @@ template <int M> __device__ __forceinline__ float row_sum(const float (&v)[8], i
 // the unrolled row loops, so the common shapes get short code). A row c is repeated in rows
 // c + GKM·h (c + GVM·h) of the 8: lane (g, q) of row c = g % GKM converts n-tiles
 // t = (8/GKM)·i + g / GKM only, and every lane has work.
-template <int NR, int GKM, int GVM, int BK, bool TIERS>
+template <int NR, int GKM, int GVM, int BK, int BV, bool TIERS>
 __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T,
                                    attn_smem<imma::HD, NR> & S, uint8_t * dyn) {
     using namespace imma;
@@ -437,7 +438,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
     // (the first head-block's keys: copy_first_keys, before the queries and fp16 rows were loaded).
     const uint8_t * hb = wsm;
     for (int blk = b0 + warp; blk < b1; blk += WARPS) {
-        copy_part<BK>(wsm, head_block(L, T, blk), L.layout, false, lane);
+        copy_part<BK, BV>(wsm, head_block(L, T, blk), L.layout, false, lane);
         wait_all_but_newest();  // the keys' part
         __syncwarp();
         const uint8_t * ksc    = hb + L.layout.k_scale;  // [n_gk][HD] parameters
@@ -538,7 +539,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             l[r] = l[r] * corr[r] + psum;
             m[r] = m_new;
         }
-        copy_part<BK>(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
+        copy_part<BK, BV>(wsm, blk + WARPS < b1 ? head_block(L, T, blk + WARPS) : nullptr, L.layout, true, lane);
         wait_all_but_newest();  // the values' part
         __syncwarp();
 #pragma unroll
@@ -570,13 +571,13 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
         const float vscale = pow2(-pick<GVM>(e, cv));
         __syncwarp();
         load_a(a_hi, a_lo, v_row, cv, q, af);
-        block_mma<VBITS>((const uint32_t *)(hb + L.layout.v_codes), af, d, g, q);
+        block_mma<BV>((const uint32_t *)(hb + L.layout.v_codes), af, d, g, q);
         const float rcorr = pick<NR>(corr, rv);
 #pragma unroll
         for (int i = 0; i < TV; ++i) {
             int v[4];
             tile_of<REPV>(d, i, hv, v);
-            const float f = vscale * tile_scale<VBITS>(REPV * i + hv);
+            const float f = vscale * tile_scale<BV>(REPV * i + hv);
 #pragma unroll
             for (int j = 0; j < 2; ++j) acc[i][j] = fmaf(acc[i][j], rcorr, dot_of(v, j) * f);
         }

@@ -23,9 +23,9 @@
 //    makes the float 1 + code·2^(i·BITS-8) (i: the code's index in its byte), and the
 //    constant 1 is taken off the sums afterwards (its sum is accumulated alongside). The
 //    sums lose at most 8 bits to that offset, leaving a relative error near 2^-16.
-// That is the FFMA path. Head-blocks of head size 128, block 128 and 2-bit codes run their
-// quantized-block phase on integer tensor cores instead (attn_imma.cuh), where the GPU has
-// them (ott_cuda_attn_args::tensor_cores).
+// That is the FFMA path. Head-blocks of head size 128, block 128 and 2- or 4-bit codes run
+// their quantized-block phase on integer tensor cores instead (attn_imma.cuh), where the GPU
+// has them (ott_cuda_attn_args::tensor_cores).
 #pragma once
 
 #include "cuda/ott_cuda.h"
@@ -690,7 +690,7 @@ __device__ __forceinline__ void wait_for_partials() {
 #endif
 }
 
-// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BK 2 or 4, BV 2)
+// GKM > 0: the quantized-block phase on integer tensor cores (attn_imma.cuh; HD 128, BK/BV 2/2, 4/2, 4/4)
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower.
@@ -700,7 +700,8 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     __shared__ attn_smem<HD, NR> S;
     let_merge_start();
     const ott_cuda_attn_tile T = a.tiles[blockIdx.x];
-    if constexpr (GKM > 0) imma::copy_first_keys<NR, BK>(a, T, dyn);  // in flight while the queries and fp16 rows load
+    if constexpr (GKM > 0)
+        imma::copy_first_keys<NR, BK, BV>(a, T, dyn);  // in flight while the queries and fp16 rows load
 
     // queries of the tile's rows, times kq_scale·log2 e; rows past n_rows are 0
     for (int i = threadIdx.x; i < NR * HD; i += blockDim.x) {
@@ -722,7 +723,7 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
     if constexpr (GKM > 0)
-        attend_blocks_imma<NR, GKM, GVM, BK, TIERS>(a, T, S, dyn);
+        attend_blocks_imma<NR, GKM, GVM, BK, BV, TIERS>(a, T, S, dyn);
     else
         attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS>(a, T, S, dyn);
     if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
@@ -763,7 +764,7 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
 // Whether the integer tensor-core block phase serves tiles of nr rows of geometry g.
 inline bool imma_applies(const ott_kv_geom & g, int32_t tensor_cores, int nr) {
     return tensor_cores && (!ott_kv_tiered(&g) || imma::tiers_fit(g)) && g.head_dim == imma::HD &&
-           g.block == imma::BLOCK && (g.bits_k == 2 || g.bits_k == 4) && g.bits_v == imma::VBITS &&
+           g.block == imma::BLOCK && (g.bits_k == 2 || g.bits_k == 4) && (g.bits_v == 2 || g.bits_v == 4) &&
            nr * (g.block / g.group_k) <= 8 && nr * (g.head_dim / g.group_v) <= 8;
 }
 
@@ -792,7 +793,7 @@ cudaError_t launch_imma(const ott_cuda_attn_args & a, cudaStream_t stream, int *
 template <int HD, int BK, int BV, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
-    if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && BV == imma::VBITS) {
+    if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && (BV == 2 || BV == 4)) {
         if (imma_applies(g, a.tensor_cores, NR)) {
             if constexpr (BK == 2) {
                 if (ott_kv_tiered(&g)) return launch_imma<HD, BK, BV, NR, true>(a, stream, occ);

@@ -12,8 +12,9 @@
 //                                       partial softmax per row (kernels: attn_kernels.cuh,
 //                                       built per head size and widths by attn_rows.cu; the
 //                                       quantized-block phase on integer tensor cores
-//                                       for head size 128, block 128, 2-bit values and
-//                                       2- or 4-bit keys or ottr2t's tiers: attn_imma.cuh)
+//                                       for head size 128, block 128, 2-bit values with
+//                                       2- or 4-bit keys or ottr2t's tiers, or 4-bit keys
+//                                       and values: attn_imma.cuh)
 //   ott_cuda_attn_merge   attn.cu       merges a tile's partials into the attention output
 //   ott_cuda_kv_gather    kv_gather.cu  one sequence's stores and chunk as fp16 rows in position
 //                                       order (head-blocks dequantised, pooled slots from
