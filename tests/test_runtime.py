@@ -3,8 +3,10 @@
 Budgets: the quantized SmolLM2 runs its matmuls on Q8_1-quantized activations (as llama.cpp
 does), so its logits differ from the float reference by a few percent (relative L2 per
 row, up to ~20 % on rows whose logits sit near zero); the distributions they define stay
-within a KL divergence of ~0.01 nats, and greedy choices must agree. The F32 random model has no quantization anywhere:
-there the budget is float32 rounding.
+within a KL divergence of ~0.01 nats, and greedy choices must agree up to near-ties. The
+reference runs in float64: in float32 its matmuls' summation order (the BLAS kernel numpy
+picks for the CPU) flips 8-bit activation codes and moved its logits by tenths. The F32
+random model has no quantization anywhere: there the budget is float32 rounding.
 """
 
 import numpy as np
@@ -38,9 +40,16 @@ def smol(smollm2_path):
     return Model(smollm2_path, n_ctx=512, n_seq_max=3, n_threads=2, device="cpu")
 
 
+# A greedy choice may differ from the reference's where the reference scores it within this
+# many logits of its best: with the float32 reference, SmolLM2's second generated token went
+# one way under OpenBLAS's SkylakeX kernels and the other under its Haswell and Zen ones (its
+# two best logits 0.28 apart), and in float64 the two are 0.035 apart.
+NEAR_TIE = 0.1
+
+
 @pytest.fixture(scope="module")
 def smol_ref(smollm2_path):
-    return ReferenceModel(smollm2_path, ggml_numerics=True)
+    return ReferenceModel(smollm2_path, dtype=np.float64, ggml_numerics=True)
 
 
 def test_smollm2_logits_match_reference(smol, smol_ref):
@@ -61,10 +70,12 @@ def test_smollm2_greedy_32_tokens_match_reference(smol, smol_ref):
         tok = int(np.argmax(logits))
         generated.append(tok)
         logits = smol.eval([tok])
-    # teacher-forced reference over the same sequence: its greedy choice at every step
-    ref = smol_ref.forward(PROMPT + generated[:-1])
-    ref_choices = ref[len(PROMPT) - 1 :].argmax(-1)
-    assert ref_choices.tolist() == generated
+    # teacher-forced reference over the same sequence: at every step our choice is its best
+    # one, or within NEAR_TIE of it
+    ref = smol_ref.forward(PROMPT + generated[:-1])[len(PROMPT) - 1 :]
+    deficit = ref.max(-1) - ref[np.arange(len(generated)), generated]
+    assert (deficit <= NEAR_TIE).all(), deficit
+    assert (deficit == 0).sum() >= len(generated) - 2, deficit
 
 
 def test_chunked_prompt_equals_single_pass(smollm2_path):
