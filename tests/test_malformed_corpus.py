@@ -3,6 +3,7 @@ error or a clean run, never a traceback or an abort. It runs in a child process 
 abort names the case instead of ending the test session."""
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from make_gguf import write_random_model
-from malformed_gguf import corpus
+from malformed_gguf import corpus, parse, run_case, serialize
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,3 +68,18 @@ def test_every_case_ends_cleanly(base):
     # a file cut short anywhere, or declaring more than it holds, is an error
     assert all(r.startswith("error: ") for n, r in results.items() if n.startswith(("truncate@", "huge:")))
     assert results["value:llama.rope.dimension_count=15"].endswith("rope.dimension_count 15 is odd")
+
+
+def test_a_key_with_control_bytes_is_escaped_in_the_message(base, tmp_path):
+    """The message that names a key from the file stays one line: its control bytes escaped
+    (native/src/ott.cpp), a long key cut at 64 bytes (gguf_scan.cpp)."""
+    g = parse(base.read_bytes())
+    for key, shown in ((b"bad\nkey\x01", "bad\\nkey\\x01"), (b"k" * 70 + b"\n", "k" * 64 + "...")):
+        g.kvs.append(type(g.kvs[0])(key, 4, 7))  # a UINT32
+        data = bytearray(serialize(g))
+        at = data.index(key) + len(key)
+        data[at : at + 4] = struct.pack("<I", 99)  # its value type: unknown
+        g.kvs.pop()
+        path = tmp_path / "case.gguf"
+        path.write_bytes(bytes(data))
+        assert run_case(path).endswith(f"metadata '{shown}': unknown value type (at byte {at + 4})")

@@ -36,7 +36,9 @@ struct reader {
     std::string key = "<header>";  // the key being read, for messages
 
     ott_status fail(const char * what) const {
-        return ott_fail(OTT_ERR_FORMAT, "%s: metadata '%s': %s (at byte %" PRId64 ")", path, key.c_str(), what, pos);
+        const bool long_key = key.size() > 64;  // a corrupted one, likely: its start says enough
+        return ott_fail(OTT_ERR_FORMAT, "%s: metadata '%s%s': %s (at byte %" PRId64 ")", path,
+                        key.substr(0, 64).c_str(), long_key ? "..." : "", what, pos);
     }
 
     ott_status bytes(void * dst, int64_t n) {

@@ -20,7 +20,20 @@ ott_status ott_fail(ott_status status, const char * fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    g_last_error = buf;
+    // one line whatever a file put into the message (a key or string may hold control bytes)
+    g_last_error.clear();
+    for (const char * c = buf; *c; ++c) {
+        const unsigned char u = (unsigned char)*c;
+        if (u >= 0x20 && u != 0x7f) {
+            g_last_error += *c;
+        } else if (u == '\n') {
+            g_last_error += "\\n";
+        } else {
+            char esc[8];
+            snprintf(esc, sizeof(esc), "\\x%02x", u);
+            g_last_error += esc;
+        }
+    }
     return status;
 }
 
