@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from make_gguf import write_random_model
-from malformed_gguf import corpus, parse, run_case, serialize
+from malformed_gguf import KV, corpus, parse, run_case, serialize
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,7 +75,7 @@ def test_a_key_with_control_bytes_is_escaped_in_the_message(base, tmp_path):
     (native/src/ott.cpp), a long key cut at 64 bytes (gguf_scan.cpp)."""
     g = parse(base.read_bytes())
     for key, shown in ((b"bad\nkey\x01", "bad\\nkey\\x01"), (b"k" * 70 + b"\n", "k" * 64 + "...")):
-        g.kvs.append(type(g.kvs[0])(key, 4, 7))  # a UINT32
+        g.kvs.append(KV(key, 4, 7))  # a UINT32
         data = bytearray(serialize(g))
         at = data.index(key) + len(key)
         data[at : at + 4] = struct.pack("<I", 99)  # its value type: unknown
