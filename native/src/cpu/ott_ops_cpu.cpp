@@ -1196,12 +1196,14 @@ void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata) 
                 return std::make_pair(
                     bc, ott_kv_head_block(ott_kv_event_of(cfg, ls, b, S.before.n_blocks), &bc->layout, I.head));
             };
+            decltype(head_block(0)) cur {};  // block b's, then the next one's
+            if (I.b0 < I.b1) cur = head_block(I.b0);
             for (int32_t b = I.b0; b < I.b1; ++b) {
-                const auto [cp, hb]     = head_block(b);
+                const auto [cp, hb]     = cur;
                 const ott_kv_config & c = *cp;
                 if (b + 1 < I.b1) {  // the next head-block, fetched while this one is read
-                    const auto [c1, next] = head_block(b + 1);
-                    prefetch_head_block(next, c1->layout.size);
+                    cur = head_block(b + 1);
+                    prefetch_head_block(cur.second, cur.first->layout.size);
                 }
                 for (int32_t t0 = 0; t0 < block; t0 += KEY_TILE) {
                     const int32_t n_t   = std::min(KEY_TILE, block - t0);
