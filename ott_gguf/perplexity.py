@@ -14,6 +14,13 @@ fires (`Model.tokens_until_event`), so every token sees the cache it would see i
 token-by-token decoding. With a `reference` model (the same weights with an fp16 cache) the
 run also reports the mean KL divergence from the reference's next-token distributions and
 how often both rank the same token first.
+
+The reference is fed the chunks the model was fed, so that the KL measures what the cache
+changes and nothing else: ggml's batched matmul and attention kernels can round differently
+for other chunk sizes, and the 8-bit activation blocks of quantized weights turn such
+differences into flipped codes (SmolLM2's f16 cache fed token by token is KL ~0.004 nats from
+the same cache fed the window at once; chunks of 128 tokens give bit for bit the logits of
+one pass on an AVX-512 CPU, docs/results.md).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ class PerplexityResult:
     chunks: int  # windows evaluated
     per_chunk: list[float] = field(default_factory=list)  # running PPL after each window, as llama.cpp prints it
     chunking: str = ""  # how windows were fed: "ubatch N" or "decode-faithful"
-    kl: float | None = None  # mean KL(reference || model) over scored tokens, nats
+    kl: float | None = None  # mean KL(reference || model) over scored tokens, nats (same chunks)
     top1: float | None = None  # fraction of scored tokens whose argmax equals the reference's
 
 
@@ -144,13 +151,13 @@ def perplexity(
         window = tokens[i * n_ctx : (i + 1) * n_ctx].copy()  # [n_ctx]
         if bos is not None:
             window[0] = bos
-        logits = window_logits(model, window, first, ubatch, seq)  # [n_ctx - first - 1, n_vocab]
+        logits, bounds = window_logits(model, window, first, ubatch, seq)  # [n_ctx - first - 1, n_vocab]
         nll = token_nll(logits, window[first + 1 :])
         nll_sum += float(nll.sum())
         nll2_sum += float((nll * nll).sum())
         count += len(nll)
         if reference is not None:
-            kl, same = kl_and_top1(window_logits(reference, window, first, ubatch, seq), logits)
+            kl, same = kl_and_top1(window_logits(reference, window, first, ubatch, seq, chunks=bounds)[0], logits)
             kl_sum += float(kl.sum())
             agree += int(same.sum())
         running.append(math.exp(nll_sum / count))
@@ -186,18 +193,23 @@ def event_chunks(model, n_tokens: int, seq: int = 0, ubatch: int | None = None):
         b0 = b1
 
 
-def window_logits(model, window: np.ndarray, first: int, ubatch: int | None, seq: int) -> np.ndarray:
+def window_logits(
+    model, window: np.ndarray, first: int, ubatch: int | None, seq: int, chunks: list[tuple[int, int]] | None = None
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Evaluate one window from an empty sequence; logits F32 [n_ctx - first - 1, n_vocab] at
-    positions first .. n_ctx-2 (each predicts the next token). Chunks: `ubatch` tokens, or
-    with ubatch None, up to the cache's next quantization event (the whole window for fp16)."""
+    positions first .. n_ctx-2 (each predicts the next token), and the chunks' bounds. Chunks:
+    the given bounds, else `ubatch` tokens, or with ubatch None up to the cache's next
+    quantization event (the whole window for fp16)."""
     n_ctx = len(window)
     model.truncate(seq, 0)
     out = []
-    for b0, b1 in event_chunks(model, n_ctx, seq, ubatch):
+    bounds = []
+    for b0, b1 in chunks if chunks is not None else event_chunks(model, n_ctx, seq, ubatch):
+        bounds.append((b0, b1))
         pos = np.arange(b0, b1, dtype=np.int32)  # [n_chunk]
         want = (pos >= first) & (pos <= n_ctx - 2)  # [n_chunk] positions whose next token is scored
         logits = model.decode_batch(window[pos], pos, np.full(len(pos), seq, dtype=np.int32), want)  # [n_want, n_vocab]
         if want.any():
             out.append(logits)
     model.truncate(seq, 0)
-    return np.concatenate(out)
+    return np.concatenate(out), bounds
