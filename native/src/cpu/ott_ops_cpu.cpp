@@ -582,6 +582,14 @@ OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const 
 #undef OTT_VALUES
 }
 
+// 2^e as a float, e in -126 .. 127 (libm's ldexp is a call per use).
+OTT_INLINE float pow2f(int e) {
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 // x[0..n) in 16-bit fixed point for attn_vnni, q[i] = x[i]·2^e rounded (pairs (q[2i], q[2i+1])
 // are its int32 words, little-endian), and the factor 2^-e back to x: the largest |x|·2^e in
 // [2^14, 2^15], at most 32767. n even.
@@ -599,12 +607,18 @@ OTT_INLINE void fixed_pairs(const float * x, int32_t n, int16_t * q, float * sca
     for (; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
     int e = 0;
     if (mx > 0.0f) {
-        std::frexp(mx, &e);  // mx < 2^e
+        uint32_t bits;
+        std::memcpy(&bits, &mx, sizeof bits);
+        const uint32_t biased = bits >> 23;  // mx >= 0
+        if (biased != 0 && biased != 255)
+            e = (int)biased - 126;  // mx < 2^e, as frexp gives it for a normal mx
+        else
+            std::frexp(mx, &e);
         e = std::max(-100, std::min(100, 15 - e));
     }
-    const float f = std::ldexp(1.0f, e);
+    const float f = pow2f(e);
     for (i = 0; i < n; ++i) q[i] = (int16_t)std::max(-32767.0f, std::min(32767.0f, std::nearbyint(x[i] * f)));
-    *scale = std::ldexp(1.0f, -e);
+    *scale = pow2f(-e);
 }
 
 // Whether attn_vnni serves a head-block's codes: key rows and values of 1, 2 or 4 bits, each run

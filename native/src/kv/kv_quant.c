@@ -111,11 +111,13 @@ static range_enc encode_range(float lo, float hi, float levels, int32_t param_bi
 
 void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32_t bits, int32_t clip,
                             int32_t param_bits, int32_t sym, uint8_t * codes, uint8_t * scale, uint8_t * min) {
-    float mn = ott_fp16_to_fp32_ref(x[0]), mx = mn;
+    float xf[8192]; /* the group as float, read once for the range, each candidate and the codes */
+    xf[0] = ott_fp16_to_fp32_ref(x[0]);
+    for (int32_t i = 1; i < n; ++i) xf[i] = ott_fp16_to_fp32_ref(x[i * stride]);
+    float mn = xf[0], mx = mn;
     for (int32_t i = 1; i < n; ++i) {
-        const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-        mn             = xi < mn ? xi : mn;
-        mx             = xi > mx ? xi : mx;
+        mn = xf[i] < mn ? xf[i] : mn;
+        mx = xf[i] > mx ? xf[i] : mx;
     }
     if (sym) { /* [-a, a], a = max(-mn, mx) + 0 (no -0) */
         mx = (-mn > mx ? -mn : mx) + 0.0f;
@@ -130,9 +132,8 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         const range_enc rc = encode_range(mn + d, mx - d, levels, param_bits, sym);
         double err         = 0.0;
         for (int32_t i = 0; i < n; ++i) {
-            const float xi = ott_fp16_to_fp32_ref(x[i * stride]);
-            const float p  = (float)code_of(xi, rc.m, rc.inv, levels) * rc.s;
-            const float e  = (p + rc.m) - xi;
+            const float p = (float)code_of(xf[i], rc.m, rc.inv, levels) * rc.s;
+            const float e = (p + rc.m) - xf[i];
             err += (double)e * (double)e;
         }
         if (c == 0 || err < best_err) {
@@ -147,7 +148,7 @@ void ott_quantize_group_ref(const ott_fp16 * x, int64_t stride, int32_t n, int32
         hi            = mx - d;
     }
     const range_enc r = encode_range(lo, hi, levels, param_bits, sym);
-    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(ott_fp16_to_fp32_ref(x[i * stride]), r.m, r.inv, levels);
+    for (int32_t i = 0; i < n; ++i) codes[i] = code_of(xf[i], r.m, r.inv, levels);
     const size_t pb = param_bits == 8 ? 1 : 2;
     memcpy(scale, r.scale, pb);
     if (!sym) memcpy(min, r.min, pb);

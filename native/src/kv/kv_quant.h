@@ -46,7 +46,7 @@ extern "C" {
 float ott_fp16_to_fp32_ref(ott_fp16 h);
 ott_fp16 ott_fp32_to_fp16_ref(float f);
 
-/* Quantize one group of n fp16 values read at x[i*stride] over its whole range (clip = 0)
+/* Quantize one group of n <= 8192 fp16 values read at x[i*stride] over its whole range (clip = 0)
  * or the best clipped one (clip = 1): codes uint8 [n] (unpacked); the scale and min written
  * at scale and min: fp16 (param_bits 16) or one byte each, a ufp8 scale and an int8 z
  * (param_bits 8, kv_layout.h). sym = 1: the range is [-a, a] with a = max(-mn, mx) + 0,
