@@ -197,8 +197,7 @@ def test_reference_is_fed_the_models_chunks(smollm2_path, wikitext_path):
     """The KL measures the cache alone: the f16 reference is fed the chunks the quantized cache
     was fed (decode-faithful ones, ending at ott2's events), not each window at once; ggml's
     batched kernels can round differently for other chunk sizes (the f16 cache fed chunks of
-    37 tokens is KL ~3e-3 from one pass on an AVX-512 CPU), and with the same chunks an f16
-    cache is at KL 0 from the reference."""
+    37 tokens is KL ~3e-3 from one pass on an AVX-512 CPU)."""
     from ott_gguf.model import Model
 
     class Recorder:
@@ -220,5 +219,3 @@ def test_reference_is_fed_the_models_chunks(smollm2_path, wikitext_path):
     r = perplexity(quantized, text, 320, n_chunks=1, progress=False, reference=reference)
     assert quantized.chunks == reference.chunks == [(0, 160), (160, 288), (288, 320)]
     assert 0 < r.kl < 1
-    f16 = perplexity(reference.model, text, 256, n_chunks=2, ubatch=37, progress=False, reference=reference.model)
-    assert f16.kl == 0 and f16.top1 == 1, (f16.kl, f16.top1)
