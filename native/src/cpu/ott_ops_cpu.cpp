@@ -224,23 +224,29 @@ void unpack_codes(const uint8_t * row, int32_t n, int32_t bits, float * out) {
     }
 }
 
+// 2^e as a float, e in -126 .. 127 (libm's ldexp is a call per use; built from its bits, loops over
+// it vectorise).
+OTT_INLINE float pow2f(int e) {
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 // e^x for x <= 0 (x = -inf gives 0); relative error below 4e-7; branch-free so loops over
 // it vectorise. x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial.
 OTT_INLINE float exp_nonpos(float x) {
-    const float xc      = x < -87.0f ? -87.0f : x;
-    const float n       = std::floor(xc * 1.44269504088896341f + 0.5f);
-    const float r       = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p             = 1.0f / 720.0f;
-    p                   = p * r + 1.0f / 120.0f;
-    p                   = p * r + 1.0f / 24.0f;
-    p                   = p * r + 1.0f / 6.0f;
-    p                   = p * r + 0.5f;
-    p                   = p * r + 1.0f;
-    p                   = p * r + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;  // 2^n, n >= -126
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(float));
-    return x < -87.0f ? 0.0f : p * scale;
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float n  = std::floor(xc * 1.44269504088896341f + 0.5f);
+    const float r  = (xc - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+    float p        = 1.0f / 720.0f;
+    p              = p * r + 1.0f / 120.0f;
+    p              = p * r + 1.0f / 24.0f;
+    p              = p * r + 1.0f / 6.0f;
+    p              = p * r + 0.5f;
+    p              = p * r + 1.0f;
+    p              = p * r + 1.0f;
+    return x < -87.0f ? 0.0f : p * pow2f((int)n);  // n >= -126
 }
 
 // n scales and minimums of a head-block's parameter arrays sc and mn from group i0, as floats
@@ -598,14 +604,6 @@ OTT_CLONES void attend_tile(const attn_ws & w, int32_t rows, int32_t n_t, const 
 #define OTT_VALUES(RB) values_rb<RB>(w.s + (size_t)r0 * LD, w.vc, w.hdp, n_t, w.acc + (size_t)r0 * w.hdp)
     OTT_FOR_ROW_BLOCKS(rows, OTT_VALUES)
 #undef OTT_VALUES
-}
-
-// 2^e as a float, e in -126 .. 127 (libm's ldexp is a call per use).
-OTT_INLINE float pow2f(int e) {
-    const uint32_t bits = (uint32_t)(e + 127) << 23;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
 }
 
 // x[0..n) in 16-bit fixed point for attn_vnni, q[i] = x[i]·2^e rounded (pairs (q[2i], q[2i+1])
