@@ -43,9 +43,11 @@ public:
         for (int il = 0; il < sh.n_layer; ++il) step.layer_ops[il] = { &step, il };
         step.rope = nullptr;
         if (cfg.pre_rope) {  // cos and sin of every position a sequence may hold
-            rope_cs.resize((size_t)shape.n_ctx * cfg.rope_n_rot);
+            rope_cs.resize((size_t)(shape.n_ctx + OTT_ROPE_TILE) * cfg.rope_n_rot);
+            float * tile = rope_cs.data() + (size_t)shape.n_ctx * cfg.rope_n_rot;
             ott_rope_table_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, shape.n_ctx, rope_cs.data());
-            rope      = { cfg.rope_n_rot, cfg.rope_neox, shape.n_ctx, rope_cs.data() };
+            ott_rope_tile_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, tile);
+            rope      = { cfg.rope_n_rot, cfg.rope_neox, shape.n_ctx, rope_cs.data(), tile };
             step.rope = &rope;
         }
     }
@@ -358,7 +360,7 @@ private:
     std::vector<std::vector<uint8_t>> scratch;  // [OTT_MAX_THREADS]
     ott_kv_step step;
     int32_t max_q = 1;           // most chunk tokens of one attention item this step
-    std::vector<float> rope_cs;  // keys before RoPE: [2][n_rot/2][n_ctx] cos, sin
+    std::vector<float> rope_cs;  // keys before RoPE: [2][n_rot/2][n_ctx] cos, sin, then the tiles' angles
     ott_rope_table rope {};
 };
 

@@ -289,8 +289,7 @@ struct attn_ws {
     float * kmn;      // [KEY_TILE][head_dim] key mins
     float * vsc;      // [KEY_TILE][n_gv] value scales of a tile's slots
     float * vmn;      // [KEY_TILE][n_gv]
-    float * rc;       // [max(KEY_TILE, hdp/2)] RoPE: cos of one pair at each key of a tile
-                      // (gathered), or of each pair at a quantized tile's first key
+    float * rc;       // [KEY_TILE] RoPE: cos of one pair at each key of a tile (gathered)
     float * rs;       // sin
     int32_t * lim;    // [rows] causal limit of each row inside a tile of the chunk
     uint8_t * dead;   // [KEY_TILE] 1: masked slot
@@ -324,8 +323,8 @@ size_t workspace_layout(void * mem, int32_t hd, int32_t n_gv, int32_t rows, attn
     w.kmn       = floats(T * hd);
     w.vsc       = floats(T * n_gv);
     w.vmn       = floats(T * n_gv);
-    w.rc        = floats(std::max(T, H / 2));
-    w.rs        = floats(std::max(T, H / 2));
+    w.rc        = floats(T);
+    w.rs        = floats(T);
     w.lim       = (int32_t *)take(R, sizeof(int32_t));
     w.dead      = (uint8_t *)take(T, 1);
     return off;
@@ -368,28 +367,28 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
     }
 }
 
-// s[r][t] = Σ_c q[r][c]·k[c][t], k the keys kc rotated by RoPE (table R) at positions p + t:
-// each pair rotated in registers as it is scored (kc is left as it is), t in [0, n_t) rounded
-// up to VL, n_t at most R.n_pos. The angle of pair i at p + t is composed of the one at p
-// (c0[i], s0[i]) and the one at t: the table's first n_t positions, which every tile reads,
-// stay in cache, where its rows at p + t would stream the table from memory at every step
-// (4 bytes a pair and key, 16 times what 2-bit codes take).
+// s[r][t] = Σ_c q[r][c]·k[c][t], k the keys kc rotated by RoPE at slots t (the angles of
+// positions 0 .. n_t-1, R.tile) as they are scored, kc left as it is; t in [0, n_t) rounded
+// up to VL. The rotated pairs of the queries come rotated back by the angle at the tile's
+// first position p, pair-major (qp[i][r][2], rows rows a pair; the rest of the channels in q),
+// so that a key at p + t meets R(p + t) = R(p)·R(t) exactly in real arithmetic. The tile's
+// angles are one contiguous run per VL slots, which every tile reads: the table's rows at p + t
+// are n_pos floats apart, so that with n_pos a multiple of 1024 a tile's 2·n_rot/2 rows fall
+// in the same L1 set and evict each other.
 template <class V, int RB>
-OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * c0, const float * s0, const float * q,
-                               int32_t hdp, int32_t hd, const float * kc, int32_t n_t, float * s) {
+OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
+                               int32_t hd, const float * kc, int32_t n_t, float * s) {
     const int32_t half = R.n_rot / 2;
     const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
     for (int32_t t = 0; t < n_t; t += VL) {
         V a[RB] {}, b[RB] {};  // the pairs' first and second channels: two chains of FMAs a row
-        const float *ct = R.cs + t, *st = R.cs + (size_t)half * R.n_pos + t, *k = kc + t, *qa = q;
-        for (int32_t i = 0; i < half; ++i, ct += R.n_pos, st += R.n_pos, k += step * LD, qa += step) {
-            const V x = load16<V>(k), y = load16<V>(k + other * LD), cr = load16<V>(ct), sr = load16<V>(st);
-            V co, si;
-            compose_angles(c0[i], s0[i], cr, sr, co, si);
+        const float *ang = R.tile + (size_t)(t / VL) * half * 2 * VL, *k = kc + t, *qi = qp;
+        for (int32_t i = 0; i < half; ++i, ang += 2 * VL, k += step * LD, qi += 2 * rows) {
+            const V x = load16<V>(k), y = load16<V>(k + other * LD), co = load16<V>(ang), si = load16<V>(ang + VL);
             const V xr = x * co - y * si, yr = x * si + y * co;
             for (int r = 0; r < RB; ++r) {
-                a[r] += qa[(size_t)r * hdp] * xr;
-                b[r] += qa[(size_t)r * hdp + other] * yr;
+                a[r] += qi[2 * r] * xr;
+                b[r] += qi[2 * r + 1] * yr;
             }
         }
         for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
@@ -715,16 +714,18 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
     const uint8_t * order = ott_kv_tiered(&g) ? hb + L.k_order : nullptr;  // channel of each key row
 
     if (rope) {  // keys before RoPE: kc[channel][t] = code·scale + min, a run of key rows at a time
-        // the angles at the tile's first position (w.rc, w.rs), loaded while the keys
-        // dequantize, and the next tile's fetched
+        // qs[i][r] = the pair i of R(p)ᵀ·q[r], the rows rotated back by the angle at the tile's
+        // first position p, pair by pair so that a pair's rows are adjacent
         const int32_t half = rope->n_rot / 2, p = pos0 + t0;
+        const int32_t step = rope->neox ? 1 : 2, other = rope->neox ? half : 1;
         for (int32_t i = 0; i < half; ++i) {
-            const float * row_c = rope->cs + (size_t)i * rope->n_pos;
-            const float * row_s = rope->cs + (size_t)(half + i) * rope->n_pos;
-            w.rc[i]             = row_c[p];
-            w.rs[i]             = row_s[p];
-            __builtin_prefetch(row_c + p + n_t);
-            __builtin_prefetch(row_s + p + n_t);
+            const float co = rope->cs[(size_t)i * rope->n_pos + p], si = rope->cs[(size_t)(half + i) * rope->n_pos + p];
+            for (int32_t r = 0; r < rows; ++r) {
+                const float *x = w.q + (size_t)r * hdp + step * i, a = x[0], b = x[other];
+                float * y = w.qs + ((size_t)i * rows + r) * 2;
+                y[0]      = co * a + si * b;
+                y[1]      = co * b - si * a;
+            }
         }
         for (int32_t ta = t0; ta < t0 + n_t;) {
             const int32_t gi = ta / gk, tb = std::min(t0 + n_t, (gi + 1) * gk);
@@ -739,7 +740,7 @@ OTT_INLINE void attend_codes_v(const ott_kv_config & cfg, const uint8_t * hb, in
         // rotated at their positions as they are scored, in float; AVX-512's 32 registers
         // hold the accumulators of up to FUSED_ROWS rows, so that each pair rotates once
 #define OTT_SCORES(RB)                                                                                                 \
-    rope_scores_rb<V, RB>(*rope, w.rc, w.rs, w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
+    rope_scores_rb<V, RB>(*rope, w.qs + 2 * r0, rows, w.q + (size_t)r0 * hdp, hdp, hd, w.kc, n_t, w.s + (size_t)r0 * LD)
         bool all_rows = false;
         if constexpr (std::is_same_v<V, v16z>) {
             static_assert(FUSED_ROWS == 8, "rows 5 .. 8 below");
@@ -1342,6 +1343,20 @@ void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int
             const double theta                 = (double)p * freq_scale * std::pow(freq_base, -(double)(2 * i) / n_rot);
             cs[(size_t)i * n_pos + p]          = (float)std::cos(theta);
             cs[(size_t)(half + i) * n_pos + p] = (float)std::sin(theta);
+        }
+    }
+}
+
+void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile) {
+    static_assert(OTT_ROPE_TILE == KEY_TILE && KEY_TILE % VL == 0, "a tile's angles in runs of VL");
+    const int32_t half = n_rot / 2;
+    std::vector<float> cs((size_t)n_rot * KEY_TILE);
+    ott_rope_table_fill(n_rot, freq_base, freq_scale, KEY_TILE, cs.data());
+    for (int32_t t = 0; t < KEY_TILE; ++t) {
+        for (int32_t i = 0; i < half; ++i) {
+            float * run = tile + ((size_t)(t / VL) * half + i) * 2 * VL + t % VL;
+            run[0]      = cs[(size_t)i * KEY_TILE + t];
+            run[VL]     = cs[(size_t)(half + i) * KEY_TILE + t];
         }
     }
 }

@@ -192,7 +192,7 @@ public:
                 std::vector<float> host(n_cs);
                 ott_rope_table_fill(cfg.rope_n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, sh.n_ctx, host.data());
                 OTT_CUDA_TRY(cudaMemcpy(cs, host.data(), n_cs * sizeof(float), cudaMemcpyHostToDevice));
-                kvq_rope = { cfg.rope_n_rot, cfg.rope_neox, sh.n_ctx, cs };
+                kvq_rope = { cfg.rope_n_rot, cfg.rope_neox, sh.n_ctx, cs, nullptr };
             }
         }
         for (int il = 0; il < sh.n_layer; ++il) {  // the buffer is zeroed: tracing flags on
