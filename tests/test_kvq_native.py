@@ -33,7 +33,7 @@ size_t ott_kvq_scratch_bytes(const ott_kvq_geom * g);
 void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_fp16 * k,
                                 const ott_fp16 * v, uint8_t * out, void * scratch);
 void ott_kvq_channel_params_ref(const float * lo, const float * hi, int32_t n, float * zero, float * scale);
-typedef struct { int32_t n_rot; int32_t neox; int32_t n_pos; const float * cs; } ott_rope_table;
+typedef struct { int32_t n_rot; int32_t neox; int32_t n_pos; const float * cs; const float * tile; } ott_rope_table;
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
 typedef struct {
     const uint8_t * blocks; int32_t n_blocks; int64_t block_stride; int32_t pos0;
