@@ -367,36 +367,55 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
     }
 }
 
-// s[r][t] = Σ_c q[r][c]·k[c][t], k the keys kc rotated by RoPE at slots t (the angles of
-// positions 0 .. n_t-1, R.tile) as they are scored, kc left as it is; t in [0, n_t) rounded
-// up to VL. The rotated pairs of the queries come rotated back by the angle at the tile's
+// s[r][u] = Σ_c q[r][c]·k[c][u] for the NT·VL slots u from t, k the keys kc rotated by RoPE
+// at their slots (the angles of positions 0 .. 127, R.tile) as they are scored, kc left as it
+// is. The rotated pairs of the queries come rotated back by the angle at the tile's
 // first position p, pair-major (qp[i][r][2], rows rows a pair; the rest of the channels in q),
-// so that a key at p + t meets R(p + t) = R(p)·R(t) exactly in real arithmetic. The tile's
-// angles are one contiguous run per VL slots, which every tile reads: the table's rows at p + t
+// so that the key at slot u meets R(p + u) = R(p)·R(u) exactly in real arithmetic. The tile's
+// angles are one contiguous run per VL slots, which every tile reads: the table's rows at p + u
 // are n_pos floats apart, so that with n_pos a multiple of 1024 a tile's 2·n_rot/2 rows fall
 // in the same L1 set and evict each other.
+template <class V, int RB, int NT>
+OTT_INLINE void rope_scores_nt(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
+                               int32_t hd, const float * kc, int32_t t, float * s) {
+    const int32_t half = R.n_rot / 2;
+    const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
+    const size_t run = (size_t)half * 2 * VL;                        // the angles of VL slots
+    V a[NT][RB] {}, b[NT][RB] {};  // the pairs' first and second channels: two chains of FMAs a row
+    const float *ang = R.tile + (size_t)(t / VL) * run, *k = kc + t, *qi = qp;
+    for (int32_t i = 0; i < half; ++i, ang += 2 * VL, k += step * LD, qi += 2 * rows) {
+        for (int j = 0; j < NT; ++j) {
+            const V x = load16<V>(k + j * VL), y = load16<V>(k + other * LD + j * VL);
+            const V co = load16<V>(ang + j * run), si = load16<V>(ang + j * run + VL);
+            const V xr = x * co - y * si, yr = x * si + y * co;
+            for (int r = 0; r < RB; ++r) {
+                a[j][r] += qi[2 * r] * xr;
+                b[j][r] += qi[2 * r + 1] * yr;
+            }
+        }
+    }
+    for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
+        for (int j = 0; j < NT; ++j) {
+            const V k = load16<V>(kc + (size_t)c * LD + t + j * VL);
+            for (int r = 0; r < RB; ++r) a[j][r] += q[(size_t)r * hdp + c] * k;
+        }
+    }
+    for (int j = 0; j < NT; ++j) {
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t + j * VL, a[j][r] + b[j][r]);
+    }
+}
+
+// rope_scores_nt over t in [0, n_t) rounded up to VL: two vectors of slots at a time where
+// AVX-512's 32 registers hold their accumulators, so that a row's broadcast query pair serves
+// both
 template <class V, int RB>
 OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
                                int32_t hd, const float * kc, int32_t n_t, float * s) {
-    const int32_t half = R.n_rot / 2;
-    const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
-    for (int32_t t = 0; t < n_t; t += VL) {
-        V a[RB] {}, b[RB] {};  // the pairs' first and second channels: two chains of FMAs a row
-        const float *ang = R.tile + (size_t)(t / VL) * half * 2 * VL, *k = kc + t, *qi = qp;
-        for (int32_t i = 0; i < half; ++i, ang += 2 * VL, k += step * LD, qi += 2 * rows) {
-            const V x = load16<V>(k), y = load16<V>(k + other * LD), co = load16<V>(ang), si = load16<V>(ang + VL);
-            const V xr = x * co - y * si, yr = x * si + y * co;
-            for (int r = 0; r < RB; ++r) {
-                a[r] += qi[2 * r] * xr;
-                b[r] += qi[2 * r + 1] * yr;
-            }
-        }
-        for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
-            const V k = load16<V>(kc + (size_t)c * LD + t);
-            for (int r = 0; r < RB; ++r) a[r] += q[(size_t)r * hdp + c] * k;
-        }
-        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t, a[r] + b[r]);
+    int32_t t = 0;
+    if constexpr (std::is_same_v<V, v16z> && RB <= RB_MAX) {
+        for (; t + 2 * VL <= n_t; t += 2 * VL) rope_scores_nt<V, RB, 2>(R, qp, rows, q, hdp, hd, kc, t, s);
     }
+    for (; t < n_t; t += VL) rope_scores_nt<V, RB, 1>(R, qp, rows, q, hdp, hd, kc, t, s);
 }
 
 // acc[r][c] += Σ_t p[r][t]·vc[t][c], c in [0, hdp)
