@@ -35,6 +35,7 @@ void ott_kvq_quantize_block_ref(const ott_kvq_geom * g, const ott_kvq_tables * t
 void ott_kvq_channel_params_ref(const float * lo, const float * hi, int32_t n, float * zero, float * scale);
 typedef struct { int32_t n_rot; int32_t neox; int32_t n_pos; const float * cs; const float * tile; } ott_rope_table;
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
+void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile);
 typedef struct {
     const uint8_t * blocks; int32_t n_blocks; int64_t block_stride; int32_t pos0;
     const ott_fp16 * k; const ott_fp16 * v; const int32_t * pos; int32_t n; const uint8_t * const * block_list;
@@ -199,8 +200,13 @@ def test_attention_within_budget_of_float64(native, smol_kv, il, bits):
     lib.ott_rope_table_fill(
         tm.rope.n_rot, tm.rope.freq_base, tm.rope.freq_scale, n_pos, ffi.cast("float *", ffi.from_buffer(cs))
     )
+    tile = np.zeros(128 * tm.rope.n_rot, np.float32)  # OTT_ROPE_TILE positions
+    lib.ott_rope_tile_fill(
+        tm.rope.n_rot, tm.rope.freq_base, tm.rope.freq_scale, ffi.cast("float *", ffi.from_buffer(tile))
+    )
     rope = ffi.new(
-        "ott_rope_table *", [tm.rope.n_rot, int(tm.rope.neox), n_pos, ffi.cast("const float *", ffi.from_buffer(cs))]
+        "ott_rope_table *",
+        [tm.rope.n_rot, int(tm.rope.neox), n_pos] + [ffi.cast("const float *", ffi.from_buffer(a)) for a in (cs, tile)],
     )
     rep = tm.n_head // tm.n_head_kv
     got = np.zeros_like(want)

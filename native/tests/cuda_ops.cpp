@@ -401,9 +401,10 @@ void check_kvq(kvq_case c, uint64_t seed, int & n_fail) {
 
     // attention: group i holds its NB blocks from position 1, its fp16 rows at 0 (the sink) and after
     const int32_t n_pos = 1 + NB * g.block + c.n_fp;
-    std::vector<float> cs((size_t)n_pos * hd);
-    ott_rope_table rope = { hd, c.neox, n_pos, cs.data(), nullptr };
+    std::vector<float> cs((size_t)n_pos * hd), tile((size_t)OTT_ROPE_TILE * hd);
+    ott_rope_table rope = { hd, c.neox, n_pos, cs.data(), tile.data() };
     ott_rope_table_fill(hd, 10000.0, 1.0, n_pos, cs.data());
+    ott_rope_tile_fill(hd, 10000.0, 1.0, tile.data());
     std::vector<ott_fp16> fk((size_t)G * c.n_fp * hd), fv(fk.size());
     for (size_t i = 0; i < fk.size(); ++i) {
         fk[i] = rand_f16(rng, 1.0f);

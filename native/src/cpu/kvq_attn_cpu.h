@@ -23,6 +23,9 @@ extern "C" {
 
 // The RoPE table (kv/kvq_types.h: ott_rope_table) of n_pos positions into cs.
 void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
+// Its first OTT_ROPE_TILE positions in the order the CPU's tiles read them (ott_rope_table.tile):
+// OTT_ROPE_TILE·n_rot floats into tile.
+void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile);
 
 // Floats of scratch ott_cpu_kvq_attn needs.
 size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q);
@@ -30,7 +33,8 @@ size_t ott_cpu_kvq_attn_scratch(const ott_kvq_geom * g, int32_t n_q);
 // out [n_q][head_dim] = softmax(kq_scale · q · RoPE(k̂)) · v̂ over the keys of st, for query
 // rows q [n_q][head_dim] (after RoPE). Row r sees every quantized block and the first
 // n_visible[r] fp16 rows of st (n_visible NULL: all of them; a chunk's causal mask when the
-// chunk's own rows come last). rope NULL: the keys are cached after RoPE, none is rotated.
+// chunk's own rows come last). rope NULL: the keys are cached after RoPE, none is rotated;
+// else its tile is filled too.
 void ott_cpu_kvq_attn(const ott_kvq_geom * g, const ott_kvq_tables * tab, const ott_kvq_head_stores * st,
                       const ott_rope_table * rope, const float * q, int32_t n_q, const int32_t * n_visible,
                       float kq_scale, float * out, float * scratch);

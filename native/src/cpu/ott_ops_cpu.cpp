@@ -1015,7 +1015,7 @@ template <int BITS> OTT_INLINE void load_levels(const float * levels, v8f & lo, 
 // plus zero, the sparse entries put back. With rope (keys cached before RoPE) the keys come
 // out rotated at their positions pos0 + t: each pair of channels is dequantised and rotated
 // at once, and a sparse key corrects its pair by its rotated difference to the code's level.
-// n_t a multiple of 8, and at most the table's positions.
+// n_t a multiple of 8 and at most KEY_TILE (the tile's angles, rope->tile).
 template <int BK, int BV>
 OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, const ott_rope_table * rope,
                             const uint8_t * hb, int32_t t0, int32_t pos0, int32_t n_t, float * kc, float * vc,
@@ -1037,19 +1037,20 @@ OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, 
         const v8f a_lo = lk_lo * tab.k_scale[ca] + tab.k_zero[ca], a_hi = lk_hi * tab.k_scale[ca] + tab.k_zero[ca];
         const v8f b_lo = lk_lo * tab.k_scale[cb] + tab.k_zero[cb], b_hi = lk_hi * tab.k_scale[cb] + tab.k_zero[cb];
         const uint8_t *ra = k_codes(ca), *rb = k_codes(cb);
-        // the angle at pos0 + t as the angle at pos0 plus the one at t: the table's first rows,
-        // which every tile reads, and one entry at pos0 (float32 rounding; the table's rows
-        // at pos0 + t would be read from far apart)
-        const float * co = rope->cs + (size_t)i * rope->n_pos;
-        const float * si = rope->cs + (size_t)(half + i) * rope->n_pos;
-        const float c0 = co[pos0], s0 = si[pos0];
+        // the angle at pos0 + t as the angle at pos0 plus the one at t: the tile's own table
+        // (rope_scores_nt says why), which every tile reads, and one entry at pos0 (float32
+        // rounding; the table's rows at pos0 + t would be read from far apart)
+        const float c0    = rope->cs[(size_t)i * rope->n_pos + pos0],
+                    s0    = rope->cs[(size_t)(half + i) * rope->n_pos + pos0];
+        const float * ang = rope->tile + (size_t)i * 2 * VL;  // slot t: + (t / VL)·half·2·VL + t % VL
         float *ka = kc + (size_t)ca * LD, *kb = kc + (size_t)cb * LD;
         for (int32_t t = 0; t < n_t; t += 8) {
             const v8f a = lookup<BK>(a_lo, a_hi, codes8<BK>(ra + t * BK / 8));
             const v8f b = lookup<BK>(b_lo, b_hi, codes8<BK>(rb + t * BK / 8));
             v8f ct, st;
-            std::memcpy(&ct, co + t, sizeof ct);
-            std::memcpy(&st, si + t, sizeof st);
+            const float * at = ang + (size_t)(t / VL) * half * 2 * VL + t % VL;
+            std::memcpy(&ct, at, sizeof ct);
+            std::memcpy(&st, at + VL, sizeof st);
             v8f c, sn;
             compose_angles(c0, s0, ct, st, c, sn);
             const v8f x = a * c - b * sn, y = a * sn + b * c;

@@ -109,11 +109,6 @@ constexpr int OTT_MAX_THREADS = 512;
 // Floats of one item's partial result per query row: max, sum, then head_dim weighted values.
 inline int64_t ott_attn_partial_row(int32_t head_dim) { return head_dim + 2; }
 
-// The angles of RoPE's first OTT_ROPE_TILE positions in the order a tile of keys before RoPE
-// reads them (ott_rope_table.tile): OTT_ROPE_TILE·n_rot floats into tile.
-constexpr int32_t OTT_ROPE_TILE = 128;
-void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile);
-
 // dst: F32 [head_dim+2, rows_max, n_items]; src: q F32 [head_dim, n_head, n_tokens] (after
 // RoPE), k, v F32 [head_dim, n_head_kv, n_tokens] (k before RoPE when step.rope)
 void ott_cpu_attn_partial(ggml_tensor * dst, int ith, int nth, void * userdata);

@@ -27,10 +27,13 @@ typedef struct {
     int32_t neox;     /* pairs (x[i], x[i + n_rot/2]); 0: (x[2i], x[2i+1])   */
     int32_t n_pos;    /* positions covered                                  */
     const float * cs; /* [2][n_rot/2][n_pos]                                */
-    /* NULL, or (the CPU's tiles of keys before RoPE) the angles at positions 0 .. 127 in
-     * runs of 16: [8][n_rot/2][cos 16, sin 16] (ott_rope_tile_fill, cpu/ott_ops_cpu.h) */
+    /* the CPU's tiles (NULL elsewhere): the angles at positions 0 .. OTT_ROPE_TILE-1 in runs
+     * of 16, [OTT_ROPE_TILE/16][n_rot/2][cos 16, sin 16] (ott_rope_tile_fill,
+     * cpu/kvq_attn_cpu.h) */
     const float * tile;
 } ott_rope_table;
+
+enum { OTT_ROPE_TILE = 128 }; /* positions in ott_rope_table.tile */
 
 /* The stores of one KV head of one sequence. */
 typedef struct {
