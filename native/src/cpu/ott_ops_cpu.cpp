@@ -367,9 +367,9 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
     }
 }
 
-// s[r][u] = Σ_c q[r][c]·k[c][u] for the NT·VL slots u from t, k the keys kc rotated by RoPE
-// at their slots (the angles of positions 0 .. 127, R.tile) as they are scored, kc left as it
-// is. The rotated pairs of the queries come rotated back by the angle at the tile's
+// s[r][u] = Σ_c q[r][c]·k[c][u] for the NT vectors V of slots u from t, k the keys kc rotated
+// by RoPE at their slots (the angles of positions 0 .. 127, R.tile) as they are scored, kc
+// left as it is. The rotated pairs of the queries come rotated back by the angle at the tile's
 // first position p, pair-major (qp[i][r][2], rows rows a pair; the rest of the channels in q),
 // so that the key at slot u meets R(p + u) = R(p)·R(u) exactly in real arithmetic. The tile's
 // angles are one contiguous run per VL slots, which every tile reads: the table's rows at p + u
@@ -378,15 +378,20 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
 template <class V, int RB, int NT>
 OTT_INLINE void rope_scores_nt(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
                                int32_t hd, const float * kc, int32_t t, float * s) {
-    const int32_t half = R.n_rot / 2;
+    constexpr int32_t W = sizeof(V) / sizeof(float);  // slots a vector
+    const int32_t half  = R.n_rot / 2;
     const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
-    const size_t run = (size_t)half * 2 * VL;                        // the angles of VL slots
+    const float * ang[NT];  // pair 0's cosines of vector j's slots; sines VL further, pair i 2·VL·i further
+    for (int j = 0; j < NT; ++j) {
+        const int32_t u = t + j * W;
+        ang[j]          = R.tile + (size_t)(u / VL) * half * 2 * VL + u % VL;
+    }
     V a[NT][RB] {}, b[NT][RB] {};  // the pairs' first and second channels: two chains of FMAs a row
-    const float *ang = R.tile + (size_t)(t / VL) * run, *k = kc + t, *qi = qp;
-    for (int32_t i = 0; i < half; ++i, ang += 2 * VL, k += step * LD, qi += 2 * rows) {
+    const float *k = kc + t, *qi = qp;
+    for (int32_t i = 0; i < half; ++i, k += step * LD, qi += 2 * rows) {
         for (int j = 0; j < NT; ++j) {
-            const V x = load16<V>(k + j * VL), y = load16<V>(k + other * LD + j * VL);
-            const V co = load16<V>(ang + j * run), si = load16<V>(ang + j * run + VL);
+            const V x = load16<V>(k + j * W), y = load16<V>(k + other * LD + j * W);
+            const V co = load16<V>(ang[j] + 2 * VL * i), si = load16<V>(ang[j] + 2 * VL * i + VL);
             const V xr = x * co - y * si, yr = x * si + y * co;
             for (int r = 0; r < RB; ++r) {
                 a[j][r] += qi[2 * r] * xr;
@@ -396,26 +401,31 @@ OTT_INLINE void rope_scores_nt(const ott_rope_table & R, const float * qp, int32
     }
     for (int32_t c = 2 * half; c < hd; ++c) {  // channels RoPE leaves alone
         for (int j = 0; j < NT; ++j) {
-            const V k = load16<V>(kc + (size_t)c * LD + t + j * VL);
+            const V k = load16<V>(kc + (size_t)c * LD + t + j * W);
             for (int r = 0; r < RB; ++r) a[j][r] += q[(size_t)r * hdp + c] * k;
         }
     }
     for (int j = 0; j < NT; ++j) {
-        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t + j * VL, a[j][r] + b[j][r]);
+        for (int r = 0; r < RB; ++r) store16(s + (size_t)r * LD + t + j * W, a[j][r] + b[j][r]);
     }
 }
 
-// rope_scores_nt over t in [0, n_t) rounded up to VL: two vectors of slots at a time where
-// AVX-512's 32 registers hold their accumulators, so that a row's broadcast query pair serves
-// both
+// rope_scores_nt over t in [0, n_t) rounded up to VL: on AVX-512 two 64-byte vectors of slots
+// at a time, whose accumulators its 32 registers hold, so that a row's broadcast query pair
+// serves both; with 16 registers (AVX2) one half of VL slots at a time, whose accumulators and
+// operands fit them
 template <class V, int RB>
 OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
                                int32_t hd, const float * kc, int32_t n_t, float * s) {
     int32_t t = 0;
-    if constexpr (std::is_same_v<V, v16z> && RB <= RB_MAX) {
-        for (; t + 2 * VL <= n_t; t += 2 * VL) rope_scores_nt<V, RB, 2>(R, qp, rows, q, hdp, hd, kc, t, s);
+    if constexpr (std::is_same_v<V, v16z>) {
+        if constexpr (RB <= RB_MAX) {
+            for (; t + 2 * VL <= n_t; t += 2 * VL) rope_scores_nt<V, RB, 2>(R, qp, rows, q, hdp, hd, kc, t, s);
+        }
+        for (; t < n_t; t += VL) rope_scores_nt<V, RB, 1>(R, qp, rows, q, hdp, hd, kc, t, s);
+    } else {
+        for (; t < n_t; t += VL / 2) rope_scores_nt<v8f, RB, 1>(R, qp, rows, q, hdp, hd, kc, t, s);
     }
-    for (; t < n_t; t += VL) rope_scores_nt<V, RB, 1>(R, qp, rows, q, hdp, hd, kc, t, s);
 }
 
 // acc[r][c] += Σ_t p[r][t]·vc[t][c], c in [0, hdp)
