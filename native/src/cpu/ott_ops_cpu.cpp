@@ -410,10 +410,10 @@ OTT_INLINE void rope_scores_nt(const ott_rope_table & R, const float * qp, int32
     }
 }
 
-// rope_scores_nt over t in [0, n_t) rounded up to VL: on AVX-512 two 64-byte vectors of slots
-// at a time, whose accumulators its 32 registers hold, so that a row's broadcast query pair
-// serves both; with 16 registers (AVX2) one half of VL slots at a time, whose accumulators and
-// operands fit them
+// rope_scores_nt over t in [0, n_t) rounded up to a vector: on AVX-512 (V v16z) two 64-byte
+// vectors of slots at a time, whose accumulators its 32 registers hold, so that a row's
+// broadcast query pair serves both; elsewhere (V v16f) 8 slots at a time, whose accumulators
+// and operands fit AVX2's 16 registers
 template <class V, int RB>
 OTT_INLINE void rope_scores_rb(const ott_rope_table & R, const float * qp, int32_t rows, const float * q, int32_t hdp,
                                int32_t hd, const float * kc, int32_t n_t, float * s) {
