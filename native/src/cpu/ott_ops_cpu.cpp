@@ -367,6 +367,12 @@ OTT_INLINE void scores_rb(const float * q, int32_t hdp, int32_t hd, const float 
     }
 }
 
+// Where ott_rope_table.tile holds pair i's cosine at slot u (its sine VL further): runs of VL
+// slots, in each run every pair's VL cosines then its VL sines.
+OTT_INLINE size_t tile_at(int32_t half, int32_t i, int32_t u) {
+    return ((size_t)(u / VL) * half + i) * 2 * VL + u % VL;
+}
+
 // s[r][u] = Σ_c q[r][c]·k[c][u] for the NT vectors V of slots u from t, k the keys kc rotated
 // by RoPE at their slots (the angles of positions 0 .. 127, R.tile) as they are scored, kc
 // left as it is. The rotated pairs of the queries come rotated back by the angle at the tile's
@@ -381,11 +387,8 @@ OTT_INLINE void rope_scores_nt(const ott_rope_table & R, const float * qp, int32
     constexpr int32_t W = sizeof(V) / sizeof(float);  // slots a vector
     const int32_t half  = R.n_rot / 2;
     const int32_t step = R.neox ? 1 : 2, other = R.neox ? half : 1;  // pair i: channels step·i, step·i + other
-    const float * ang[NT];  // pair 0's cosines of vector j's slots; sines VL further, pair i 2·VL·i further
-    for (int j = 0; j < NT; ++j) {
-        const int32_t u = t + j * W;
-        ang[j]          = R.tile + (size_t)(u / VL) * half * 2 * VL + u % VL;
-    }
+    const float * ang[NT];  // pair 0's cosines of vector j's slots; pair i's 2·VL·i further (tile_at)
+    for (int j = 0; j < NT; ++j) ang[j] = R.tile + tile_at(half, 0, t + j * W);
     V a[NT][RB] {}, b[NT][RB] {};  // the pairs' first and second channels: two chains of FMAs a row
     const float *k = kc + t, *qi = qp;
     for (int32_t i = 0; i < half; ++i, k += step * LD, qi += 2 * rows) {
@@ -1050,15 +1053,14 @@ OTT_INLINE void kvq_dequant(const ott_kvq_geom & g, const ott_kvq_tables & tab, 
         // the angle at pos0 + t as the angle at pos0 plus the one at t: the tile's own table
         // (rope_scores_nt says why), which every tile reads, and one entry at pos0 (float32
         // rounding; the table's rows at pos0 + t would be read from far apart)
-        const float c0    = rope->cs[(size_t)i * rope->n_pos + pos0],
-                    s0    = rope->cs[(size_t)(half + i) * rope->n_pos + pos0];
-        const float * ang = rope->tile + (size_t)i * 2 * VL;  // slot t: + (t / VL)·half·2·VL + t % VL
+        const float c0 = rope->cs[(size_t)i * rope->n_pos + pos0],
+                    s0 = rope->cs[(size_t)(half + i) * rope->n_pos + pos0];
         float *ka = kc + (size_t)ca * LD, *kb = kc + (size_t)cb * LD;
         for (int32_t t = 0; t < n_t; t += 8) {
             const v8f a = lookup<BK>(a_lo, a_hi, codes8<BK>(ra + t * BK / 8));
             const v8f b = lookup<BK>(b_lo, b_hi, codes8<BK>(rb + t * BK / 8));
             v8f ct, st;
-            const float * at = ang + (size_t)(t / VL) * half * 2 * VL + t % VL;
+            const float * at = rope->tile + tile_at(half, i, t);
             std::memcpy(&ct, at, sizeof ct);
             std::memcpy(&st, at + VL, sizeof st);
             v8f c, sn;
@@ -1384,9 +1386,9 @@ void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, floa
     ott_rope_table_fill(n_rot, freq_base, freq_scale, KEY_TILE, cs.data());
     for (int32_t t = 0; t < KEY_TILE; ++t) {
         for (int32_t i = 0; i < half; ++i) {
-            float * run = tile + ((size_t)(t / VL) * half + i) * 2 * VL + t % VL;
-            run[0]      = cs[(size_t)i * KEY_TILE + t];
-            run[VL]     = cs[(size_t)(half + i) * KEY_TILE + t];
+            float * at = tile + tile_at(half, i, t);
+            at[0]      = cs[(size_t)i * KEY_TILE + t];
+            at[VL]     = cs[(size_t)(half + i) * KEY_TILE + t];
         }
     }
 }
