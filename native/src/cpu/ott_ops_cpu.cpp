@@ -70,13 +70,26 @@ OTT_INLINE v16f & operator+=(v16f & a, v16f b) {
     a.hi += b.hi;
     return a;
 }
-// V: v16f or v16z
+// V: v16f or v16z. A v16f moves half by half: copied whole, GCC's AVX2 clone built the pair on
+// the stack and moved it on in four 16-byte pieces.
 template <class V = v16f> OTT_INLINE V load16(const float * p) {
     V v;
-    std::memcpy(&v, p, sizeof v);
+    if constexpr (std::is_same_v<V, v16f>) {
+        std::memcpy(&v.lo, p, sizeof v.lo);
+        std::memcpy(&v.hi, p + VL / 2, sizeof v.hi);
+    } else {
+        std::memcpy(&v, p, sizeof v);
+    }
     return v;
 }
-template <class V> OTT_INLINE void store16(float * p, V v) { std::memcpy(p, &v, sizeof v); }
+template <class V> OTT_INLINE void store16(float * p, V v) {
+    if constexpr (std::is_same_v<V, v16f>) {
+        std::memcpy(p, &v.lo, sizeof v.lo);
+        std::memcpy(p + VL / 2, &v.hi, sizeof v.hi);
+    } else {
+        std::memcpy(p, &v, sizeof v);
+    }
+}
 
 // RoPE angles composed: the cosines and sines (co, si) of a + b from those of a (c0, s0; one
 // pair) and of b (c, s; one per lane). V: v8f, v16f or v16z.
