@@ -739,7 +739,10 @@ OTT_INLINE void dequant_key_rows(const key_rows & kr, const uint8_t * order, con
         float * kt          = kc + (size_t)(order ? order[r] : r) * LD;
         const V scale       = lane_scale<V, BITS>::down(sc[r] * load16<V>(ONES));
         const float m       = mn[r];
-        for (int32_t t = 0; t < n_t; t += VL) store16(kt + t, codes16<BITS, V>(row + t * BITS / 8) * scale + m);
+        // a pointer each for the codes and the keys: (t·BITS)/8 of a signed t cost three
+        // instructions an iteration
+        for (const float * end = kt + n_t; kt < end; kt += VL, row += VL * BITS / 8)
+            store16(kt, codes16<BITS, V>(row) * scale + m);
     }
 }
 
