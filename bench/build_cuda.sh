@@ -38,7 +38,8 @@ rm -rf "$WORK/src" && mkdir -p "$WORK/src"
 tar xzf "$GGML_SDIST" -C "$WORK/src" --strip-components=1
 
 # 2. ggml with its CUDA backend (the CPU backend built as in the wheel: AVX2/FMA/F16C, no
-#    OpenMP), installed with the CUDA libraries' folder in its run path
+#    OpenMP; CUDA graphs on, ggml's default being off outside llama.cpp), installed with the
+#    CUDA libraries' folder in its run path
 # shellcheck disable=SC2086
 cmake -S "$WORK/src/ggml" -B "$WORK/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
@@ -49,6 +50,7 @@ cmake -S "$WORK/src/ggml" -B "$WORK/build" -G Ninja \
   -DGGML_CUDA=ON \
   -DGGML_NATIVE=OFF \
   -DGGML_OPENMP=OFF \
+  -DGGML_CUDA_GRAPHS=ON \
   -DGGML_CCACHE=OFF \
   -DGGML_BUILD_TESTS=OFF \
   -DGGML_BUILD_EXAMPLES=OFF \

@@ -95,7 +95,9 @@ if(NOT EXISTS "${_src}/ggml/CMakeLists.txt")
   file(REMOVE_RECURSE "${_src}.tmp")
 endif()
 
-# as bench/build_cuda.sh and the wheel: portable CPU kernels (AVX2/FMA/F16C), no OpenMP
+# as bench/build_cuda.sh and the wheel: portable CPU kernels (AVX2/FMA/F16C), no OpenMP; CUDA
+# graphs on (off by default outside llama.cpp): ggml-cuda replays each of the executor's graph
+# segments (cuda/executor.h) once its nodes repeat from one step to the next
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 80 86 89 90)
 endif()
@@ -103,6 +105,7 @@ set(BUILD_SHARED_LIBS ON)
 set(GGML_CUDA ON CACHE BOOL "" FORCE)
 set(GGML_NATIVE OFF CACHE BOOL "" FORCE)
 set(GGML_OPENMP OFF CACHE BOOL "" FORCE)
+set(GGML_CUDA_GRAPHS ON CACHE BOOL "" FORCE)
 set(GGML_CCACHE OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
