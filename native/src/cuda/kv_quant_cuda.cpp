@@ -15,7 +15,9 @@
 // rows are what the fused kernels read, dequantised and rounded to fp16.
 // A layer's appends and events (KIVI and OTT) run on a stream of their own, after its
 // attention and beside the graph's next layers (nothing reads the layer's stores again
-// before the next step); the last layer's run_layer joins that stream back.
+// before the next step); the last layer's run_layer joins that stream back. With recent
+// blocks, the launch over them runs on a third stream beside the old blocks' launch (its
+// blocks fill the other's last wave) and the merge waits for both.
 //
 // Memory: every store is allocated at creation for n_seq_max sequences of n_ctx tokens (as
 // the fp16 cache is), in one buffer of the device's ggml buffer type. The window ring of a
@@ -58,9 +60,13 @@ public:
         cudaSetDevice(sh.cuda_device);
         if (stream) cudaStreamSynchronize(stream);
         if (side) cudaStreamSynchronize(side);
+        if (aux) cudaStreamSynchronize(aux);
         if (ev_attn) cudaEventDestroy(ev_attn);
         if (ev_side) cudaEventDestroy(ev_side);
+        if (ev_fork) cudaEventDestroy(ev_fork);
+        if (ev_join) cudaEventDestroy(ev_join);
         if (side) cudaStreamDestroy(side);
+        if (aux) cudaStreamDestroy(aux);
         if (d_plan) cudaFree(d_plan);
         if (d_partials) cudaFree(d_partials);
         if (stream) cudaStreamDestroy(stream);
@@ -73,6 +79,9 @@ public:
         OTT_CUDA_TRY(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
         OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_attn, cudaEventDisableTiming));
         OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_side, cudaEventDisableTiming));
+        OTT_CUDA_TRY(cudaStreamCreateWithFlags(&aux, cudaStreamNonBlocking));
+        OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+        OTT_CUDA_TRY(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, sh.cuda_device));
         int cc_major = 0;
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, sh.cuda_device));
@@ -341,8 +350,16 @@ public:
             a.partials      = d_partials;
             a.recent        = cfg.recent;
             a.n_parts       = ott_cuda_attn_n_parts(n_splits, cfg.recent, a.n_tiles, n_sm);
+            if (R) {  // the recent blocks' launch (the last partials of every tile) beside the old blocks'
+                OTT_CUDA_TRY(cudaEventRecord(ev_fork, exec_stream));
+                OTT_CUDA_TRY(cudaStreamWaitEvent(aux, ev_fork, 0));
+            }
             OTT_CUDA_TRY(ott_cuda_attn_partial(a, exec_stream));
-            if (R) OTT_CUDA_TRY(ott_cuda_attn_recent(a, *R, exec_stream));  // the last partials of every tile
+            if (R) {
+                OTT_CUDA_TRY(ott_cuda_attn_recent(a, *R, aux));
+                OTT_CUDA_TRY(cudaEventRecord(ev_join, aux));
+                OTT_CUDA_TRY(cudaStreamWaitEvent(exec_stream, ev_join, 0));
+            }
             OTT_CUDA_TRY(ott_cuda_attn_merge(a, out, out_nb1, exec_stream));
         }
 
@@ -612,6 +629,9 @@ private:
     cudaStream_t side    = nullptr;  // a step's appends and events (not KVQuant's)
     cudaEvent_t ev_attn  = nullptr;  // a layer's attention is done (on the executor's stream)
     cudaEvent_t ev_side  = nullptr;  // the last layer's appends and events are done
+    cudaStream_t aux     = nullptr;  // a layer's recent blocks' attention, beside its old blocks'
+    cudaEvent_t ev_fork  = nullptr;  // the layer's attention may start (on the executor's stream)
+    cudaEvent_t ev_join  = nullptr;  // its recent blocks' partials are written (on aux)
     int n_sm             = 1;
     int32_t tensor_cores = 0;      // 1 on sm_80+ (ott_cuda_attn_args::tensor_cores)
     bool flash_attn      = false;  // ggml's flash attention serves this head size (not KVQuant)
