@@ -490,6 +490,14 @@ def cmd_run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    # the last token sampled is not evaluated: the cache holds the prompt and all but it
+    n_out = model.seq_len(0) - len(ids) + 1
+    if n_out < args.n_predict and model.seq_len(0) + 1 >= model.n_ctx:
+        print(
+            f"note: stopped after {n_out} of {args.n_predict} tokens: the context of {model.n_ctx} tokens "
+            "is full (raise -c/--ctx-size)",
+            file=sys.stderr,
+        )
     return 0
 
 

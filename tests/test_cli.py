@@ -333,6 +333,18 @@ def test_prompt_longer_than_the_context(smollm2_path):
     assert 16 in numbers and any(n > 16 for n in numbers), line
 
 
+def test_run_says_when_the_context_ends_the_text(smollm2_path, smollm2):
+    proc = cli("run", smollm2_path, "-c", 12, "-n", 40, "--temp", 0, "-t", 2, "-p", "Once upon a time")
+    assert proc.returncode == 0, proc.stderr
+    n_prompt = len(smollm2.tokenize("Once upon a time", add_special=True, parse_special=True))
+    note = proc.stderr.strip().splitlines()[-1]
+    assert note == (
+        f"note: stopped after {12 - n_prompt} of 40 tokens: the context of 12 tokens is full (raise -c/--ctx-size)"
+    )
+    full = cli("run", smollm2_path, "-c", 256, "-n", 4, "--temp", 0, "-t", 2, "-p", "Once upon a time")
+    assert full.returncode == 0 and "note:" not in full.stderr, full.stderr
+
+
 def test_unknown_flag():
     assert_one_line_error(cli("run", "--bogus"), "--bogus", code=2)
 
