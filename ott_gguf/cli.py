@@ -809,6 +809,8 @@ def cmd_bench(args) -> int:
     from .bench import bench, format_table
     from .model import physical_cores
 
+    if args.n_prompt == 0 and args.n_gen == 0:
+        raise InvalidArgumentError("bench: nothing to measure: -p and -n are both 0")
     n_ctx = max(args.depths) + max(args.n_prompt, args.n_gen)
     model = _load(args, n_ctx, n_ubatch=min(args.ubatch, n_ctx))
     rows = bench(model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depths, reps=args.reps)

@@ -345,6 +345,10 @@ def test_run_says_when_the_context_ends_the_text(smollm2_path, smollm2):
     assert full.returncode == 0 and "note:" not in full.stderr, full.stderr
 
 
+def test_bench_with_nothing_to_measure():
+    assert_one_line_error(cli("bench", "-p", 0, "-n", 0), "-p and -n are both 0")
+
+
 def test_unknown_flag():
     assert_one_line_error(cli("run", "--bogus"), "--bogus", code=2)
 
