@@ -123,13 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     modes = args.kv.split(",")
-    if not args.model.exists():
-        sys.path.insert(0, str(Path(__file__).parent))
-        from llama7b_gguf import write
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llama7b_gguf import ensure
 
-        t = time.perf_counter()
-        write(args.model)
-        print(f"wrote {args.model} in {time.perf_counter() - t:.0f} s", flush=True)
+    ensure(args.model)
 
     results: dict = {"kernels": [], "decode": [], "kv": []}
     if not args.skip_kernels:

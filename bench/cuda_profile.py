@@ -150,11 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if not args.model.exists():
-        sys.path.insert(0, str(Path(__file__).parent))
-        from llama7b_gguf import write
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llama7b_gguf import ensure
 
-        write(args.model)
+    ensure(args.model)
     weights = Weights(args.model, device="cuda")
     rng = np.random.default_rng(0)
     results = []

@@ -20,13 +20,13 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cuda_bench import decode_rate, fill, open_largest  # noqa: E402
+from llama7b_gguf import ensure  # noqa: E402
 
 from ott_gguf.model import Weights  # noqa: E402
 
@@ -86,12 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.llama_batched_bench.is_file():
         sys.exit(f"error: llama-batched-bench not found at {args.llama_batched_bench}")
-    if not args.model.exists():
-        from llama7b_gguf import write
-
-        t = time.perf_counter()
-        write(args.model)
-        print(f"wrote {args.model} in {time.perf_counter() - t:.0f} s", flush=True)
+    ensure(args.model)
 
     llama = []
     for spec in args.llama.split(","):

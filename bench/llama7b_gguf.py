@@ -119,6 +119,17 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, n_head_k
     return path
 
 
+def ensure(path: Path) -> Path:
+    """path, written with the defaults above first when it does not exist (the benchmarks' --model)."""
+    if not path.exists():
+        import time
+
+        t = time.perf_counter()
+        write(path)
+        print(f"wrote {path} in {time.perf_counter() - t:.0f} s", flush=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
