@@ -74,14 +74,15 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
         return value
 
     return parse
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI-compatible HTTP server with continuous batching (docs/server.md)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_int_at_least(0), default=8080, help="port (default 8080)")
+    p.add_argument("--port", type=_int_at_least(0, 65535), default=8080, help="port (default 8080; 0: a free one)")
     p.add_argument(
         "--parallel",
         type=_slot_count,
@@ -531,12 +532,13 @@ def cmd_serve(args) -> int:
     if args.parallel is None and args.kv_memory is None:
         raise InvalidArgumentError("serve: --parallel auto needs --kv-memory SIZE")
     try:
-        from .server import open_slots, serve
+        from .server import listen, open_slots, serve
     except ImportError as e:
         raise ImportError(f"serve needs the 'serve' extra (pip install 'ott-gguf[serve]'): {e}") from None
     from .model import Weights
     from .resolve import resolve_model
 
+    sock = listen(args.host, args.port)  # before the model loads: a taken port fails at once
     weights = Weights(resolve_model(args.model), device=args.device)
     kv_cfg = _kv_config(args, weights)
     ctx, plan = open_slots(
@@ -554,8 +556,7 @@ def cmd_serve(args) -> int:
     serve(
         ctx,
         plan,
-        host=args.host,
-        port=args.port,
+        sock=sock,
         model_id=model_id,
         api_key=args.api_key,
         max_queue=args.max_queue,

@@ -7,6 +7,7 @@ exit code (2 for command-line usage), and no traceback unless --verbose.
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -363,8 +364,16 @@ def test_serve_refuses_bad_slot_settings(smollm2_path):
     assert_one_line_error(cli("serve", smollm2_path, "--parallel", "0"), "--parallel", code=2)
     # the budget holds no slot of 4096 f16 tokens (90 MiB each)
     assert_one_line_error(
-        cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB"), "16.0 MiB holds no slot"
+        cli("serve", smollm2_path, "-c", 4096, "--parallel", "auto", "--kv-memory", "16MiB", "--port", 0),
+        "16.0 MiB holds no slot",
     )
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on(smollm2_path):
+    assert_one_line_error(cli("serve", smollm2_path, "--port", 70000), "--port", "0..65535", code=2)
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # the port is checked before the model loads
+        port = taken.getsockname()[1]
+        assert_one_line_error(cli("serve", smollm2_path, "--port", port), f"cannot listen on 127.0.0.1:{port}")
 
 
 def test_counts_beyond_int32(smollm2_path):

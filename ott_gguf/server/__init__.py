@@ -12,8 +12,10 @@ Needs the `serve` extra: `pip install ott-gguf[serve]`.
 
 from __future__ import annotations
 
+import socket
 import sys
 
+from ..errors import InvalidArgumentError
 from ..model import Context, Weights
 from .capacity import SlotPlan, plan_slots
 
@@ -48,12 +50,29 @@ def open_slots(
     return ctx, plan
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port (port 0: one the system picks); one error line when
+    the address does not resolve, is not this machine's or the port is taken."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own sockets
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(
     ctx: Context,
     plan: SlotPlan,
     *,
-    host: str,
-    port: int,
+    sock: socket.socket,
     model_id: str,
     api_key: str | None,
     max_queue: int,
@@ -71,5 +90,8 @@ def serve(
     engine = Engine(ctx, batch=batch, chunk=batch, max_queue=max_queue, stats=stats, prompt_cache=prompt_cache)
     app = create_app(engine, model_id, StatsCollector(stats, plan, max_queue), api_key)
     print(f"serve: {ctx.path.name} as '{model_id}' on {ctx.info.device}; {plan.reason}", file=sys.stderr, flush=True)
-    print(f"serve: listening on http://{host}:{port} (OpenAI routes under /v1)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if sock.family == socket.AF_INET6 else host
+    print(f"serve: listening on http://{url_host}:{port} (OpenAI routes under /v1)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
