@@ -286,14 +286,21 @@ def add_to_sidecar(w, cal: KVQCalibration) -> None:
             w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
 
 
-def read_sidecar(path: str | os.PathLike, n_layer: int) -> KVQCalibration:
-    """The KVQuant tables of a sidecar (one error line when it has none or they do not fit)."""
+def open_sidecar(path: str | os.PathLike):
+    """A gguf.GGUFReader of the sidecar at path; one error line when it cannot be read."""
     from gguf import GGUFReader
 
     try:
-        r = GGUFReader(str(path))
-    except (OSError, ValueError, IndexError, KeyError) as e:
-        raise ModelFileError(f"{path}: cannot read the calibration sidecar ({e})") from None
+        return GGUFReader(str(path))
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read the calibration sidecar ({e.strerror or e})") from None
+    except (ValueError, IndexError, KeyError):  # gguf-py's parse errors say little about the file
+        raise ModelFileError(f"{path}: cannot read the calibration sidecar (truncated or not GGUF)") from None
+
+
+def read_sidecar(path: str | os.PathLike, n_layer: int) -> KVQCalibration:
+    """The KVQuant tables of a sidecar (one error line when it has none or they do not fit)."""
+    r = open_sidecar(path)
     if "ott.kvq.outliers" not in r.fields:
         raise ModelFileError(f"{path}: the calibration sidecar has no KVQuant tables (calibrate with --kvquant)")
     if int(r.fields["ott.calib.block_count"].contents()) != n_layer:

@@ -616,15 +616,10 @@ def _kvq_tables(cfg: KVConfig, sidecar: Path, weights: Weights) -> np.ndarray:
     """ott_kv_params.kvq_tables of a KVQuant config from the calibration sidecar of these
     weights: per layer k_lo, k_hi [n_head_kv][head_dim], levels_k, levels_v (float32, one
     flat array). A sidecar of another model file is one error."""
-    from gguf import GGUFReader
-
-    from .kvq_calibration import read_sidecar
+    from .kvq_calibration import open_sidecar, read_sidecar
 
     info = weights.info
-    try:
-        field = GGUFReader(str(sidecar)).fields.get("ott.calib.model_hash")
-    except (OSError, ValueError, IndexError, KeyError) as e:
-        raise ModelFileError(f"{sidecar}: cannot read the calibration sidecar ({e})") from None
+    field = open_sidecar(sidecar).fields.get("ott.calib.model_hash")
     theirs, ours = (str(field.contents()) if field else "-"), f"{weights.fingerprint():016x}"
     if theirs != ours:
         raise InvalidArgumentError(

@@ -122,6 +122,10 @@ def test_sidecar_errors(tmp_path, capsys):
     with pytest.raises(InvalidArgumentError, match="for another model file"):
         Model(path, n_ctx=64, kv="kvquant2", kv_calib=wrong)
     right = write_kvq_sidecar(path, tmp_path / "right.kvcalib.gguf")
+    cut = tmp_path / "cut.kvcalib.gguf"
+    cut.write_bytes(right.read_bytes()[: right.stat().st_size // 2])
+    with pytest.raises(ModelFileError, match=r"cut.kvcalib.gguf: cannot read the calibration sidecar \(truncated"):
+        Model(path, n_ctx=64, kv="kvquant2", kv_calib=cut)
     with pytest.raises(InvalidArgumentError, match="no KVQuant thresholds for 0.5 % outliers"):
         Model(path, n_ctx=64, kv=preset("kvquant2").with_overrides(outliers=50), kv_calib=right)
     with pytest.raises(InvalidArgumentError, match="pool=3 does not apply to KVQuant"):  # the spec's composition only
