@@ -131,12 +131,29 @@ def collect(
         model.close()
 
 
+def _part(path: str | os.PathLike) -> Path:
+    """The temporary name `write` writes a sidecar to before moving it into place."""
+    path = Path(path)
+    return path.with_name(path.name + ".part")
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """One error line now, not after minutes of calibration, when the sidecar cannot be
+    written at path (no such folder, no permission): its temporary file is made and removed."""
+    tmp = _part(path)
+    try:
+        with open(tmp, "wb"):
+            pass
+        tmp.unlink()
+    except OSError as e:
+        raise InvalidArgumentError(f"calibrate: cannot write {path}: {e.strerror or e}") from None
+
+
 def write(cal: Calibration, path: str | os.PathLike) -> None:
     """The sidecar GGUF of `cal` (written to a temporary name, then moved into place)."""
     from gguf import GGUFWriter
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".part")
+    path, tmp = Path(path), _part(path)
     if cal.rot_k is not None:
         L, H, d = cal.rot_k.shape[:3]
     else:

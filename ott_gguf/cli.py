@@ -660,13 +660,14 @@ def cmd_info(args) -> int:
 def cmd_calibrate(args) -> int:
     from dataclasses import replace
 
-    from .calibrate import collect, write
+    from .calibrate import check_writable, collect, write
     from .model import default_calibration
     from .resolve import resolve_model
 
     path = resolve_model(args.model)
     text = _read_text(args.file)
     out = args.output or default_calibration(path)
+    check_writable(out)
     kvq = None
     if args.kvquant or args.kvquant_only:
         from .kvq_calibration import collect_kvq

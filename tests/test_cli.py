@@ -376,6 +376,13 @@ def test_serve_refuses_an_address_it_cannot_listen_on(smollm2_path):
         assert_one_line_error(cli("serve", smollm2_path, "--port", port), f"cannot listen on 127.0.0.1:{port}")
 
 
+def test_calibrate_checks_its_output_before_the_work(smollm2_path, wikitext_path, tmp_path):
+    out = tmp_path / "no-such-folder" / "x.kvcalib.gguf"
+    proc = cli("calibrate", smollm2_path, "-f", wikitext_path, "-o", out, timeout=60)
+    assert_one_line_error(proc, f"cannot write {out}")
+    assert not out.parent.exists()
+
+
 def test_counts_beyond_int32(smollm2_path):
     for flag in ("-c", "-t"):
         assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", 1, flag, 2**40), "[1, 2147483647]")
