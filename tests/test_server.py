@@ -284,6 +284,7 @@ def test_full_queue_answers_503_with_retry_after(server):
         (b"{not json", 400, None),
         ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
         ({"messages": "hello"}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),

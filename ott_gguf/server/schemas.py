@@ -96,13 +96,14 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
     def as_template_input(self) -> dict:
-        """{"role", "content"} with text parts joined, as chat templates expect."""
+        """{"role", "content"} with text parts joined, as chat templates expect; OpenAI's
+        `developer` (its newer name for instructions) as `system`, which templates know."""
         content = self.content if not isinstance(self.content, list) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": content or ""}
+        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 
 class ChatCompletionRequest(GenerationFields):
