@@ -1,7 +1,8 @@
-"""Token sampling from a logits vector: greedy, penalties, top-k, top-p, min-p, temperature.
+"""Token sampling from a logits vector: greedy, logit bias, penalties, top-k, top-p, min-p,
+temperature.
 
 The filters run in the order of llama.cpp's default sampler chain:
-penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 Top-p and min-p therefore see the distribution at temperature 1.
 """
 
@@ -24,6 +25,8 @@ class SamplingParams:
     top_k = 0, top_p = 1 and min_p = 0 each switch their filter off.
     repeat_last_n = -1 penalises the whole history, 0 switches the penalties off.
     frequency_penalty and presence_penalty (OpenAI's, 0 = off) look at the same recent tokens.
+    logit_bias: token id -> a value added to its logit before everything else (OpenAI's, each
+    in [-100, 100]: -100 bans a token in practice, +100 all but forces it).
     """
 
     temperature: float = 0.8
@@ -35,6 +38,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature):
@@ -62,6 +66,11 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0
         ):
             raise InvalidArgumentError(f"sampling: seed must be None or an integer >= 0, got {self.seed!r}")
+        for tok, bias in (self.logit_bias or {}).items():
+            if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or tok < 0:
+                raise InvalidArgumentError(f"sampling: logit_bias token ids are integers >= 0, got {tok!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidArgumentError(f"sampling: logit_bias of token {tok} must be in [-100, 100], got {bias}")
 
     @property
     def greedy(self) -> bool:
@@ -80,7 +89,7 @@ class Sampler:
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.size == 0:
             raise InvalidArgumentError(f"sampling: logits must be a non-empty 1-D array, got shape {logits.shape}")
-        logits = self._penalize(logits.astype(np.float32, copy=True), history)
+        logits = self._penalize(self._bias(logits.astype(np.float32, copy=True)), history)
         if self.params.greedy:
             return int(np.argmax(logits))
 
@@ -98,6 +107,16 @@ class Sampler:
         cdf = np.cumsum(probs)
         pick = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return int(ids[min(pick, ids.size - 1)])
+
+    def _bias(self, logits: np.ndarray) -> np.ndarray:
+        """logit_bias added (in place on the copy it is given)."""
+        if not self.params.logit_bias:
+            return logits
+        ids = np.fromiter(self.params.logit_bias, dtype=np.int64)
+        if ids.max() >= logits.size:
+            raise InvalidArgumentError(f"sampling: logit_bias names token {ids.max()}, outside [0, {logits.size})")
+        logits[ids] += np.fromiter(self.params.logit_bias.values(), dtype=np.float32)
+        return logits
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """llama.cpp's penalties over the recent tokens (in place on the copy it is given): each

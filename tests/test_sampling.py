@@ -143,9 +143,26 @@ def test_frequency_and_presence_penalties_subtract_per_count():
     assert both.sample(logits, [0, 1]) == 2
 
 
+def test_logit_bias_comes_first_in_the_chain():
+    logits = np.array([2.0, 1.5, 1.0, 0.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=0.0, logit_bias={0: -100.0})).sample(logits) == 1
+    assert Sampler(SamplingParams(temperature=0.0, logit_bias={3: 2.5})).sample(logits) == 3  # 2.5 > 2.0
+    # before the penalties, as in llama.cpp: token 3's biased 2.5 is halved to 1.25 < 2.0 (the
+    # other order would give 0·2 + 2.5 = 2.5 and pick it)
+    assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=2.0, logit_bias={3: 2.5})).sample(logits, [3]) == 0
+    # a banned token is never drawn, whatever the temperature
+    hot = Sampler(SamplingParams(temperature=5.0, top_k=0, top_p=1.0, min_p=0.0, seed=1, logit_bias={0: -100.0}))
+    assert 0 not in {hot.sample(logits) for _ in range(200)}
+    assert logits[0] == 2.0  # the caller's logits are not modified
+    with pytest.raises(InvalidArgumentError, match="outside"):
+        Sampler(SamplingParams(logit_bias={4: 1.0})).sample(logits)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
+        {"logit_bias": {0: 101.0}},
+        {"logit_bias": {-1: 1.0}},
         {"top_p": 0.0},
         {"top_p": 1.5},
         {"top_k": -1},

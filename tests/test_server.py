@@ -31,6 +31,7 @@ from ott_gguf.sampling import SamplingParams
 from ott_gguf.server.capacity import plan_slots
 from ott_gguf.server.engine import Delta, Done, Engine, Failed, Job, Request
 from ott_gguf.server.stops import StopScanner
+from ott_gguf.tokenizer import Tokenizer
 
 # The server process imports the same ott_gguf as this test process (as in test_cli.py).
 PACKAGE_ROOT = Path(ott_gguf.__file__).resolve().parent.parent
@@ -285,6 +286,15 @@ def test_full_queue_answers_503_with_retry_after(server):
         ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
         ({"messages": "hello"}, 400, "messages"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+            400,
+            "response_format",
+        ),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}, 400, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 200}}, 400, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "10"}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
@@ -314,6 +324,23 @@ def test_bad_completion_requests_and_routes(server):
     assert r.status_code == 400
     r = httpx.get(server.url + "/v1/nothing-here", timeout=30)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_logit_bias_bans_and_forces_tokens(server, smollm2_path):
+    tok = Tokenizer.from_gguf(smollm2_path)
+
+    def first_token(**extra) -> int:
+        body = {"prompt": COUNTING, "max_tokens": 1, **GREEDY, **extra}
+        text = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        ids = tok.encode(text, add_special=False)
+        assert len(ids) == 1, (text, ids)
+        return ids[0]
+
+    greedy = first_token()
+    banned = first_token(logit_bias={str(greedy): -100})
+    assert banned != greedy
+    forced = tok.encode(" seven", add_special=False)[0]
+    assert first_token(logit_bias={str(forced): 100}) == forced
 
 
 def test_server_survives_bad_requests(server, client):

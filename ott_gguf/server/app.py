@@ -135,7 +135,7 @@ def _completion_prompt_ids(ctx, prompt: str | list[int] | list[str]) -> list[int
     return ctx.tokenize(text, add_special=True, parse_special=True)
 
 
-def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int) -> EngineRequest:
+def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int, n_vocab: int) -> EngineRequest:
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompt) >= n_ctx:
@@ -144,6 +144,11 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int) -> En
             f"the prompt has {len(prompt)} tokens but a slot holds {n_ctx}, prompt and reply together",
             param="messages" if hasattr(body, "messages") else "prompt",
             code="context_length_exceeded",
+        )
+    outside = [tok for tok in body.logit_bias or {} if int(tok) >= n_vocab]
+    if outside:
+        raise APIError(
+            400, f"logit_bias names token {outside[0]}, outside the vocabulary [0, {n_vocab})", param="logit_bias"
         )
     try:
         sampling = body.sampling()
@@ -159,7 +164,7 @@ async def _respond(
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = Job(
-        _engine_request(body, prompt, engine.ctx.n_ctx),
+        _engine_request(body, prompt, engine.ctx.n_ctx, engine.ctx.n_vocab),
         emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
     )
     try:

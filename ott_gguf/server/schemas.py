@@ -1,7 +1,9 @@
 """The OpenAI wire format: request bodies (validated with pydantic) and response objects.
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced);
-fields OpenAI defines that change nothing here (`user`, `logit_bias` ...) are ignored.
+fields OpenAI defines that change nothing here (`user`, `metadata` ...) are ignored, and those
+that ask for what this server does not return (log probabilities, the prompt echoed, JSON
+output) are an error rather than ignored.
 Sampling fields a request leaves out take llama.cpp's defaults (`SamplingParams`), as
 llama-server does.
 """
@@ -41,9 +43,28 @@ class GenerationFields(BaseModel):
     repeat_last_n: int | None = Field(None, ge=-1)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: dict | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, bias):
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids, got '{key}'")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {value}")
+        return bias
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, fmt):
+        if fmt is not None and fmt.get("type", "text") != "text":
+            raise ValueError(f"only type 'text' is supported (no constrained decoding), got '{fmt.get('type')}'")
+        return fmt
 
     @field_validator("n")
     @classmethod
@@ -75,7 +96,8 @@ class GenerationFields(BaseModel):
             )
             if getattr(self, name) is not None
         }
-        return SamplingParams(**given)
+        bias = {int(tok): value for tok, value in (self.logit_bias or {}).items()}
+        return SamplingParams(**given, logit_bias=bias or None)
 
     def token_limit(self) -> int | None:
         return self.max_tokens
@@ -106,9 +128,23 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 
+def _not_returned(asked: bool, what: str) -> None:
+    """A request field asking for what the responses never hold: an error, not ignored."""
+    if asked:
+        raise ValueError(f"{what} are not returned by this server")
+
+
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        _not_returned(bool(value), "log probabilities")
+        return value
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -116,6 +152,20 @@ class ChatCompletionRequest(GenerationFields):
 
 class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = None  # 0 would ask for the sampled tokens' own
+    echo: bool | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        _not_returned(value is not None, "log probabilities")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value):
+        _not_returned(bool(value), "echoed prompts")
+        return value
 
     @field_validator("prompt")
     @classmethod
