@@ -178,6 +178,48 @@ def test_completion_length_and_stop(client):
     assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
 
 
+def test_completion_logprobs_are_the_models(client, smollm2_path):
+    """Each generated token's log probability and its likeliest alternatives, streamed or not,
+    are the log-softmax of the logits a local context of the same cache computes."""
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=6, logprobs=3, **GREEDY
+    )
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == r.usage.completion_tokens == 6
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert list(top)[0] == tok and top[tok] == p <= 0.0  # greedy: the likeliest token
+        assert len(top) == 3 and list(top.values()) == sorted(top.values(), reverse=True)
+
+    local = Context(Weights(smollm2_path), n_ctx=N_CTX, kv="ott2", n_threads=1)
+    ids = local.tokenize(COUNTING)
+    for i in range(len(lp.tokens)):
+        x = local.eval(ids).astype(np.float64)
+        want = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+        top = np.argsort(-want)[:3]
+        assert [local.detokenize([t]) for t in top] == list(lp.top_logprobs[i]), i
+        assert np.allclose(want[top], list(lp.top_logprobs[i].values()), atol=1e-3), i
+        ids = [int(top[0])]
+
+    streamed = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=COUNTING, max_tokens=6, logprobs=3, stream=True, **GREEDY
+    )
+    parts = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs]
+    assert sum((p.tokens for p in parts), []) == lp.tokens
+    assert sum((p.text_offset for p in parts), []) == lp.text_offset
+    assert np.allclose(sum((p.token_logprobs for p in parts), []), lp.token_logprobs)
+
+
+def test_chat_logprobs(client):
+    r = chat(client, "Count from 1 to 20.", max_tokens=8, logprobs=True, top_logprobs=2, **GREEDY)
+    content = r.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == r.choices[0].message.content and len(content) == 8
+    for e in content:
+        assert e.bytes == list(e.token.encode()) and e.logprob <= 0.0
+        assert [t.token for t in e.top_logprobs][0] == e.token and len(e.top_logprobs) == 2
+    assert chat(client, "Count from 1 to 20.", max_tokens=2, **GREEDY).choices[0].logprobs is None
+
+
 def test_seeded_sampling_repeats(client):
     kw = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": 7, "extra_body": {"top_k": 0, "min_p": 0.0}}
     a, b = (chat(client, "Tell me a story.", **kw).choices[0].message.content for _ in range(2))
@@ -286,7 +328,8 @@ def test_full_queue_answers_503_with_retry_after(server):
         ({"model": "SmolLM2-135M-Instruct.Q4_1"}, 400, "messages"),
         ({"messages": "hello"}, 400, "messages"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         (
             {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
             400,
@@ -322,6 +365,9 @@ def test_bad_completion_requests_and_routes(server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a", "b"]}, timeout=30)
     assert r.status_code == 400
+    for extra, param in (({"echo": True}, "echo"), ({"logprobs": 21}, "logprobs")):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.get(server.url + "/v1/nothing-here", timeout=30)
     assert r.status_code == 404 and "error" in r.json()
 

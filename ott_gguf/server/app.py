@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from ..chat_session import chat_prompt_ids
 from ..errors import InvalidArgumentError, OttError
-from .engine import Delta, Done, Engine, Failed, Job, UnavailableError
+from .engine import Delta, Done, Engine, Failed, Job, Logprob, UnavailableError
 from .engine import Request as EngineRequest
 from .metrics import StatsCollector
 from .schemas import (
@@ -67,6 +67,10 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
     routes need `Authorization: Bearer <api_key>` when api_key is set."""
     ctx = engine.ctx
     created = int(ctx.path.stat().st_mtime)
+
+    def piece(tok: int) -> bytes:  # a token's text in log probabilities, special tokens' too
+        return ctx.tokenizer.token_to_piece(tok, special=True)
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
 
@@ -101,13 +105,13 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
         _check_model(body, model_id)
         messages = [m.as_template_input() for m in body.messages]
         prompt = await run_in_threadpool(chat_prompt_ids, ctx, messages)
-        return await _respond(engine, body, prompt, ChatFormat(model_id), request)
+        return await _respond(engine, body, prompt, ChatFormat(model_id, piece), request)
 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body, model_id)
         prompt = await run_in_threadpool(_completion_prompt_ids, ctx, body.prompt)
-        return await _respond(engine, body, prompt, TextFormat(model_id), request)
+        return await _respond(engine, body, prompt, TextFormat(model_id, piece), request)
 
     app.include_router(api)
     return app
@@ -154,7 +158,9 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int, n_voc
         sampling = body.sampling()
     except InvalidArgumentError as e:
         raise APIError(400, str(e)) from None
-    return EngineRequest(prompt, body.token_limit() or n_ctx - len(prompt), sampling, body.stops())
+    return EngineRequest(
+        prompt, body.token_limit() or n_ctx - len(prompt), sampling, body.stops(), body.logprob_count()
+    )
 
 
 async def _respond(
@@ -174,18 +180,27 @@ async def _respond(
     watcher = asyncio.create_task(_watch_disconnect(request, events))
     if body.stream:
         return StreamingResponse(
-            _stream(fmt, body.include_usage, events, job, watcher),
+            _stream(fmt, body.include_usage, body.logprob_count() is not None, events, job, watcher),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
+    asked = body.logprob_count() is not None
     try:
-        text = []
+        text, logprobs = [], []
         async for event in _until_end(events):
             if isinstance(event, Delta):
                 text.append(event.text)
+            elif isinstance(event, Logprob):
+                logprobs.append(event)
             elif isinstance(event, Done):
                 return JSONResponse(
-                    fmt.response("".join(text), event.finish_reason, event.prompt_tokens, event.completion_tokens)
+                    fmt.response(
+                        "".join(text),
+                        event.finish_reason,
+                        event.prompt_tokens,
+                        event.completion_tokens,
+                        logprobs if asked else None,
+                    )
                 )
             else:
                 raise _failure(event)
@@ -196,16 +211,23 @@ async def _respond(
 
 
 async def _stream(
-    fmt: ResponseFormat, include_usage: bool, events: asyncio.Queue, job: Job, watcher: asyncio.Task
+    fmt: ResponseFormat, include_usage: bool, asked: bool, events: asyncio.Queue, job: Job, watcher: asyncio.Task
 ) -> AsyncIterator[str]:
+    """The job's events as server-sent chunks; with `asked`, each text chunk carries the log
+    probabilities of the tokens since the last one (a stop scanner may hold text back), the
+    closing chunk those left."""
     try:
         if fmt.opening() is not None:
             yield _sse(fmt.opening())
+        pending = []
         async for event in _until_end(events):
-            if isinstance(event, Delta):
-                yield _sse(fmt.chunk(event.text))
+            if isinstance(event, Logprob):
+                pending.append(event)
+            elif isinstance(event, Delta):
+                yield _sse(fmt.chunk(event.text, logprobs=pending if asked else None))
+                pending = []
             elif isinstance(event, Done):
-                yield _sse(fmt.chunk(None, event.finish_reason))
+                yield _sse(fmt.chunk(None, event.finish_reason, logprobs=pending if asked and pending else None))
                 if include_usage:
                     yield _sse(fmt.usage_chunk(event.prompt_tokens, event.completion_tokens))
                 yield "data: [DONE]\n\n"

@@ -17,7 +17,8 @@ request reads them as one prompt chunk), so its output may then differ from the 
 alone by that rounding.
 
 Results go back through each job's `emit` callback, called on the worker thread with
-`Delta`, then one `Done` or `Failed`. An exception while serving one request fails that
+`Delta` (and, where the request asks for them, a `Logprob` per generated token before the
+text it adds), then one `Done` or `Failed`. An exception while serving one request fails that
 request only; the others go on.
 """
 
@@ -50,11 +51,30 @@ class Request:
     max_tokens: int  # tokens to generate at most
     sampling: SamplingParams
     stop: tuple[str, ...] = ()  # generation ends before the first of these strings
+    logprobs: int | None = None  # None: none; N: each generated token's log probability and the N likeliest
 
 
 @dataclass(frozen=True)
 class Delta:
     text: str  # the next piece of generated text
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A generated token's natural-log probability under the model (softmax of its logits,
+    before any sampling setting) and the `top` likeliest tokens with theirs, likeliest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def of(cls, logits: np.ndarray, token: int, n_top: int) -> Logprob:
+        x = logits.astype(np.float64)
+        lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))  # log-softmax [n_vocab]
+        best = np.argpartition(-lp, n_top - 1)[:n_top] if n_top else np.empty(0, np.int64)
+        best = best[np.argsort(-lp[best], kind="stable")]
+        return cls(token, float(lp[token]), tuple((int(t), float(lp[t])) for t in best))
 
 
 @dataclass(frozen=True)
@@ -296,6 +316,8 @@ class Engine:
         if self.ctx.tokenizer.is_eog(tok):
             self._finish(slot, "stop")
             return 0
+        if slot.job.request.logprobs is not None:
+            slot.job.emit(Logprob.of(logits, tok, slot.job.request.logprobs))
         slot.history.append(tok)
         slot.n_generated += 1
         self._emit_text(slot, slot.stops.feed(slot.decoder.feed(tok)))

@@ -2,8 +2,8 @@
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced);
 fields OpenAI defines that change nothing here (`user`, `metadata` ...) are ignored, and those
-that ask for what this server does not return (log probabilities, the prompt echoed, JSON
-output) are an error rather than ignored.
+that ask for what this server does not return (the prompt echoed, JSON output) are an error
+rather than ignored.
 Sampling fields a request leaves out take llama.cpp's defaults (`SamplingParams`), as
 llama-server does.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..sampling import SamplingParams
 
 MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's chat route allows
 
 
 class StreamOptions(BaseModel):
@@ -102,6 +104,10 @@ class GenerationFields(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """None: no log probabilities; N: each token's and its N likeliest alternatives'."""
+        return None
+
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
@@ -138,28 +144,29 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, value):
-        _not_returned(bool(value), "log probabilities")
+    def _with_logprobs(cls, value, info):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
         return value
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str]
-    logprobs: int | None = None  # 0 would ask for the sampled tokens' own
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # 0: the sampled tokens' own only
     echo: bool | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        _not_returned(value is not None, "log probabilities")
-        return value
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("echo")
     @classmethod
@@ -191,16 +198,24 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 class ResponseFormat:
-    """The objects of one response: its id, creation time and model, in chat or text form."""
+    """The objects of one response: its id, creation time and model, in chat or text form.
+    Log probabilities (engine.Logprob, a list per response or chunk; None: not asked for) name
+    tokens by their text, from `piece` (token id -> bytes)."""
 
     object_name = ""  # the non-streamed object
     chunk_name = ""  # a streamed chunk
     id_prefix = ""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, piece: Callable[[int], bytes]):
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self.piece = piece
+        self.offset = 0  # characters of the completion so far (the text form's text_offset)
+
+    def _token(self, tok: int) -> tuple[str, bytes]:
+        raw = self.piece(tok)
+        return raw.decode("utf-8", errors="replace"), raw
 
     def _envelope(self, name: str, choices: list, **extra) -> dict:
         return {
@@ -212,13 +227,17 @@ class ResponseFormat:
             **extra,
         }
 
-    def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        choice = {"index": 0, **self._whole(text), "finish_reason": finish_reason}
+    def response(
+        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, logprobs: list | None = None
+    ) -> dict:
+        choice = {"index": 0, **self._whole(text), "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
         return self._envelope(self.object_name, [choice], usage=usage(prompt_tokens, completion_tokens))
 
-    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict:
-        """A streamed piece of text (None: the closing chunk with the finish reason)."""
-        return self._envelope(self.chunk_name, [{"index": 0, **self._piece(text), "finish_reason": finish_reason}])
+    def chunk(self, text: str | None, finish_reason: str | None = None, logprobs: list | None = None) -> dict:
+        """A streamed piece of text (None: the closing chunk with the finish reason) and the log
+        probabilities of the tokens generated since the last chunk."""
+        choice = {"index": 0, **self._piece(text), "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+        return self._envelope(self.chunk_name, [choice])
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return self._envelope(self.chunk_name, [], usage=usage(prompt_tokens, completion_tokens))
@@ -231,6 +250,9 @@ class ResponseFormat:
         raise NotImplementedError
 
     def _piece(self, text: str | None) -> dict:
+        raise NotImplementedError
+
+    def _logprobs(self, logprobs: list | None) -> dict | None:
         raise NotImplementedError
 
 
@@ -248,12 +270,44 @@ class ChatFormat(ResponseFormat):
     def _piece(self, text: str | None) -> dict:
         return {"delta": {} if text is None else {"content": text}}
 
+    def _logprobs(self, logprobs: list | None) -> dict | None:
+        """OpenAI's chat form: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+        if logprobs is None:
+            return None
+
+        def entry(tok: int, lp: float) -> dict:
+            text, raw = self._token(tok)
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+        return {
+            "content": [
+                {**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]} for x in logprobs
+            ]
+        }
+
 
 class TextFormat(ResponseFormat):
     object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl"
 
     def _whole(self, text: str) -> dict:
-        return {"text": text, "logprobs": None}
+        return {"text": text}
 
     def _piece(self, text: str | None) -> dict:
-        return {"text": text or "", "logprobs": None}
+        return {"text": text or ""}
+
+    def _logprobs(self, logprobs: list | None) -> dict | None:
+        """The completions' form: tokens, token_logprobs, top_logprobs ({text: logprob} per
+        token) and text_offset (each token's first character in the completion)."""
+        if logprobs is None:
+            return None
+        tokens, offsets = [], []
+        for x in logprobs:
+            tokens.append(self._token(x.token)[0])
+            offsets.append(self.offset)
+            self.offset += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [x.logprob for x in logprobs],
+            "top_logprobs": [{self._token(t)[0]: lp for t, lp in x.top} for x in logprobs],
+            "text_offset": offsets,
+        }
