@@ -312,6 +312,17 @@ CASES = [
         150,
         [1, 4],
     ),
+    # tiles of 64 slots: AVX-512 scores keys before RoPE two vectors of slots at a time
+    (
+        "hd64-gqa3-pre-rope-tiers-block64",
+        64,
+        3,
+        SMALL.with_overrides(
+            pre_rope=1, hi_k=4, lo_k=8, clip=1, param_bits=8, rot_v=HADAMARD, recent=2, sym_v=1, block=64, group_k=64
+        ),
+        300,
+        [1, 4],
+    ),
     # 7 query rows a KV head: decode rows scored all at once (AVX-512's 8-row RoPE kernel)
     (
         "hd64-gqa7-pre-rope-tiers-sym-v",
