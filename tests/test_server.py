@@ -210,6 +210,38 @@ def test_completion_logprobs_are_the_models(client, smollm2_path):
     assert np.allclose(sum((p.token_logprobs for p in parts), []), lp.token_logprobs)
 
 
+def test_echo_scores_the_prompt(client, smollm2_path):
+    """echo with logprobs and no tokens to generate: each prompt token's log probability given
+    the ones before it (the first has none), as lm-eval-harness asks for loglikelihoods."""
+    text = "The capital of France is Paris. The capital of Italy is Rome."
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=text, max_tokens=0, echo=True, logprobs=1, **GREEDY
+    )
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert choice.text == text and choice.finish_reason == "length" and r.usage.completion_tokens == 0
+    local = Context(Weights(smollm2_path), n_ctx=N_CTX, kv="ott2", n_threads=1)
+    ids = local.tokenize(text)
+    assert len(lp.tokens) == len(ids) == r.usage.prompt_tokens and "".join(lp.tokens) == text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    x = local.eval(ids, all_logits=True).astype(np.float64)  # [n, n_vocab]
+    want = x - (x.max(1, keepdims=True) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)))
+    assert np.allclose(lp.token_logprobs[1:], want[np.arange(len(ids) - 1), ids[1:]], atol=1e-3)
+    assert lp.token_logprobs[-1] > -1.0  # "Rome" after "The capital of Italy is": likely
+
+    streamed = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=text, max_tokens=3, echo=True, logprobs=0, stream=True, **GREEDY
+    )
+    chunks = [c.choices[0] for c in streamed]
+    assert chunks[0].text == text and len(chunks[0].logprobs.tokens) == len(ids)
+    whole = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=text, max_tokens=3, **GREEDY)
+    assert "".join(c.text for c in chunks) == text + whole.choices[0].text
+    assert sum(len(c.logprobs.tokens) for c in chunks if c.logprobs) == len(ids) + 3
+    plain = client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=text, max_tokens=3, echo=True, **GREEDY
+    )
+    assert plain.choices[0].text == text + whole.choices[0].text and plain.choices[0].logprobs is None
+
+
 def test_chat_logprobs(client):
     r = chat(client, "Count from 1 to 20.", max_tokens=8, logprobs=True, top_logprobs=2, **GREEDY)
     content = r.choices[0].logprobs.content
@@ -365,7 +397,7 @@ def test_bad_completion_requests_and_routes(server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a", "b"]}, timeout=30)
     assert r.status_code == 400
-    for extra, param in (({"echo": True}, "echo"), ({"logprobs": 21}, "logprobs")):
+    for extra, param in (({"max_tokens": 0}, None), ({"logprobs": 21}, "logprobs")):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", **extra}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     r = httpx.get(server.url + "/v1/nothing-here", timeout=30)

@@ -111,7 +111,16 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body, model_id)
         prompt = await run_in_threadpool(_completion_prompt_ids, ctx, body.prompt)
-        return await _respond(engine, body, prompt, TextFormat(model_id, piece), request)
+        echo = None
+        if body.echo:  # the prompt as given; token ids as their text
+            echo = (
+                body.prompt
+                if isinstance(body.prompt, str)
+                else body.prompt[0]
+                if isinstance(body.prompt[0], str)
+                else ctx.detokenize(prompt)
+            )
+        return await _respond(engine, body, prompt, TextFormat(model_id, piece, echo), request)
 
     app.include_router(api)
     return app
@@ -158,8 +167,14 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int, n_voc
         sampling = body.sampling()
     except InvalidArgumentError as e:
         raise APIError(400, str(e)) from None
+    limit = body.token_limit()
     return EngineRequest(
-        prompt, body.token_limit() or n_ctx - len(prompt), sampling, body.stops(), body.logprob_count()
+        prompt,
+        n_ctx - len(prompt) if limit is None else limit,
+        sampling,
+        body.stops(),
+        body.logprob_count(),
+        echo=getattr(body, "echo", False),
     )
 
 
@@ -180,7 +195,7 @@ async def _respond(
     watcher = asyncio.create_task(_watch_disconnect(request, events))
     if body.stream:
         return StreamingResponse(
-            _stream(fmt, body.include_usage, body.logprob_count() is not None, events, job, watcher),
+            _stream(fmt, body.include_usage, body.logprob_count() is not None, len(prompt), events, job, watcher),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -211,18 +226,33 @@ async def _respond(
 
 
 async def _stream(
-    fmt: ResponseFormat, include_usage: bool, asked: bool, events: asyncio.Queue, job: Job, watcher: asyncio.Task
+    fmt: ResponseFormat,
+    include_usage: bool,
+    asked: bool,
+    n_prompt: int,
+    events: asyncio.Queue,
+    job: Job,
+    watcher: asyncio.Task,
 ) -> AsyncIterator[str]:
     """The job's events as server-sent chunks; with `asked`, each text chunk carries the log
     probabilities of the tokens since the last one (a stop scanner may hold text back), the
-    closing chunk those left."""
+    closing chunk those left. An echoed prompt (fmt.echo) is the first text chunk, with its
+    n_prompt tokens' log probabilities once they have come."""
     try:
         if fmt.opening() is not None:
             yield _sse(fmt.opening())
+        echo_left = n_prompt if fmt.echo is not None and asked else 0  # prompt entries still to come
+        if fmt.echo is not None and not echo_left:
+            yield _sse(fmt.chunk(fmt.echo, logprobs=[] if asked else None))
         pending = []
         async for event in _until_end(events):
             if isinstance(event, Logprob):
                 pending.append(event)
+                if echo_left:
+                    echo_left -= 1
+                    if not echo_left:
+                        yield _sse(fmt.chunk(fmt.echo, logprobs=pending))
+                        pending = []
             elif isinstance(event, Delta):
                 yield _sse(fmt.chunk(event.text, logprobs=pending if asked else None))
                 pending = []

@@ -17,8 +17,9 @@ request reads them as one prompt chunk), so its output may then differ from the 
 alone by that rounding.
 
 Results go back through each job's `emit` callback, called on the worker thread with
-`Delta` (and, where the request asks for them, a `Logprob` per generated token before the
-text it adds), then one `Done` or `Failed`. An exception while serving one request fails that
+`Delta` (and, where the request asks for them, a `Logprob` per prompt token as it is read
+with `echo`, and per generated token before the text it adds), then one `Done` or `Failed`.
+A request for no tokens (`max_tokens` 0) reads its prompt and is done. An exception while serving one request fails that
 request only; the others go on.
 """
 
@@ -40,6 +41,10 @@ from .stops import StopScanner
 
 log = logging.getLogger("ott_gguf.server")
 
+# prompt tokens a slot reads in one step when every position's logits come back (echo with
+# log probabilities): a chunk's logits are [chunk, n_vocab] floats
+ECHO_CHUNK = 64
+
 
 class UnavailableError(OttError):
     """The engine takes no request now: every slot is busy and the queue is full, or it is stopping."""
@@ -48,10 +53,11 @@ class UnavailableError(OttError):
 @dataclass(frozen=True)
 class Request:
     prompt: list[int]  # token ids, 1 <= len < the slot's context
-    max_tokens: int  # tokens to generate at most
+    max_tokens: int  # tokens to generate at most (0: the prompt only, for its log probabilities)
     sampling: SamplingParams
     stop: tuple[str, ...] = ()  # generation ends before the first of these strings
     logprobs: int | None = None  # None: none; N: each generated token's log probability and the N likeliest
+    echo: bool = False  # with logprobs, the prompt's tokens' too (read whole, never from a cached prefix)
 
 
 @dataclass(frozen=True)
@@ -61,12 +67,13 @@ class Delta:
 
 @dataclass(frozen=True)
 class Logprob:
-    """A generated token's natural-log probability under the model (softmax of its logits,
-    before any sampling setting) and the `top` likeliest tokens with theirs, likeliest first."""
+    """A token's natural-log probability under the model (softmax of the logits before it,
+    before any sampling setting) and the `top` likeliest tokens with theirs, likeliest first;
+    a prompt's first token has neither (None)."""
 
     token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] | None
 
     @classmethod
     def of(cls, logits: np.ndarray, token: int, n_top: int) -> Logprob:
@@ -221,8 +228,10 @@ class Engine:
         prompt (none shares one: the next free sequence), cut back to that prefix; at least the
         prompt's last token is read again, for its logits."""
         prompt = slot.prompt
+        request = slot.job.request
+        whole = request.echo and request.logprobs is not None  # every prompt position's logits wanted
         best, n_best = self._free[-1], 0
-        for seq in reversed(self._free):
+        for seq in reversed(self._free) if not whole else ():
             n = _common_prefix(self._held.get(seq, ()), prompt, len(prompt) - 1)
             if n > n_best:
                 best, n_best = seq, n
@@ -276,8 +285,11 @@ class Engine:
         return plan
 
     def _prompt_chunk(self, slot: Slot) -> list[int]:
-        """Up to `chunk` prompt tokens, ending at the cache's next quantization event."""
-        n = min(len(slot.prompt) - slot.n_cached, self.chunk)
+        """Up to `chunk` prompt tokens (ECHO_CHUNK where every position's logits come back),
+        ending at the cache's next quantization event."""
+        request = slot.job.request
+        chunk = min(self.chunk, ECHO_CHUNK) if request.echo and request.logprobs is not None else self.chunk
+        n = min(len(slot.prompt) - slot.n_cached, chunk)
         n = min(n, self.ctx.tokens_until_event(slot.seq) or n)
         return slot.prompt[slot.n_cached : slot.n_cached + n]
 
@@ -300,18 +312,33 @@ class Engine:
         return rows
 
     def _decode_batch(self, plan) -> dict[Slot, np.ndarray | None]:
-        tokens, pos, seqs, want, samples = [], [], [], [], []
+        tokens, pos, seqs, want, samples, echoes = [], [], [], [], [], []
         for slot, chunk in plan:
+            request = slot.job.request
             samples.append(slot.n_cached + len(chunk) >= len(slot.prompt))  # sampling follows this chunk
+            echoes.append(slot.reading_prompt and request.echo and request.logprobs is not None)
             tokens += chunk
             pos += range(slot.n_cached, slot.n_cached + len(chunk))
             seqs += [slot.seq] * len(chunk)
-            want += [False] * (len(chunk) - 1) + [samples[-1]]
+            want += [echoes[-1]] * (len(chunk) - 1) + [samples[-1] or echoes[-1]]
         logits = iter(self.ctx.decode_batch(tokens, pos, seqs, want))  # F32 [n_want, n_vocab], batch order
-        return {slot: next(logits) if sample else None for (slot, _), sample in zip(plan, samples)}
+        rows = {}
+        for (slot, chunk), sample, echo in zip(plan, samples, echoes):
+            if echo:  # each position's logits give the next prompt token's log probability
+                if slot.n_cached == 0:
+                    slot.job.emit(Logprob(slot.prompt[0], None, None))
+                for j in range(len(chunk)):
+                    row, nxt = next(logits), slot.n_cached + j + 1
+                    if nxt < len(slot.prompt):
+                        slot.job.emit(Logprob.of(row, slot.prompt[nxt], slot.job.request.logprobs))
+            rows[slot] = row if echo and sample else next(logits) if sample else None
+        return rows
 
     def _advance(self, slot: Slot, logits: np.ndarray) -> int:
         """Sample the slot's next token and pass on its text; 1 if a token was generated, else 0."""
+        if slot.job.request.max_tokens == 0:  # the prompt alone was asked for
+            self._finish(slot, "length")
+            return 0
         tok = slot.sampler.sample(logits, slot.history)
         if self.ctx.tokenizer.is_eog(tok):
             self._finish(slot, "stop")

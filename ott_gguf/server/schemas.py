@@ -1,9 +1,8 @@
 """The OpenAI wire format: request bodies (validated with pydantic) and response objects.
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced);
-fields OpenAI defines that change nothing here (`user`, `metadata` ...) are ignored, and those
-that ask for what this server does not return (the prompt echoed, JSON output) are an error
-rather than ignored.
+fields OpenAI defines that change nothing here (`user`, `metadata` ...) are ignored, and one
+that asks for what this server does not return (JSON output) is an error rather than ignored.
 Sampling fields a request leaves out take llama.cpp's defaults (`SamplingParams`), as
 llama-server does.
 """
@@ -15,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..sampling import SamplingParams
 
@@ -134,12 +133,6 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 
-def _not_returned(asked: bool, what: str) -> None:
-    """A request field asking for what the responses never hold: an error, not ignored."""
-    if asked:
-        raise ValueError(f"{what} are not returned by this server")
-
-
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
@@ -163,16 +156,17 @@ class ChatCompletionRequest(GenerationFields):
 class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # 0: the sampled tokens' own only
-    echo: bool | None = None
+    echo: bool = False  # the prompt's text (and with logprobs its tokens') before the completion
+    max_tokens: int | None = Field(None, ge=0)  # 0 with echo: score the prompt, generate nothing
+
+    @model_validator(mode="after")
+    def _nothing_only_with_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 asks for no tokens, which only echo (the prompt scored) makes useful")
+        return self
 
     def logprob_count(self) -> int | None:
         return self.logprobs
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value):
-        _not_returned(bool(value), "echoed prompts")
-        return value
 
     @field_validator("prompt")
     @classmethod
@@ -206,12 +200,13 @@ class ResponseFormat:
     chunk_name = ""  # a streamed chunk
     id_prefix = ""
 
-    def __init__(self, model: str, piece: Callable[[int], bytes]):
+    def __init__(self, model: str, piece: Callable[[int], bytes], echo: str | None = None):
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.piece = piece
-        self.offset = 0  # characters of the completion so far (the text form's text_offset)
+        self.echo = echo  # the prompt's text, which the response repeats first (completions' echo)
+        self.offset = 0  # characters of the response's text so far (the text form's text_offset)
 
     def _token(self, tok: int) -> tuple[str, bytes]:
         raw = self.piece(tok)
@@ -230,6 +225,7 @@ class ResponseFormat:
     def response(
         self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, logprobs: list | None = None
     ) -> dict:
+        text = (self.echo or "") + text
         choice = {"index": 0, **self._whole(text), "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
         return self._envelope(self.object_name, [choice], usage=usage(prompt_tokens, completion_tokens))
 
@@ -307,7 +303,7 @@ class TextFormat(ResponseFormat):
             self.offset += len(tokens[-1])
         return {
             "tokens": tokens,
-            "token_logprobs": [x.logprob for x in logprobs],
-            "top_logprobs": [{self._token(t)[0]: lp for t, lp in x.top} for x in logprobs],
+            "token_logprobs": [x.logprob for x in logprobs],  # None: an echoed prompt's first token
+            "top_logprobs": [None if x.top is None else {self._token(t)[0]: lp for t, lp in x.top} for x in logprobs],
             "text_offset": offsets,
         }
