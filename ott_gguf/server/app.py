@@ -111,15 +111,7 @@ def create_app(engine: Engine, model_id: str, collector: StatsCollector, api_key
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body, model_id)
         prompt = await run_in_threadpool(_completion_prompt_ids, ctx, body.prompt)
-        echo = None
-        if body.echo:  # the prompt as given; token ids as their text
-            echo = (
-                body.prompt
-                if isinstance(body.prompt, str)
-                else body.prompt[0]
-                if isinstance(body.prompt[0], str)
-                else ctx.detokenize(prompt)
-            )
+        echo = _prompt_text(ctx, body.prompt, prompt) if body.echo else None
         return await _respond(engine, body, prompt, TextFormat(model_id, piece, echo), request)
 
     app.include_router(api)
@@ -146,6 +138,13 @@ def _completion_prompt_ids(ctx, prompt: str | list[int] | list[str]) -> list[int
         return list(prompt)
     text = prompt[0] if isinstance(prompt, list) and prompt else prompt or ""
     return ctx.tokenize(text, add_special=True, parse_special=True)
+
+
+def _prompt_text(ctx, given: str | list[int] | list[str], ids: list[int]) -> str:
+    """A completion prompt's text, to echo: as given, or token ids as their text."""
+    if isinstance(given, str):
+        return given
+    return given[0] if given and isinstance(given[0], str) else ctx.detokenize(ids)
 
 
 def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int, n_vocab: int) -> EngineRequest:

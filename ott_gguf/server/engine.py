@@ -19,8 +19,8 @@ alone by that rounding.
 Results go back through each job's `emit` callback, called on the worker thread with
 `Delta` (and, where the request asks for them, a `Logprob` per prompt token as it is read
 with `echo`, and per generated token before the text it adds), then one `Done` or `Failed`.
-A request for no tokens (`max_tokens` 0) reads its prompt and is done. An exception while serving one request fails that
-request only; the others go on.
+A request for no tokens (`max_tokens` 0) reads its prompt and is done. An exception while
+serving one request fails that request only; the others go on.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ class TextFormat(ResponseFormat):
 
     def _logprobs(self, logprobs: list | None) -> dict | None:
         """The completions' form: tokens, token_logprobs, top_logprobs ({text: logprob} per
-        token) and text_offset (each token's first character in the completion)."""
+        token) and text_offset (each token's first character in the response's text)."""
         if logprobs is None:
             return None
         tokens, offsets = [], []
