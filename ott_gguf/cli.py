@@ -88,6 +88,14 @@ def _int_at_least(low: int, high: int | None = None):
     return parse
 
 
+def _logit_bias(text: str) -> tuple[int, float]:
+    """TOKEN_ID(+/-)BIAS, as llama.cpp's --logit-bias: (token id, bias)."""
+    m = re.fullmatch(r"(\d+)([+-](?:\d+\.?\d*|\.\d+))", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID(+/-)BIAS such as 15043+1, got '{text}'")
+    return int(m.group(1)), float(m.group(2))
+
+
 def _depth_list(text: str) -> list[int]:
     try:
         depths = [int(d) for d in text.split(",")]
@@ -211,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens the penalty looks back; -1 = all, 0 = off (default 64)",
     )
     sampling.add_argument("--seed", type=_int_at_least(0), help="random seed (default: random)")
+    sampling.add_argument(
+        "-l",
+        "--logit-bias",
+        type=_logit_bias,
+        action="append",
+        metavar="TOKEN_ID(+/-)BIAS",
+        help="add BIAS (-100 .. 100) to a token's logit before sampling, e.g. 15043+1 or 15043-100 (repeatable)",
+    )
 
     p = sub.add_parser("run", parents=[common, runtime, sampling], help="generate text from a prompt")
     mode = p.add_mutually_exclusive_group()
@@ -468,6 +484,7 @@ def _sampling(args):
         repeat_penalty=args.repeat_penalty,
         repeat_last_n=args.repeat_last_n,
         seed=args.seed,
+        logit_bias=dict(args.logit_bias) if args.logit_bias else None,
     )
 
 

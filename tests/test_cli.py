@@ -125,6 +125,21 @@ def test_run_greedy_matches_the_python_api(smollm2_path, smollm2):
     assert proc.stdout == expected + "\n"
 
 
+def test_run_logit_bias_bans_a_token(smollm2_path, smollm2):
+    from ott_gguf.generate import generate_text
+    from ott_gguf.sampling import SamplingParams
+
+    prompt = "1, 2, 3, 4, 5,"
+    greedy = "".join(generate_text(smollm2, prompt, 4, SamplingParams(temperature=0)))
+    banned = smollm2.tokenize(greedy, add_special=False)[0]
+    proc = cli("run", smollm2_path, "-p", prompt, "-n", 4, "--temp", 0, "-c", 256, "-l", f"{banned}-100")
+    assert proc.returncode == 0, proc.stderr
+    bias = {banned: -100.0}
+    expected = "".join(generate_text(smollm2, prompt, 4, SamplingParams(temperature=0, logit_bias=bias)))
+    assert proc.stdout == expected + "\n" and smollm2.tokenize(expected, add_special=False)[0] != banned
+    assert_one_line_error(cli("run", smollm2_path, "-p", prompt, "-l", "5x1"), "--logit-bias", code=2)
+
+
 def test_chat_answers_each_line_and_keeps_the_conversation(smollm2_path):
     proc = cli(
         "chat",
