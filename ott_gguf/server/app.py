@@ -192,13 +192,13 @@ async def _respond(
     except UnavailableError as e:
         raise APIError(503, str(e), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     watcher = asyncio.create_task(_watch_disconnect(request, events))
+    asked = body.logprob_count() is not None
     if body.stream:
         return StreamingResponse(
-            _stream(fmt, body.include_usage, body.logprob_count() is not None, len(prompt), events, job, watcher),
+            _stream(fmt, body.include_usage, asked, len(prompt), events, job, watcher),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    asked = body.logprob_count() is not None
     try:
         text, logprobs = [], []
         async for event in _until_end(events):

@@ -59,6 +59,11 @@ class Request:
     logprobs: int | None = None  # None: none; N: each generated token's log probability and the N likeliest
     echo: bool = False  # with logprobs, the prompt's tokens' too (read whole, never from a cached prefix)
 
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether every prompt position's logits are wanted (echo with log probabilities)."""
+        return self.echo and self.logprobs is not None
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -228,10 +233,8 @@ class Engine:
         prompt (none shares one: the next free sequence), cut back to that prefix; at least the
         prompt's last token is read again, for its logits."""
         prompt = slot.prompt
-        request = slot.job.request
-        whole = request.echo and request.logprobs is not None  # every prompt position's logits wanted
         best, n_best = self._free[-1], 0
-        for seq in reversed(self._free) if not whole else ():
+        for seq in reversed(self._free) if not slot.job.request.scores_prompt else ():
             n = _common_prefix(self._held.get(seq, ()), prompt, len(prompt) - 1)
             if n > n_best:
                 best, n_best = seq, n
@@ -287,8 +290,7 @@ class Engine:
     def _prompt_chunk(self, slot: Slot) -> list[int]:
         """Up to `chunk` prompt tokens (ECHO_CHUNK where every position's logits come back),
         ending at the cache's next quantization event."""
-        request = slot.job.request
-        chunk = min(self.chunk, ECHO_CHUNK) if request.echo and request.logprobs is not None else self.chunk
+        chunk = min(self.chunk, ECHO_CHUNK) if slot.job.request.scores_prompt else self.chunk
         n = min(len(slot.prompt) - slot.n_cached, chunk)
         n = min(n, self.ctx.tokens_until_event(slot.seq) or n)
         return slot.prompt[slot.n_cached : slot.n_cached + n]
@@ -314,9 +316,8 @@ class Engine:
     def _decode_batch(self, plan) -> dict[Slot, np.ndarray | None]:
         tokens, pos, seqs, want, samples, echoes = [], [], [], [], [], []
         for slot, chunk in plan:
-            request = slot.job.request
             samples.append(slot.n_cached + len(chunk) >= len(slot.prompt))  # sampling follows this chunk
-            echoes.append(slot.reading_prompt and request.echo and request.logprobs is not None)
+            echoes.append(slot.reading_prompt and slot.job.request.scores_prompt)
             tokens += chunk
             pos += range(slot.n_cached, slot.n_cached + len(chunk))
             seqs += [slot.seq] * len(chunk)
@@ -331,7 +332,9 @@ class Engine:
                     row, nxt = next(logits), slot.n_cached + j + 1
                     if nxt < len(slot.prompt):
                         slot.job.emit(Logprob.of(row, slot.prompt[nxt], slot.job.request.logprobs))
-            rows[slot] = row if echo and sample else next(logits) if sample else None
+            elif sample:
+                row = next(logits)
+            rows[slot] = row if sample else None  # the chunk's last position's logits
         return rows
 
     def _advance(self, slot: Slot, logits: np.ndarray) -> int:
