@@ -248,11 +248,11 @@ bool cpu_matmul_type(ggml_type t) {
 
 struct weight_loader {
     ott_model * m;
-    ggml_context * meta;                                                // headers from the GGUF file
-    std::map<ggml_backend_buffer_type_t, ggml_context *> ctxs;          // one context per buffer type
-    std::vector<std::pair<ggml_tensor *, const ggml_tensor *>> placed;  // (ours, file's)
-    std::vector<ggml_backend_buffer_type_t> extra_bufts;                // repacked layouts, best first (CPU)
-    ggml_backend_dev_t dev = nullptr;                                   // the device that holds the weights
+    ggml_context * meta;                                                             // headers from the GGUF file
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctxs;                       // one context per buffer type
+    std::vector<std::pair<ggml_tensor *, std::vector<const ggml_tensor *>>> placed;  // ours, the file's rows in it
+    std::vector<ggml_backend_buffer_type_t> extra_bufts;  // repacked layouts, best first (CPU)
+    ggml_backend_dev_t dev = nullptr;                     // the device that holds the weights
 
     ggml_context * ctx_for(ggml_backend_buffer_type_t buft) {
         auto it = ctxs.find(buft);
@@ -294,9 +294,10 @@ struct weight_loader {
         return false;
     }
 
-    // Find `name`, check its type and shape, and create our header for it.
-    ott_status get(const std::string & name, std::vector<int64_t> ne, bool matmul, bool required, ggml_tensor ** out) {
-        *out                    = nullptr;
+    // Find `name` and check its type and shape; *src stays null when it is missing and not required.
+    ott_status find(const std::string & name, const std::vector<int64_t> & ne, bool matmul, bool required,
+                    const ggml_tensor ** src_out) {
+        *src_out                = nullptr;
         const ggml_tensor * src = ggml_get_tensor(meta, name.c_str());
         if (!src) {
             if (!required) return OTT_OK;
@@ -317,19 +318,59 @@ struct weight_loader {
                                 ne.size() > 1 ? ne[1] : 1, ne.size() > 2 ? ne[2] : 1);
             }
         }
+        *src_out = src;
+        return OTT_OK;
+    }
+
+    // Our header `name` of the parts' type and shape ne, filled at load by the parts' data one
+    // after the other; a matrix goes to the first repacked layout that multiplies it.
+    ggml_tensor * place(const char * name, const int64_t * ne, bool matmul, std::vector<const ggml_tensor *> parts) {
+        ggml_init_params ip             = { ggml_tensor_overhead(), nullptr, true };
+        ggml_context * c                = ggml_init(ip);
+        ggml_tensor * shape             = ggml_new_tensor(c, parts[0]->type, GGML_MAX_DIMS, ne);
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         if (matmul) {
             for (auto b : extra_bufts) {
-                if (matmul_supported(b, src)) {
+                if (matmul_supported(b, shape)) {
                     buft = b;
                     break;
                 }
             }
         }
-        ggml_tensor * t = ggml_new_tensor(ctx_for(buft), src->type, GGML_MAX_DIMS, src->ne);
-        ggml_set_name(t, name.c_str());
-        placed.push_back({ t, src });
-        *out = t;
+        ggml_free(c);
+        ggml_tensor * t = ggml_new_tensor(ctx_for(buft), parts[0]->type, GGML_MAX_DIMS, ne);
+        ggml_set_name(t, name);
+        placed.push_back({ t, std::move(parts) });
+        return t;
+    }
+
+    // Find `name`, check its type and shape, and create our header for it.
+    ott_status get(const std::string & name, const std::vector<int64_t> & ne, bool matmul, bool required,
+                   ggml_tensor ** out) {
+        const ggml_tensor * src = nullptr;
+        OTT_TRY(find(name, ne, matmul, required, &src));
+        *out = src ? place(name.c_str(), src->ne, matmul, { src }) : nullptr;
+        return OTT_OK;
+    }
+
+    // Matrices (or vectors) of one type and width, as one tensor `name` of their rows (elements)
+    // in the order of `names`, each checked as `get` does, part i of shape ne[i]. The products of
+    // such a matrix are those of the parts, row for row: one product a layer instead of several,
+    // each a node of the graph and a barrier of the CPU's threads. Null when the parts differ in
+    // type (then each is loaded alone).
+    ott_status get_stacked(const std::vector<std::string> & names, const std::vector<std::vector<int64_t>> & ne,
+                           bool matmul, const std::string & name, ggml_tensor ** out) {
+        *out = nullptr;
+        std::vector<const ggml_tensor *> parts(names.size());
+        for (size_t i = 0; i < names.size(); ++i) {
+            OTT_TRY(find(names[i], ne[i], matmul, true, &parts[i]));
+            if (parts[i]->type != parts[0]->type) return OTT_OK;
+        }
+        const int axis               = ne[0].size() - 1;  // rows of a matrix, elements of a vector
+        int64_t shape[GGML_MAX_DIMS] = { parts[0]->ne[0], 1, 1, 1 };
+        shape[axis]                  = 0;
+        for (const ggml_tensor * t : parts) shape[axis] += t->ne[axis];
+        *out = place(name.c_str(), shape, matmul, std::move(parts));
         return OTT_OK;
     }
 };
@@ -479,12 +520,20 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         if (fused_qkv) {
             OTT_TRY(wl.get(p + "attn_qkv.weight", { n_embd, n_q + 2 * n_kv }, true, true, &L.wqkv));
         } else {
-            OTT_TRY(wl.get(p + "attn_q.weight", { n_embd, n_q }, true, true, &L.wq));
-            OTT_TRY(wl.get(p + "attn_k.weight", { n_embd, n_kv }, true, true, &L.wk));
-            OTT_TRY(wl.get(p + "attn_v.weight", { n_embd, n_kv }, true, true, &L.wv));
+            const std::vector<std::string> qkv = { p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight" };
+            OTT_TRY(wl.get_stacked(qkv, { { n_embd, n_q }, { n_embd, n_kv }, { n_embd, n_kv } }, true,
+                                   p + "attn_qkv.weight", &L.wqkv));
+            if (!L.wqkv) {  // of different types: three products
+                OTT_TRY(wl.get(qkv[0], { n_embd, n_q }, true, true, &L.wq));
+                OTT_TRY(wl.get(qkv[1], { n_embd, n_kv }, true, true, &L.wk));
+                OTT_TRY(wl.get(qkv[2], { n_embd, n_kv }, true, true, &L.wv));
+            }
         }
         OTT_TRY(wl.get(p + "attn_output.weight", { n_q, n_embd }, true, true, &L.wo));
-        if (bias) {
+        if (bias && L.wqkv) {
+            OTT_TRY(wl.get_stacked({ p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias" },
+                                   { { n_q }, { n_kv }, { n_kv } }, false, p + "attn_qkv.bias", &L.bqkv));
+        } else if (bias) {
             OTT_TRY(wl.get(p + "attn_q.bias", { n_q }, false, true, &L.bq));
             OTT_TRY(wl.get(p + "attn_k.bias", { n_kv }, false, true, &L.bk));
             OTT_TRY(wl.get(p + "attn_v.bias", { n_kv }, false, true, &L.bv));
@@ -497,8 +546,13 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         if (fused_ffn) {
             OTT_TRY(wl.get(p + "ffn_up.weight", { n_embd, 2 * (int64_t)hp.n_ff }, true, true, &L.ffn_up));
         } else {
-            OTT_TRY(wl.get(p + "ffn_gate.weight", { n_embd, hp.n_ff }, true, true, &L.ffn_gate));
-            OTT_TRY(wl.get(p + "ffn_up.weight", { n_embd, hp.n_ff }, true, true, &L.ffn_up));
+            const std::vector<std::string> gu = { p + "ffn_gate.weight", p + "ffn_up.weight" };
+            OTT_TRY(wl.get_stacked(gu, { { n_embd, hp.n_ff }, { n_embd, hp.n_ff } }, true, p + "ffn_gate_up.weight",
+                                   &L.ffn_up));
+            if (!L.ffn_up) {
+                OTT_TRY(wl.get(gu[0], { n_embd, hp.n_ff }, true, true, &L.ffn_gate));
+                OTT_TRY(wl.get(gu[1], { n_embd, hp.n_ff }, true, true, &L.ffn_up));
+            }
         }
         OTT_TRY(wl.get(p + "ffn_down.weight", { hp.n_ff, n_embd }, true, true, &L.ffn_down));
         if (post_norm) {
@@ -519,12 +573,17 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     std::vector<uint8_t> staging;
     for (auto & pr : wl.placed) {
         ggml_tensor * t     = pr.first;
-        const int64_t idx   = gguf_find_tensor(m->gguf, ggml_get_name(t));
         const size_t nbytes = ggml_nbytes(t);
         staging.resize(nbytes);
-        if (fseeko(f.get(), data_off + (int64_t)gguf_get_tensor_offset(m->gguf, idx), SEEK_SET) != 0 ||
-            fread(staging.data(), 1, nbytes, f.get()) != nbytes) {
-            return ott_fail(OTT_ERR_IO, "%s: read error in tensor '%s'", path, ggml_get_name(t));
+        size_t at = 0;  // the parts' bytes one after the other: their rows stacked
+        for (const ggml_tensor * src : pr.second) {
+            const int64_t idx = gguf_find_tensor(m->gguf, ggml_get_name(src));
+            const size_t n    = ggml_nbytes(src);
+            if (fseeko(f.get(), data_off + (int64_t)gguf_get_tensor_offset(m->gguf, idx), SEEK_SET) != 0 ||
+                fread(staging.data() + at, 1, n, f.get()) != n) {
+                return ott_fail(OTT_ERR_IO, "%s: read error in tensor '%s'", path, ggml_get_name(src));
+            }
+            at += n;
         }
         ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
         if (!(m->tied_output && t == m->output && t != m->tok_embd)) {  // a repacked copy adds no parameters

@@ -53,23 +53,26 @@ struct ott_hparams {
 };
 
 struct ott_layer {
-    ggml_tensor * attn_norm      = nullptr;  // F32 [n_embd]
-    ggml_tensor * wq             = nullptr;  // [n_embd, n_embd_head*n_head]    (null when fused in wqkv)
-    ggml_tensor * wk             = nullptr;  // [n_embd, n_embd_gqa]
-    ggml_tensor * wv             = nullptr;  // [n_embd, n_embd_gqa]
-    ggml_tensor * wqkv           = nullptr;  // [n_embd, n_embd_head*n_head + 2*n_embd_gqa]: Q, K, V rows (phi3)
+    ggml_tensor * attn_norm = nullptr;       // F32 [n_embd]
+    ggml_tensor * wq        = nullptr;       // [n_embd, n_embd_head*n_head]    (null when fused in wqkv)
+    ggml_tensor * wk        = nullptr;       // [n_embd, n_embd_gqa]
+    ggml_tensor * wv        = nullptr;       // [n_embd, n_embd_gqa]
+    ggml_tensor * wqkv      = nullptr;       // [n_embd, n_embd_head*n_head + 2*n_embd_gqa]: Q, K, V rows
+                                             // (phi3's file; elsewhere stacked at load when of one type)
     ggml_tensor * wo             = nullptr;  // [n_embd_head*n_head, n_embd]
     ggml_tensor * bq             = nullptr;  // F32 [n_embd_head*n_head]   (qwen2 only)
     ggml_tensor * bk             = nullptr;  // F32 [n_embd_gqa]           (qwen2 only)
     ggml_tensor * bv             = nullptr;  // F32 [n_embd_gqa]           (qwen2 only)
+    ggml_tensor * bqkv           = nullptr;  // F32 [n_embd_head*n_head + 2*n_embd_gqa]: bq, bk, bv with wqkv
     ggml_tensor * attn_q_norm    = nullptr;  // F32 [n_embd_head] per-head RMS norm of Q (qwen3, gemma3)
     ggml_tensor * attn_k_norm    = nullptr;  // F32 [n_embd_head]
     ggml_tensor * attn_post_norm = nullptr;  // F32 [n_embd] on the attention output (gemma3)
     ggml_tensor * ffn_norm       = nullptr;  // F32 [n_embd]
     ggml_tensor * ffn_gate       = nullptr;  // [n_embd, n_ff]                (null when fused in ffn_up)
-    ggml_tensor * ffn_up         = nullptr;  // [n_embd, n_ff]; phi3: [n_embd, 2*n_ff], gate rows then up rows
-    ggml_tensor * ffn_down       = nullptr;  // [n_ff, n_embd]
-    ggml_tensor * ffn_post_norm  = nullptr;  // F32 [n_embd] on the FFN output (gemma3)
+    ggml_tensor * ffn_up         = nullptr;  // [n_embd, n_ff]; with ffn_gate null [n_embd, 2*n_ff], gate rows
+                                             // then up rows (phi3's file; elsewhere stacked at load)
+    ggml_tensor * ffn_down      = nullptr;   // [n_ff, n_embd]
+    ggml_tensor * ffn_post_norm = nullptr;   // F32 [n_embd] on the FFN output (gemma3)
 };
 
 struct ott_model {

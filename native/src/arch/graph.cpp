@@ -50,9 +50,22 @@ ggml_tensor * ott_graph_builder::build_norm(ggml_tensor * cur, ggml_tensor * w, 
 ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int il) {
     const ott_hparams & hp = model.hparams;
     const int64_t n_tokens = cur->ne[1];
-    ggml_tensor * q        = ggml_mul_mat(ctx, L.wq, cur);
-    ggml_tensor * k        = ggml_mul_mat(ctx, L.wk, cur);
-    ggml_tensor * v        = ggml_mul_mat(ctx, L.wv, cur);
+    if (L.wqkv) {  // Q, K, V as views of one product's rows [n_q | n_embd_gqa | n_embd_gqa]
+        const int64_t hd  = hp.n_embd_head;
+        const size_t es   = sizeof(float);
+        ggml_tensor * qkv = ggml_mul_mat(ctx, L.wqkv, cur);  // [n_q + 2*n_embd_gqa, n_tokens]
+        if (L.bqkv) qkv = ggml_add(ctx, qkv, L.bqkv);
+        ggml_format_name(qkv, "wqkv-%d", il);
+        const size_t off_k = (size_t)hd * hp.n_head * es, off_v = off_k + (size_t)hp.n_embd_gqa() * es;
+        ggml_tensor * q = ggml_view_3d(ctx, qkv, hd, hp.n_head, n_tokens, hd * es, qkv->nb[1], 0);
+        ggml_tensor * k = ggml_view_3d(ctx, qkv, hd, hp.n_head_kv, n_tokens, hd * es, qkv->nb[1], off_k);
+        ggml_tensor * v = ggml_view_3d(ctx, qkv, hd, hp.n_head_kv, n_tokens, hd * es, qkv->nb[1], off_v);
+        ggml_format_name(v, "Vcur-%d", il);
+        return { q, k, v };
+    }
+    ggml_tensor * q = ggml_mul_mat(ctx, L.wq, cur);
+    ggml_tensor * k = ggml_mul_mat(ctx, L.wk, cur);
+    ggml_tensor * v = ggml_mul_mat(ctx, L.wv, cur);
     if (L.bq) q = ggml_add(ctx, q, L.bq);
     if (L.bk) k = ggml_add(ctx, k, L.bk);
     if (L.bv) v = ggml_add(ctx, v, L.bv);
@@ -96,15 +109,16 @@ ggml_tensor * ott_graph_builder::build_attn(const ott_qkv & qkv, const ott_layer
 }
 
 ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & L, ott_ffn_act act, int il) {
-    ggml_tensor * gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
-    ggml_tensor * up   = ggml_mul_mat(ctx, L.ffn_up, cur);
-    if (act == OTT_FFN_SILU) {
-        cur = ggml_swiglu_split(ctx, gate, up);
-        ggml_format_name(cur, "ffn_swiglu-%d", il);
+    const bool silu = act == OTT_FFN_SILU;
+    if (!L.ffn_gate) {  // [gate; up] = ffn_up · cur, the activation of the first half times the second
+        cur = ggml_mul_mat(ctx, L.ffn_up, cur);  // [2*n_ff, n_tokens]
+        cur = silu ? ggml_swiglu(ctx, cur) : ggml_geglu(ctx, cur);
     } else {
-        cur = ggml_geglu_split(ctx, gate, up);
-        ggml_format_name(cur, "ffn_geglu-%d", il);
+        ggml_tensor * gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
+        ggml_tensor * up   = ggml_mul_mat(ctx, L.ffn_up, cur);
+        cur                = silu ? ggml_swiglu_split(ctx, gate, up) : ggml_geglu_split(ctx, gate, up);
     }
+    ggml_format_name(cur, silu ? "ffn_swiglu-%d" : "ffn_geglu-%d", il);
     cur = ggml_mul_mat(ctx, L.ffn_down, cur);
     ggml_format_name(cur, "ffn_out-%d", il);
     return cur;

@@ -86,8 +86,13 @@ public:
                              ggml_tensor * v, float kq_scale) override {
         const int64_t n_tokens = q->ne[2];
         const int64_t hd       = sh.n_embd_head;
-        ggml_tensor * app_k    = ggml_set_rows(gctx, k_l[il], ggml_reshape_2d(gctx, k, n_embd_gqa(), n_tokens), rows);
-        ggml_tensor * app_v    = ggml_set_rows(gctx, v_l[il], ggml_reshape_2d(gctx, v, n_embd_gqa(), n_tokens), rows);
+        // rows whole (K or V can be views of a fused projection's rows: graph.cpp's build_qkv)
+        auto rows_of = [&](ggml_tensor * x) {
+            return ggml_is_contiguous(x) ? ggml_reshape_2d(gctx, x, n_embd_gqa(), n_tokens)
+                                         : ggml_cont_2d(gctx, x, n_embd_gqa(), n_tokens);
+        };
+        ggml_tensor * app_k = ggml_set_rows(gctx, k_l[il], rows_of(k), rows);
+        ggml_tensor * app_v = ggml_set_rows(gctx, v_l[il], rows_of(v), rows);
         ggml_format_name(app_k, "kv_append_k-%d", il);
         ggml_format_name(app_v, "kv_append_v-%d", il);
         ggml_build_forward_expand(gf, app_k);
