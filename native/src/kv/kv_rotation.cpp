@@ -1,6 +1,5 @@
 // kv_rotation.cpp — rotation tensors of the KV cache and the graph ops around it (kv_rotation.h).
 #include "kv/kv_rotation.h"
-#include "cpu/hadamard_cpu.h"
 
 #include "ggml-alloc.h"
 
@@ -62,19 +61,6 @@ ggml_tensor * flip(ggml_context * g, ggml_tensor * x, ggml_tensor * s) {
     return y;
 }
 
-// x [d, heads, n] times H_d·diag(s)/√d (SIGNS_FIRST) or diag(s)·H_d/√d row by row, s [d, heads]:
-// on the CPU one custom op (cpu/hadamard_cpu.h), elsewhere the flip and ggml's transform
-ggml_tensor * hadamard(ggml_context * g, bool cpu, ggml_tensor * had, ggml_tensor * x, ggml_tensor * s,
-                       ott_hadamard_side side, const char * name) {
-    if (!cpu)
-        return side == OTT_HADAMARD_SIGNS_FIRST ? fwht(g, had, flip(g, x, s), name) : flip(g, fwht(g, had, x, name), s);
-    ggml_tensor * args[2] = { x, s };
-    ggml_tensor * y       = ggml_custom_4d(g, GGML_TYPE_F32, x->ne[0], x->ne[1], x->ne[2], 1, args, 2, ott_cpu_hadamard,
-                                           GGML_N_TASKS_MAX, (void *)(intptr_t)side);
-    ggml_format_name(y, "kv_rot_%s", name);
-    return y;
-}
-
 }  // namespace
 
 void ott_kv_hadamard_signs(int32_t head_dim, int il, int h, bool values, float * s) {
@@ -89,18 +75,18 @@ ott_kv_rotation::~ott_kv_rotation() {
 
 ggml_tensor * ott_kv_rotation::queries(ggml_context * g, ggml_tensor * q, int il) const {
     if (!keys) return q;
-    return sq[il] ? hadamard(g, cpu, had, q, sq[il], OTT_HADAMARD_SIGNS_FIRST, "q") : per_head(g, rk[il], q);
+    return sq[il] ? fwht(g, had, flip(g, q, sq[il]), "q") : per_head(g, rk[il], q);
 }
 
 ggml_tensor * ott_kv_rotation::keys_of(ggml_context * g, ggml_tensor * k, int il) const {
     if (!keys) return k;
-    if (sk[il]) return hadamard(g, cpu, had, k, sk[il], OTT_HADAMARD_SIGNS_FIRST, "k");
+    if (sk[il]) return fwht(g, had, flip(g, k, sk[il]), "k");
     return per_head(g, rk[il], ck[il] ? shift(g, k, ck[il], false) : k);
 }
 
 ggml_tensor * ott_kv_rotation::values_of(ggml_context * g, ggml_tensor * v, int il) const {
     if (!values) return v;
-    if (sv[il]) return hadamard(g, cpu, had, v, sv[il], OTT_HADAMARD_SIGNS_FIRST, "v");
+    if (sv[il]) return fwht(g, had, flip(g, v, sv[il]), "v");
     return per_head(g, rv[il], cv[il] ? shift(g, v, cv[il], false) : v);
 }
 
@@ -108,7 +94,7 @@ ggml_tensor * ott_kv_rotation::output(ggml_context * g, ggml_tensor * out, int i
     if (!values) return out;
     ggml_tensor * o = ggml_reshape_3d(g, out, head_dim, n_head, out->ne[1]);  // [d, n_head, n_tokens]
     if (svq[il]) {
-        o = hadamard(g, cpu, had, o, svq[il], OTT_HADAMARD_SIGNS_LAST, "o");  // R_vᵀ = diag(s) H_d / √d
+        o = flip(g, fwht(g, had, o, "o"), svq[il]);  // R_vᵀ = diag(s) H_d / √d
     } else {
         o = per_head(g, rvt[il], o);
         if (cvq[il]) o = shift(g, o, cvq[il], true);
@@ -124,7 +110,6 @@ ott_status ott_kv_rotation_create(const std::vector<ott_kv_rot_layer> & layers, 
     rot->n_head_kv = n_head_kv;
     rot->n_head    = n_head;
     rot->head_dim  = d;
-    rot->cpu       = ggml_backend_buft_is_host(buft);
     if (!layers.empty()) {
         rot->keys   = !layers[0].r_k.empty() || !layers[0].s_k.empty();
         rot->values = !layers[0].r_v.empty() || !layers[0].s_v.empty();

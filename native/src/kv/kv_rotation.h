@@ -7,10 +7,9 @@
 // so scores move by q·c_k for every key of a query (the softmax does not change) and the
 // output is that of the unrotated values. A calibrated R is one batched ggml_mul_mat over the
 // heads (a head's vectors times its d x d matrix). The Hadamard R = H_d·diag(s)/√d is a sign
-// flip then ggml's fast Walsh–Hadamard transform (a mul_mat hinted GGML_HINT_SRC0_IS_HADAMARD; on
-// the CPU both in one custom op of the same arithmetic, cpu/hadamard_cpu.h), which rounds each
-// vector alike however many tokens a step holds, and alike on CPU and CUDA: a token's rotated
-// key does not depend on the chunk or the batch it came in.
+// flip then ggml's fast Walsh–Hadamard transform (a mul_mat hinted GGML_HINT_SRC0_IS_HADAMARD),
+// which rounds each vector alike however many tokens a step holds, and alike on CPU and CUDA:
+// a token's rotated key does not depend on the chunk or the batch it came in.
 #pragma once
 
 #include "common.h"
@@ -38,7 +37,6 @@ struct ott_kv_rot_layer {
 struct ott_kv_rotation {
     int n_layer = 0, n_head_kv = 0, n_head = 0, head_dim = 0;
     bool keys = false, values = false;
-    bool cpu                  = false;  // the tensors (and the graph) live on the CPU: Hadamard rotations as one op
     ggml_context * ctx        = nullptr;
     ggml_backend_buffer_t buf = nullptr;
     std::vector<ggml_tensor *> rk;   // [n_layer] F32 [d, d, n_head_kv]: R_k, row m of head h at (·, m, h)
