@@ -74,6 +74,9 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+MAX_THREADS = 512  # what the native library accepts (native/src/context.cpp: ott_context_set_threads)
+
+
 def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
@@ -196,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts])
-    runtime.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
+    runtime.add_argument(
+        "-t", "--threads", type=_int_at_least(1, MAX_THREADS), help="CPU threads (default: physical cores)"
+    )
     runtime.add_argument(
         "--device",
         help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and one is present, else cpu)",
@@ -343,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)"
     )
-    p.add_argument("-t", "--threads", type=_int_at_least(1), help="CPU threads (default: physical cores)")
+    p.add_argument("-t", "--threads", type=_int_at_least(1, MAX_THREADS), help="CPU threads (default: physical cores)")
     p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.add_argument(
         "--kvquant",

@@ -371,6 +371,7 @@ def test_unknown_flag():
 
 def test_bad_flag_value(smollm2_path):
     assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-n", "many"), "-n/--n-predict", "many", code=2)
+    assert_one_line_error(cli("run", smollm2_path, "-p", "hi", "-t", 100000), "-t/--threads", "1..512", code=2)
 
 
 def test_serve_refuses_bad_slot_settings(smollm2_path):
