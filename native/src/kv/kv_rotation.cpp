@@ -23,6 +23,7 @@ uint64_t splitmix64(uint64_t & state) {
 // the heads) instead of a mat-vec per head and token.
 ggml_tensor * per_head(ggml_context * g, ggml_tensor * m, ggml_tensor * x) {
     const int64_t d = x->ne[0], heads = x->ne[1], n = x->ne[2];
+    if (!ggml_is_contiguous(x)) x = ggml_cont(g, x);  // K or V: views of a stacked projection
     if (n == 1) {
         ggml_tensor * y = ggml_mul_mat(g, m, ggml_reshape_4d(g, x, d, 1, heads, n));  // [d, 1, heads, 1]
         ggml_format_name(y, "kv_rot_%s", ggml_get_name(m));
@@ -39,6 +40,7 @@ ggml_tensor * per_head(ggml_context * g, ggml_tensor * m, ggml_tensor * x) {
 
 // x [d, heads, n] minus (add = false) or plus c [d, 1, heads, 1]
 ggml_tensor * shift(ggml_context * g, ggml_tensor * x, ggml_tensor * c, bool add) {
+    if (!ggml_is_contiguous(x)) x = ggml_cont(g, x);
     ggml_tensor * x4 = ggml_reshape_4d(g, x, x->ne[0], 1, x->ne[1], x->ne[2]);
     x4               = add ? ggml_add(g, x4, c) : ggml_sub(g, x4, c);
     ggml_format_name(x4, "kv_rot_%s", ggml_get_name(c));
