@@ -355,9 +355,8 @@ struct weight_loader {
 
     // Matrices (or vectors) of one type and width, as one tensor `name` of their rows (elements)
     // in the order of `names`, each checked as `get` does, part i of shape ne[i]. The products of
-    // such a matrix are those of the parts, row for row: one product a layer instead of several,
-    // each a node of the graph and a barrier of the CPU's threads. Null when the parts differ in
-    // type (then each is loaded alone).
+    // such a matrix are those of the parts, row for row: one product (one node, one launch)
+    // instead of several. Null when the parts differ in type (then each is loaded alone).
     ott_status get_stacked(const std::vector<std::string> & names, const std::vector<std::vector<int64_t>> & ne,
                            bool matmul, const std::string & name, ggml_tensor ** out) {
         *out = nullptr;
