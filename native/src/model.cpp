@@ -264,12 +264,12 @@ struct weight_loader {
         return c;
     }
 
-    // Would the device's backend multiply `w` when it lives in `buft`?
-    bool matmul_supported(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
+    // Would the device's backend multiply a weight of this type and shape when it lives in `buft`?
+    bool matmul_supported(ggml_backend_buffer_type_t buft, ggml_type type, const int64_t * ne) {
         ggml_init_params ip         = { ggml_tensor_overhead() * 4, nullptr, true };
         ggml_context * c            = ggml_init(ip);
-        ggml_tensor * wt            = ggml_new_tensor(c, w->type, GGML_MAX_DIMS, w->ne);
-        ggml_tensor * x             = ggml_new_tensor_2d(c, GGML_TYPE_F32, w->ne[0], 512);
+        ggml_tensor * wt            = ggml_new_tensor(c, type, GGML_MAX_DIMS, ne);
+        ggml_tensor * x             = ggml_new_tensor_2d(c, GGML_TYPE_F32, ne[0], 512);
         ggml_tensor * op            = ggml_mul_mat(c, wt, x);
         ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
         wt->buffer                  = dummy;
@@ -283,13 +283,13 @@ struct weight_loader {
     // Can the device multiply a weight of this tensor's type in its plain layout?
     bool multipliable(const ggml_tensor * w) {
         if (!cpu_matmul_type(w->type)) return false;  // every type ggml can compute has a CPU kernel
-        return m->cuda_device < 0 || matmul_supported(ggml_backend_dev_buffer_type(dev), w);
+        return m->cuda_device < 0 || matmul_supported(ggml_backend_dev_buffer_type(dev), w->type, w->ne);
     }
 
     // Is there a repacked layout (faster kernels) that multiplies this tensor?
     bool repackable(const ggml_tensor * w) {
         for (auto b : extra_bufts) {
-            if (matmul_supported(b, w)) return true;
+            if (matmul_supported(b, w->type, w->ne)) return true;
         }
         return false;
     }
@@ -325,19 +325,15 @@ struct weight_loader {
     // Our header `name` of the parts' type and shape ne, filled at load by the parts' data one
     // after the other; a matrix goes to the first repacked layout that multiplies it.
     ggml_tensor * place(const char * name, const int64_t * ne, bool matmul, std::vector<const ggml_tensor *> parts) {
-        ggml_init_params ip             = { ggml_tensor_overhead(), nullptr, true };
-        ggml_context * c                = ggml_init(ip);
-        ggml_tensor * shape             = ggml_new_tensor(c, parts[0]->type, GGML_MAX_DIMS, ne);
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         if (matmul) {
             for (auto b : extra_bufts) {
-                if (matmul_supported(b, shape)) {
+                if (matmul_supported(b, parts[0]->type, ne)) {
                     buft = b;
                     break;
                 }
             }
         }
-        ggml_free(c);
         ggml_tensor * t = ggml_new_tensor(ctx_for(buft), parts[0]->type, GGML_MAX_DIMS, ne);
         ggml_set_name(t, name);
         placed.push_back({ t, std::move(parts) });
