@@ -198,14 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prompt attends in full precision and is quantized afterwards (quantized modes)",
     )
 
-    runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts])
-    runtime.add_argument(
+    # where the work runs: every command that computes with the model (runtime, calibrate)
+    compute = argparse.ArgumentParser(add_help=False)
+    compute.add_argument(
         "-t", "--threads", type=_int_at_least(1, MAX_THREADS), help="CPU threads (default: physical cores)"
     )
-    runtime.add_argument(
+    compute.add_argument(
         "--device",
         help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and one is present, else cpu)",
     )
+    runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts, compute])
 
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument(
@@ -339,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "calibrate",
-        parents=[common],
+        parents=[common, compute],
         help="rotations of the KV cache from the model's keys and values on a text (a sidecar GGUF)",
     )
     p.add_argument("-f", "--file", required=True, type=Path, help="calibration text (UTF-8), not the evaluation text")
@@ -348,8 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--windows", type=_int_at_least(1), default=16, help="windows of the text to use at most (default 16)"
     )
-    p.add_argument("-t", "--threads", type=_int_at_least(1, MAX_THREADS), help="CPU threads (default: physical cores)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N")
     p.add_argument(
         "--kvquant",
         action="store_true",
