@@ -173,7 +173,7 @@ def _engine_request(body: GenerationFields, prompt: list[int], n_ctx: int, n_voc
         sampling,
         body.stops(),
         body.logprob_count(),
-        echo=getattr(body, "echo", False),
+        echo=body.echoes_prompt(),
     )
 
 

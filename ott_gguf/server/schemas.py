@@ -107,6 +107,10 @@ class GenerationFields(BaseModel):
         """None: no log probabilities; N: each token's and its N likeliest alternatives'."""
         return None
 
+    def echoes_prompt(self) -> bool:
+        """Whether the reply repeats the prompt first (completions' `echo`)."""
+        return False
+
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
@@ -167,6 +171,9 @@ class CompletionRequest(GenerationFields):
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    def echoes_prompt(self) -> bool:
+        return self.echo
 
     @field_validator("prompt")
     @classmethod
