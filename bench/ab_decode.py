@@ -55,8 +55,8 @@ def worker(model: str, mode: str, depth: int, threads: int, n_gen: int) -> None:
 
 def start(build: Path, args: argparse.Namespace) -> subprocess.Popen:
     env = dict(os.environ, OTT_NATIVE_DIR=str(build), LD_LIBRARY_PATH=str(build), OPENBLAS_NUM_THREADS="1")
-    cmd = [sys.executable, __file__, "--worker", str(build), str(build), args.model]
-    cmd += ["--kv", args.kv, "-d", str(args.depth), "-t", str(args.threads), "-n", str(args.n_gen)]
+    cmd = [sys.executable, __file__, "--worker", args.model, args.kv]
+    cmd += [str(args.depth), str(args.threads), str(args.n_gen)]
     p = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if p.stdout.readline().strip() != "ready":
         raise SystemExit(f"error: ab_decode: the worker of {build} did not start (exit {p.wait()})")
@@ -64,6 +64,10 @@ def start(build: Path, args: argparse.Namespace) -> subprocess.Popen:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:  # one build's process (start): MODEL MODE DEPTH THREADS N_GEN
+        model, mode, depth, threads, n_gen = sys.argv[2:]
+        worker(model, mode, int(depth), int(threads), int(n_gen))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("build_a", type=Path)
     ap.add_argument("build_b", type=Path)
@@ -74,11 +78,7 @@ def main() -> None:
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens a round")
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(args.model, args.kv, args.depth, args.threads, args.n_gen)
-        return
     for b in (args.build_a, args.build_b):
         if not list(b.glob("libott.so*")) or not list(b.glob("_ott_cffi*")):
             raise SystemExit(f"error: ab_decode: {b} holds no libott.so and _ott_cffi module")
