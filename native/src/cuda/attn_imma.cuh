@@ -37,8 +37,8 @@
 //  - The G rows in use (G <= GKM or GVM, a power of two) are repeated over the 8, so 8/G
 //    lanes hold each row's D; each of them converts only its share of the 16 n-tiles (by
 //    selects), and writes those results.
-//  - Few warp-wide steps per head-block: the exponents of all A rows come from one byte-wise
-//    warp max of their float exponents (four rows a word); sum q·min reaches the lanes of
+//  - Few warp-wide steps per head-block: each A row's exponent comes from one warp-wide
+//    integer max of its float exponents (redux.sync); sum q·min reaches the lanes of
 //    its row by a reduce-scatter (one butterfly sum for a single row); the softmax sums
 //    and sum p·min stay per lane and are summed over the warp once, after the last
 //    head-block.
@@ -46,6 +46,8 @@
 #pragma once
 
 #include <cuda_fp16.h>
+
+#include <utility>
 
 #include "cuda/ott_cuda.h"
 
@@ -91,27 +93,37 @@ __device__ __forceinline__ void transpose4(const uint32_t * w, uint32_t (&y)[4])
     y[3] = __byte_perm(t1, t3, 0x7632);
 }
 
+// y[u] = byte b_u of w[0..3] (w[i]'s byte in y's byte i) for the two bytes b_0, b_1 = b_0 + 1
+// that sel names (0x5140: bytes 0 and 1, 0x7362: bytes 2 and 3): transpose4's rows b_0, b_1
+// alone, in four PRMTs instead of its six and the selects that would pick the two rows.
+__device__ __forceinline__ void two_bytes_of(const uint32_t * w, uint32_t sel, uint32_t (&y)[4]) {
+    const uint32_t t0 = __byte_perm(w[0], w[1], sel), t1 = __byte_perm(w[2], w[3], sel);
+    y[0] = __byte_perm(t0, t1, 0x5410);
+    y[1] = __byte_perm(t0, t1, 0x7632);
+}
+
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
 
 // The biased float exponent of |x| (0 for zero and subnormals).
 __device__ __forceinline__ uint32_t exp_bits(float x) { return __float_as_uint(x) << 1 >> 24; }
 
-// Fixed-point exponents of the A rows c < rows (<= 8): E[c] is the largest exponent byte of
-// row c's values in this lane; e[c] makes the warp's largest |x|·2^e[c] < 2^14. The bytes of
-// four rows share one word, so a row set costs one 5-shuffle byte-wise max.
-__device__ __forceinline__ void row_exponents(const uint32_t (&E)[8], int rows, int (&e)[8]) {
-    uint32_t p[2];
+// Fixed-point exponents of the A rows c < rows (<= M <= 8): E[c] is the largest exponent byte
+// of row c's values in this lane; e[c] makes the warp's largest |x|·2^e[c] < 2^14. One
+// warp-wide integer max a row (redux.sync; e[c] for c >= rows as if E were 0 there).
+template <int M> __device__ __forceinline__ void row_exponents(const uint32_t (&E)[8], int rows, int (&e)[8]) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) p[h] = E[4 * h] | E[4 * h + 1] << 8 | E[4 * h + 2] << 16 | E[4 * h + 3] << 24;
-    for (int o = 1; o < 32; o <<= 1) p[0] = __vmaxu4(p[0], __shfl_xor_sync(0xffffffffu, p[0], o));
-    if (rows > 4) {
-        for (int o = 1; o < 32; o <<= 1) p[1] = __vmaxu4(p[1], __shfl_xor_sync(0xffffffffu, p[1], o));
-    }
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-        const int E_max = (int)(p[c >> 2] >> (8 * (c & 3)) & 255u);  // max|x| < 2^(E_max - 126)
-        e[c]            = max(-100, min(100, 140 - E_max));
+    for (int c = 0; c < M; ++c) {
+        uint32_t E_max = 0u;  // max|x| < 2^(E_max - 126)
+        if (c < rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            E_max = __reduce_max_sync(0xffffffffu, E[c]);
+#else
+            E_max = E[c];
+            for (int o = 1; o < 32; o <<= 1) E_max = max(E_max, __shfl_xor_sync(0xffffffffu, E_max, o));
+#endif
+        }
+        e[c] = max(-100, min(100, 140 - (int)E_max));
     }
 }
 
@@ -223,8 +235,13 @@ __device__ __forceinline__ void block_mma_tiers(const uint8_t * codes, const uin
                 x[4 + i] = rows[(16 + 4 * i + q) * words + w0 + w];
             }
             uint32_t lo[4], hi[4];
-            transpose4(x, lo);
-            transpose4(x + 4, hi);
+            if (bits == 1) {  // the lane's bytes 2(g % 2) and 2(g % 2) + 1 alone: lo[u], hi[u]
+                two_bytes_of(x, g & 1 ? 0x7362u : 0x5140u, lo);
+                two_bytes_of(x + 4, g & 1 ? 0x7362u : 0x5140u, hi);
+            } else {
+                transpose4(x, lo);
+                transpose4(x + 4, hi);
+            }
             if (bits == 4) {  // t = 8w + 2b + s
 #pragma unroll
                 for (int b = 0; b < 4; ++b)
@@ -237,12 +254,9 @@ __device__ __forceinline__ void block_mma_tiers(const uint8_t * codes, const uin
                     for (int s = 0; s < 4; ++s) step(4 * b + s, b_of(lo, b, 2 * s), b_of(hi, b, 2 * s));
             } else {  // t = 8u + s, byte 2(g % 2) + u
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int byte       = 2 * (g & 1) + u;
-                    const uint32_t lb[1] = { pick<4>(lo, byte) }, hb[1] = { pick<4>(hi, byte) };
+                for (int u = 0; u < 2; ++u)
 #pragma unroll
-                    for (int s = 0; s < 8; ++s) step(8 * u + s, b_of(lb, 0, s), b_of(hb, 0, s));
-                }
+                    for (int s = 0; s < 8; ++s) step(8 * u + s, b_of(lo, u, s), b_of(hi, u, s));
             }
         }
     }
@@ -300,15 +314,22 @@ __device__ __forceinline__ void copy_range(uint8_t * dst, const uint8_t * src, u
 #endif
 }
 
+// 16 bytes at src + OFF to dst + OFF (a shared-memory address) with cp.async, the offset an
+// immediate of both addresses (one register pair for all of a head-block's copies).
+template <int OFF> __device__ __forceinline__ void copy16_at(unsigned dst, const uint8_t * src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;" ::"r"(dst), "l"(src), "n"(OFF));
+#endif
+}
+template <int... I>
+__device__ __forceinline__ void copy_runs(unsigned dst, const uint8_t * src, std::integer_sequence<int, I...>) {
+    (copy16_at<I * 512>(dst, src), ...);
+}
+
 // Copy the BYTES bytes (a multiple of 512) at src to dst with cp.async, unrolled.
 template <int BYTES> __device__ __forceinline__ void copy_fixed(uint8_t * dst, const uint8_t * src, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst + lane * 16);
-#pragma unroll
-    for (int i = 0; i < BYTES / 512; ++i) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + i * 512), "l"(src + lane * 16 + i * 512));
-    }
-#endif
+    copy_runs((unsigned)__cvta_generic_to_shared(dst + lane * 16), src + lane * 16,
+              std::make_integer_sequence<int, BYTES / 512> {});
 }
 
 // The key part (scales, mins, codes of BK bits, mask) or the value part (scales, mins,
@@ -467,7 +488,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
                 E[c]            = max(E[c], exp_bits(x[c][i]));
             }
         }
-        row_exponents(E, G_K, e);
+        row_exponents<GKM>(E, G_K, e);
 #pragma unroll
         for (int c = 0; c < GKM; ++c) {
             if (c < G_K) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);
@@ -529,11 +550,11 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             }
             mx                = warp_max(mx);
             const float m_new = fmaxf(m[r], mx);
-            corr[r]           = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+            corr[r]           = m_new == -INFINITY ? 1.0f : exp2_ftz(m[r] - m_new);
             float psum        = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                p[r][i] = m_new == -INFINITY ? 0.0f : exp2f(p[r][i] - m_new);
+                p[r][i] = m_new == -INFINITY ? 0.0f : exp2_ftz(p[r][i] - m_new);
                 psum += p[r][i];
             }
             l[r] = l[r] * corr[r] + psum;
@@ -563,7 +584,7 @@ __device__ void attend_blocks_imma(const ott_cuda_attn_args & a, const ott_cuda_
             }
             vmin[c] = fmaf(vmin[c], pick<NR>(corr, r), pm);
         }
-        row_exponents(E, G_V, e);
+        row_exponents<GVM>(E, G_V, e);
 #pragma unroll
         for (int c = 0; c < GVM; ++c) {
             if (c < G_V) store_a_row(x[c], e[c], c, lane, a_hi, a_lo);

@@ -28,6 +28,7 @@
 // has them (ott_cuda_attn_args::tensor_cores).
 #pragma once
 
+#include "cuda/fast_exp2.cuh"
 #include "cuda/ott_cuda.h"
 
 #include <cuda_fp16.h>
@@ -424,11 +425,11 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             for (int u = 0; u < TPK; ++u) mx = fmaxf(mx, s[u][r]);
             for (int o = 1; o < Wk; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_new = fmaxf(sm.m[r], mx);
-            const float corr  = m_new == -INFINITY ? 1.0f : exp2f(sm.m[r] - m_new);
+            const float corr  = m_new == -INFINITY ? 1.0f : exp2_ftz(sm.m[r] - m_new);
             float psum        = 0.0f;
 #pragma unroll
             for (int u = 0; u < TPK; ++u) {
-                s[u][r] = m_new == -INFINITY ? 0.0f : exp2f(s[u][r] - m_new);
+                s[u][r] = m_new == -INFINITY ? 0.0f : exp2_ftz(s[u][r] - m_new);
                 psum += s[u][r];
             }
             for (int o = 1; o < Wk; o <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
@@ -532,13 +533,13 @@ __device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID val
             }
             const float m_new = fmaxf(sm.m[r], mx);
             if (m_new == -INFINITY) continue;  // nothing this row may see yet
-            const float corr = exp2f(sm.m[r] - m_new);
+            const float corr = exp2_ftz(sm.m[r] - m_new);
             sm.l[r] *= corr;
 #pragma unroll
             for (int i = 0; i < CPL; ++i) acc[i][r] *= corr;
 #pragma unroll
             for (int g = 0; g < G; ++g) {
-                const float p = exp2f(d[g] - m_new);
+                const float p = exp2_ftz(d[g] - m_new);
                 sm.l[r] += p;
 #pragma unroll
                 for (int i = 0; i < CPL; ++i) acc[i][r] = fmaf(p, v[g][i], acc[i][r]);

@@ -205,11 +205,11 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             mt               = fmaxf(mt, __shfl_xor_sync(FULL, mt, 1));
             mt               = fmaxf(mt, __shfl_xor_sync(FULL, mt, 2));
             const float mn   = fmaxf(m[h], mt);
-            const float corr = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+            const float corr = mn == -INFINITY ? 1.0f : exp2_ftz(m[h] - mn);
             float p8[8], sum = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                p8[e] = mn == -INFINITY ? 0.0f : exp2f(s8[e] - mn);
+                p8[e] = mn == -INFINITY ? 0.0f : exp2_ftz(s8[e] - mn);
                 sum += p8[e];
             }
             l[h] = l[h] * corr + sum;

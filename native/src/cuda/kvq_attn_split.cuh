@@ -30,6 +30,7 @@
 // as above from the fp16 rows.
 #pragma once
 
+#include "cuda/fast_exp2.cuh"
 #include "cuda/kvq_attn_groups.cuh"
 
 namespace {
@@ -245,8 +246,8 @@ template <int NR> struct warp_rows {
                 p[r]    = 0.0f;
                 continue;
             }
-            corr[r] = exp2f(m[r] - mn);
-            p[r]    = exp2f(s[r] - mn);
+            corr[r] = exp2_ftz(m[r] - mn);
+            p[r]    = exp2_ftz(s[r] - mn);
             l[r]    = fmaf(l[r], corr[r], p[r]);
             zs[r] *= corr[r];
             m[r] = mn;
