@@ -38,7 +38,7 @@
 //    lanes hold each row's D; each of them converts only its share of the 16 n-tiles (by
 //    selects), and writes those results.
 //  - Few warp-wide steps per head-block: each A row's exponent comes from one warp-wide
-//    integer max of its float exponents (redux.sync); sum q·min reaches the lanes of
+//    integer max of its float exponents (five shuffles); sum q·min reaches the lanes of
 //    its row by a reduce-scatter (one butterfly sum for a single row); the softmax sums
 //    and sum p·min stay per lane and are summed over the warp once, after the last
 //    head-block.
@@ -109,19 +109,17 @@ __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) <
 __device__ __forceinline__ uint32_t exp_bits(float x) { return __float_as_uint(x) << 1 >> 24; }
 
 // Fixed-point exponents of the A rows c < rows (<= M <= 8): E[c] is the largest exponent byte
-// of row c's values in this lane; e[c] makes the warp's largest |x|·2^e[c] < 2^14. One
-// warp-wide integer max a row (redux.sync; e[c] for c >= rows as if E were 0 there).
+// of row c's values in this lane; e[c] makes the warp's largest |x|·2^e[c] < 2^14 (e[c] for
+// c >= rows as if E were 0 there). A five-shuffle integer max a row: packing four rows' bytes
+// into a word took a byte-wise max that sm_90 emulates in seven instructions a step, and
+// redux.sync made the kernels without tiers 9 % slower at batch 8 (docs/cuda.md).
 template <int M> __device__ __forceinline__ void row_exponents(const uint32_t (&E)[8], int rows, int (&e)[8]) {
 #pragma unroll
     for (int c = 0; c < M; ++c) {
         uint32_t E_max = 0u;  // max|x| < 2^(E_max - 126)
         if (c < rows) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            E_max = __reduce_max_sync(0xffffffffu, E[c]);
-#else
             E_max = E[c];
             for (int o = 1; o < 32; o <<= 1) E_max = max(E_max, __shfl_xor_sync(0xffffffffu, E_max, o));
-#endif
         }
         e[c] = max(-100, min(100, 140 - (int)E_max));
     }
