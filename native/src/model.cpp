@@ -286,12 +286,13 @@ struct weight_loader {
         return m->cuda_device < 0 || matmul_supported(ggml_backend_dev_buffer_type(dev), w->type, w->ne);
     }
 
-    // Is there a repacked layout (faster kernels) that multiplies this tensor?
-    bool repackable(const ggml_tensor * w) {
+    // The first repacked layout (faster kernels) that multiplies a weight of this type and
+    // shape, or null.
+    ggml_backend_buffer_type_t repacked_buft(ggml_type type, const int64_t * ne) {
         for (auto b : extra_bufts) {
-            if (matmul_supported(b, w->type, w->ne)) return true;
+            if (matmul_supported(b, type, ne)) return b;
         }
-        return false;
+        return nullptr;
     }
 
     // Find `name` and check its type and shape; *src stays null when it is missing and not required.
@@ -325,15 +326,8 @@ struct weight_loader {
     // Our header `name` of the parts' type and shape ne, filled at load by the parts' data one
     // after the other; a matrix goes to the first repacked layout that multiplies it.
     ggml_tensor * place(const char * name, const int64_t * ne, bool matmul, std::vector<const ggml_tensor *> parts) {
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-        if (matmul) {
-            for (auto b : extra_bufts) {
-                if (matmul_supported(b, parts[0]->type, ne)) {
-                    buft = b;
-                    break;
-                }
-            }
-        }
+        ggml_backend_buffer_type_t buft = matmul ? repacked_buft(parts[0]->type, ne) : nullptr;
+        if (!buft) buft = ggml_backend_dev_buffer_type(dev);
         ggml_tensor * t = ggml_new_tensor(ctx_for(buft), parts[0]->type, GGML_MAX_DIMS, ne);
         ggml_set_name(t, name);
         placed.push_back({ t, std::move(parts) });
@@ -499,7 +493,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         // as llama.cpp does, the output matrix gets its own copy when a repacked layout
         // multiplies it faster (the embedding lookup needs the plain layout)
         const ggml_tensor * emb_src = ggml_get_tensor(meta, "token_embd.weight");
-        if (wl.repackable(emb_src)) {
+        if (wl.repacked_buft(emb_src->type, emb_src->ne)) {
             OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, true, true, &m->output));
         } else {
             m->output = m->tok_embd;
