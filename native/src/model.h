@@ -14,9 +14,9 @@ enum ott_arch {
     OTT_ARCH_LLAMA,    // llama, SmolLM, TinyLlama, Llama 2/3
     OTT_ARCH_MISTRAL,  // same graph as llama
     OTT_ARCH_QWEN2,    // llama graph + QKV bias, NeoX rope
-    OTT_ARCH_QWEN3,    // per-head Q/K RMS norms, NeoX rope (arch/qwen3.cpp)
+    OTT_ARCH_QWEN3,    // llama graph + per-head Q/K RMS norms, NeoX rope
     OTT_ARCH_GEMMA3,   // scaled embedding, Q/K norms, pre- and post-norms, GELU FFN, local layers (arch/gemma3.cpp)
-    OTT_ARCH_PHI3,     // fused QKV and gate-up, LongRoPE factors (arch/phi3.cpp)
+    OTT_ARCH_PHI3,     // llama graph, fused QKV and gate-up, LongRoPE factors
 };
 
 struct ott_hparams {

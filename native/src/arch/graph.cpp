@@ -143,10 +143,10 @@ ggml_tensor * ott_build_graph(ott_graph_builder & b) {
     switch (b.model.hparams.arch) {
         case OTT_ARCH_LLAMA:
         case OTT_ARCH_MISTRAL:
-        case OTT_ARCH_QWEN2:   return ott_build_llama(b);
-        case OTT_ARCH_QWEN3:   return ott_build_qwen3(b);
+        case OTT_ARCH_QWEN2:
+        case OTT_ARCH_QWEN3:
+        case OTT_ARCH_PHI3:    return ott_build_llama(b);
         case OTT_ARCH_GEMMA3:  return ott_build_gemma3(b);
-        case OTT_ARCH_PHI3:    return ott_build_phi3(b);
     }
     return nullptr;
 }

@@ -55,11 +55,9 @@ struct ott_graph_builder {
     ggml_tensor * build_head(ggml_tensor * cur);      // F32 [n_vocab, n_outputs]
 };
 
-// Forward passes, one file each; they return the logits tensor.
-ggml_tensor * ott_build_llama(ott_graph_builder & b);  // llama, mistral, qwen2
-ggml_tensor * ott_build_qwen3(ott_graph_builder & b);
+// Forward passes, one file per block; they return the logits tensor.
+ggml_tensor * ott_build_llama(ott_graph_builder & b);  // llama, mistral, qwen2, qwen3, phi3
 ggml_tensor * ott_build_gemma3(ott_graph_builder & b);
-ggml_tensor * ott_build_phi3(ott_graph_builder & b);
 
 // The forward pass of the model's architecture.
 ggml_tensor * ott_build_graph(ott_graph_builder & b);

@@ -1,5 +1,8 @@
-// llama.cpp — forward pass of the llama family: llama (SmolLM, TinyLlama, Llama 2/3),
-// mistral, and qwen2 (the same graph with QKV biases and NeoX rope, both from the model).
+// llama.cpp — forward pass of the llama block: llama (SmolLM, TinyLlama, Llama 2/3), mistral,
+// qwen2, qwen3 and phi3, whose differences come from the model and the builder (graph.cpp):
+// qwen2's QKV biases, NeoX rope (qwen2, qwen3, phi3), qwen3's RMS norm over each head of Q and
+// of K before rope, Phi-3's fused QKV and gate/up matrices, its partial rope with LongRoPE's
+// factors, and a sliding window that makes every layer local (the KV cache applies it).
 #include "arch/graph.h"
 
 ggml_tensor * ott_build_llama(ott_graph_builder & b) {
@@ -12,9 +15,13 @@ ggml_tensor * ott_build_llama(ott_graph_builder & b) {
 
         ggml_tensor * cur = b.build_norm(x, L.attn_norm, "attn_norm", il);
         ott_qkv qkv       = b.build_qkv(cur, L, il);
-        qkv.q             = b.build_rope(qkv.q, "Qcur", il);
-        qkv.k             = b.build_rope_keys(qkv.k, il);
-        cur               = b.build_attn(qkv, L, il);
+        if (L.attn_q_norm) {  // qwen3, per head: [n_embd_head, n_head, n_tokens]
+            qkv.q = b.build_norm(qkv.q, L.attn_q_norm, "Qcur_normed", il);
+            qkv.k = b.build_norm(qkv.k, L.attn_k_norm, "Kcur_normed", il);
+        }
+        qkv.q = b.build_rope(qkv.q, "Qcur", il);
+        qkv.k = b.build_rope_keys(qkv.k, il);
+        cur   = b.build_attn(qkv, L, il);
         if (il == m.hparams.n_layer - 1) {  // only output rows go on
             cur = b.select_outputs(cur);
             x   = b.select_outputs(x);
