@@ -9,50 +9,11 @@
 // operations; the block's groups are quantized there, by teams of lanes, from these parts.
 #pragma once
 
+#include "kv/fp16_ref.h"
 #include "kv/kv_clip.h"
 #include "kv/kv_layout.h"
 
 #include <stdint.h>
-
-static __device__ __forceinline__ float ott_fp16_to_fp32_ref(ott_fp16 h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    const uint32_t exp  = (h >> 10) & 0x1f;
-    const uint32_t mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) { /* inf / nan */
-        bits = sign | 0x7f800000 | (mant << 13);
-    } else if (exp != 0) { /* normal */
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) { /* zero */
-        bits = sign;
-    } else { /* subnormal: mant * 2^-24, exact in float */
-        const float f = __fmul_rn((float)mant, 0x1p-24f);
-        bits          = __float_as_uint(f) | sign;
-    }
-    return __uint_as_float(bits);
-}
-
-static __device__ __forceinline__ ott_fp16 ott_fp32_to_fp16_ref(float f) {
-    const uint32_t x    = __float_as_uint(f);
-    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    const uint32_t ax   = x & 0x7fffffff;
-    if (ax > 0x7f800000) return (ott_fp16)(sign | 0x7e00);  /* nan */
-    if (ax >= 0x477ff000) return (ott_fp16)(sign | 0x7c00); /* >= 65520: inf */
-    if (ax >= 0x38800000) {                                 /* fp16 normal */
-        uint32_t h          = ((ax >> 23) - 112) << 10 | ((ax >> 13) & 0x3ff);
-        const uint32_t rest = ax & 0x1fff;
-        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* carry may raise the exponent */
-        return (ott_fp16)(sign | h);
-    }
-    if (ax <= 0x33000000) return sign; /* <= 2^-25: rounds to 0 */
-    /* fp16 subnormal: round(value / 2^-24), value = m * 2^(e-150) */
-    const uint32_t m    = (ax & 0x7fffff) | 0x800000;
-    const int shift     = 126 - (int)(ax >> 23); /* 14 .. 24 */
-    uint32_t h          = m >> shift;
-    const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (h & 1))) h++;
-    return (ott_fp16)(sign | h);
-}
 
 static __device__ uint8_t code_of(float x, float m32, float inv, float levels) {
     const float t = rintf(__fmul_rn(__fsub_rn(x, m32), inv)); /* half to even */

@@ -37,14 +37,12 @@
 #ifndef OTT_KV_QUANT_H
 #define OTT_KV_QUANT_H
 
+#include "kv/fp16_ref.h"
 #include "kv/kv_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-float ott_fp16_to_fp32_ref(ott_fp16 h);
-ott_fp16 ott_fp32_to_fp16_ref(float f);
 
 /* Quantize one group of n <= 8192 fp16 values read at x[i*stride] over its whole range (clip = 0)
  * or the best clipped one (clip = 1): codes uint8 [n] (unpacked); the scale and min written
