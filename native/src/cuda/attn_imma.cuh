@@ -2,7 +2,7 @@
 // head-blocks of head_dim 128, block 128, 2-bit values with 2- or 4-bit keys or key tiers, or
 // 4-bit keys and values (ott2, kivi2, ottr2, ottr3, ottr2t, ott4, kivi4 and the recent blocks of
 // ottr2tg at these sizes): mma.sync m16n8k32 with 8-bit operands and exact int32 sums. Included by
-// attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_sum_from, split_blocks,
+// attn_kernels.cuh after the pieces it shares (attn_smem, softmax_rows, put_state, warp_ops.cuh, split_blocks,
 // head_block, WARPS, param_at).
 //
 // Per head-block (one warp), keys then values, each as D[m][n] = sum_k A[m][k]·B[k][n]:
@@ -292,11 +292,6 @@ __device__ __forceinline__ void load_a(const int8_t * a_hi, const int8_t * a_lo,
             a[ks][2 * h]     = row ? *(const uint32_t *)(a_hi + off) : 0u;
             a[ks][2 * h + 1] = row ? *(const uint32_t *)(a_lo + off) : 0u;
         }
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 1; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
 }
 
 // Copy bytes [lo, hi) (multiples of 16; scales and masks, a few hundred bytes) of the

@@ -28,7 +28,7 @@
 // has them (ott_cuda_attn_args::tensor_cores).
 #pragma once
 
-#include "cuda/fast_exp2.cuh"
+#include "cuda/warp_ops.cuh"
 #include "cuda/ott_cuda.h"
 
 #include <cuda_fp16.h>
@@ -88,11 +88,6 @@ template <int NGW> __device__ __forceinline__ constexpr int group_of_byte(int b)
 // The weight of code u's sum: sums over 1 + code·2^(i·BITS-8) give Σ s·code = (sum - Σ s)·2^(8-i·BITS).
 template <int BITS> __device__ __forceinline__ constexpr float code_weight(int u) {
     return (float)(1 << (8 - (u % (8 / BITS)) * BITS));
-}
-
-// x summed over the lanes that differ from this one in lane bits >= first (a power of two).
-__device__ __forceinline__ void warp_sum_from(float & x, int first) {
-    for (int o = first; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
 }
 
 // Per-warp online-softmax state of NR rows; every lane holds the same m and l.

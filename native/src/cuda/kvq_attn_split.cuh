@@ -30,7 +30,7 @@
 // as above from the fp16 rows.
 #pragma once
 
-#include "cuda/fast_exp2.cuh"
+#include "cuda/warp_ops.cuh"
 #include "cuda/kvq_attn_groups.cuh"
 
 namespace {
@@ -81,16 +81,6 @@ __device__ float4 cubic_through(const float * lv, double s, double z) {
         a[0] = -fi * a[0] + d[i];
     }
     return make_float4((float)(s * a[0] + z), (float)(s * a[1]), (float)(s * a[2]), (float)(s * a[3]));
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL, x, o));
-    return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
-    return x;
 }
 
 // Per row, x summed over each run of lanes with equal keys (runs of consecutive lanes); the
@@ -513,11 +503,10 @@ __global__ void __launch_bounds__(WARPS * 32, NR == 1 ? 6 : 3)
     // the warp's state: values summed over its slot lanes, plus the zeros' share and corrections
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
-        W.l[r]  = warp_sum(W.l[r]);
-        W.zs[r] = warp_sum(W.zs[r]);
+        warp_sum_from(W.l[r], 1);
+        warp_sum_from(W.zs[r], 1);
 #pragma unroll
-        for (int ch = 0; ch < 8; ++ch)
-            for (int o = CG; o < 32; o <<= 1) W.acc[ch][r] += __shfl_xor_sync(FULL, W.acc[ch][r], o);
+        for (int ch = 0; ch < 8; ++ch) warp_sum_from(W.acc[ch][r], CG);
     }
     __syncwarp();
     if (lane < CG) {
