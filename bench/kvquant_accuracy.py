@@ -37,7 +37,7 @@ from accuracy import parse_mode  # noqa: E402
 
 from ott_gguf.kvq_calibration import read_sidecar  # noqa: E402
 from ott_gguf.model import Weights  # noqa: E402
-from ott_gguf.perplexity import kl_and_top1, token_nll, tokenize_for_windows  # noqa: E402
+from ott_gguf.perplexity import kl_and_top1, token_nll, tokenize_for_windows, windows  # noqa: E402
 from ott_gguf.reference import LayerCache, measure  # noqa: E402
 from ott_gguf.reference.config import preset  # noqa: E402
 from ott_gguf.torch_model import TorchModel  # noqa: E402
@@ -167,12 +167,9 @@ def main(argv=None) -> int:
         configs.update({name: preset(base).with_overrides(**o) for name, (base, o) in COMPOSITIONS.items()})
     rows = {name: {"nll": [], "kl": [], "top1": [], "bits": []} for name in ["f16", *configs]}
     half = args.ctx // 2
-    for w in range(min(args.windows, len(ids) // args.ctx)):
-        window = ids[w * args.ctx : (w + 1) * args.ctx]
-        if bos is not None:
-            window = [bos] + window[1:]
-        tokens = torch.tensor([window])
-        targets = np.asarray(window[half + 1 :])
+    for w, window in enumerate(windows(ids, args.ctx, min(args.windows, len(ids) // args.ctx), bos)):
+        tokens = torch.from_numpy(window.astype(np.int64))[None]
+        targets = window[half + 1 :]
         t0 = time.perf_counter()
         with torch.no_grad():
             ref = tm.forward(tokens)[0, half:-1].numpy()

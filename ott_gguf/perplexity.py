@@ -26,7 +26,7 @@ one pass on an AVX-512 CPU, docs/results.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +104,18 @@ def tokenize_for_windows(tokenize: Callable[[str], list[int]], text: str, n_toke
         n_chars *= 2
 
 
+def windows(tokens: Sequence[int], n_ctx: int, n_windows: int, bos: int | None) -> list[np.ndarray]:
+    """The first n_windows windows of n_ctx tokens (int32 [n_ctx] each), BOS first when the
+    vocabulary adds it (bos not None), as llama.cpp's perplexity feeds them."""
+    out = []
+    for i in range(n_windows):
+        window = np.asarray(tokens[i * n_ctx : (i + 1) * n_ctx], dtype=np.int32).copy()
+        if bos is not None:
+            window[0] = bos
+        out.append(window)
+    return out
+
+
 def perplexity(
     model,
     text: str,
@@ -147,10 +159,8 @@ def perplexity(
     nll_sum = nll2_sum = kl_sum = 0.0
     count = agree = 0
     running = []
-    for i in tqdm(range(n_windows), desc="perplexity", unit="window", disable=not progress, leave=False):
-        window = tokens[i * n_ctx : (i + 1) * n_ctx].copy()  # [n_ctx]
-        if bos is not None:
-            window[0] = bos
+    wins = windows(tokens, n_ctx, n_windows, bos)  # [n_ctx] each
+    for i, window in enumerate(tqdm(wins, desc="perplexity", unit="window", disable=not progress, leave=False)):
         logits, bounds = window_logits(model, window, first, ubatch, seq)  # [n_ctx - first - 1, n_vocab]
         nll = token_nll(logits, window[first + 1 :])
         nll_sum += float(nll.sum())
