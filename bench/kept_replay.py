@@ -17,7 +17,8 @@ query heads of the KV head; exact attention) — are kept finer, by kind:
     4bit   their 4-bit recent version, as it was (no storage defined)
     exact  fp16 (no storage defined)
 Variants: RECENT or RECENT+KIND+K, e.g. 5 (ottr2tr), 4+ref+4. `--look-ahead` ranks by the
-largest weight any scored query gives a token instead (an oracle, for comparison). Bits per element at n_ctx count
+largest weight any scored query gives a token instead (an oracle, for comparison);
+`--head-max` by the one query head of a KV head that received most, not by their sum. Bits per element at n_ctx count
 the stores (reference/footprint.py: measure) plus, for ref, the kept tokens' refinements.
 
     python bench/kept_replay.py MODEL -f ../shared/data/wikitext-2-raw/wiki.test.raw \
@@ -97,19 +98,23 @@ def refine(x2: np.ndarray, x4: np.ndarray, step: np.ndarray) -> np.ndarray:
 class Replay:
     """The attention hook of TorchModel.forward for one window: cfg's cache, kind/k kept."""
 
-    def __init__(self, tm: TorchModel, cfg: KVConfig, tier_scale: np.ndarray, kind: str, k: int, ahead: int = 0):
+    def __init__(
+        self, tm: TorchModel, cfg: KVConfig, tier_scale: np.ndarray, kind: str, k: int, ahead: int = 0, head_max=False
+    ):
         self.tm, self.cfg, self.tier_scale, self.kind, self.k = tm, cfg, tier_scale, kind, k
         self.ahead = ahead  # > 0: rank by the largest weight from queries >= ahead (looks ahead)
+        self.head_max = head_max  # rank by the query head that received most, not the heads' sum
         self.layers: list[LayerCache] = []
 
     def importance(self, qh, ke_rot, n: int):
-        """Attention each key received while its block was recent: float64 [H_kv, n] (with
-        ahead, the largest weight any query from `ahead` on gives it, any of the heads)."""
+        """Attention each key received while its block was recent: float64 [H_kv, n], summed
+        over the KV head's query heads (head_max: the largest of their sums; with ahead, the
+        largest weight any query from `ahead` on gives it, any of the heads)."""
         import torch
 
         tm, cfg = self.tm, self.cfg
         rep = tm.n_head // tm.n_head_kv
-        imp = torch.zeros(tm.n_head_kv, n, dtype=torch.float64)
+        imp = torch.zeros(tm.n_head_kv, rep, n, dtype=torch.float64)
         bj = torch.arange(n)[None] // cfg.block
         keys = ke_rot.repeat_interleave(rep, 0).transpose(1, 2)
         for i0 in range(0, n, QUERY_ROWS):
@@ -117,11 +122,11 @@ class Replay:
             s = (qh[:, i] @ keys).masked_fill(torch.arange(n)[None, None] > i[None, :, None], -math.inf)
             p = torch.softmax(s, -1).view(tm.n_head_kv, rep, len(i), n)
             if self.ahead:
-                imp = torch.maximum(imp, (p * (i >= self.ahead)[None, None, :, None]).amax(dim=(1, 2)))
+                imp = torch.maximum(imp, (p * (i >= self.ahead)[None, None, :, None]).amax(dim=2))
                 continue
             nb = (i // cfg.block)[:, None]  # blocks quantized when token i attends
-            imp += (p.sum(1) * ((bj < nb) & (bj >= nb - cfg.recent))[None]).sum(1)
-        return imp.numpy()
+            imp += (p * ((bj < nb) & (bj >= nb - cfg.recent))[None, None]).sum(2)  # [H_kv, rep, n]
+        return (imp.amax(1) if self.head_max or self.ahead else imp.sum(1)).numpy()
 
     def attend(self, il, q, k_pre, k_post, v):
         import torch
@@ -226,6 +231,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="rank the kept tokens by the largest weight a scored query gives them (an oracle)",
     )
+    ap.add_argument(
+        "--head-max",
+        action="store_true",
+        help="rank by the query head that received most, instead of the KV head's query heads summed",
+    )
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -247,7 +257,7 @@ def main(argv=None) -> int:
         for spec, recent, kind, k in variants:
             t0 = time.perf_counter()
             cfg = base.with_overrides(recent=recent).for_head_dim(tm.head_dim)
-            replay = Replay(tm, cfg, tier_scale, kind, k, half if args.look_ahead else 0)
+            replay = Replay(tm, cfg, tier_scale, kind, k, half if args.look_ahead else 0, args.head_max)
             with torch.no_grad():
                 logits = tm.forward(tokens, attend=replay.attend)[0, half:-1].numpy()
             kl, top1 = kl_and_top1(ref, logits)
