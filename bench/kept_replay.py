@@ -18,15 +18,16 @@ query heads of the KV head; exact attention) — are kept finer, by kind:
     exact  fp16 (no storage defined)
 Variants: RECENT or RECENT+KIND+K, e.g. 5 (ottr2tr), 4+ref+4. `--look-ahead` ranks by the
 largest weight any scored query gives a token instead (an oracle, for comparison);
-`--head-max` by the one query head of a KV head that received most, not by their sum. Bits per element at n_ctx count
-the stores (reference/footprint.py: measure) plus, for ref, the kept tokens' refinements.
+`--head-max` by the one query head of a KV head that received most, not by their sum. Bits
+per element at n_ctx count the stores (reference/footprint.py: measure) plus, for ref, the
+kept tokens' refinements.
 
     python bench/kept_replay.py MODEL -f ../shared/data/wikitext-2-raw/wiki.test.raw \
         --variants 5,6,4+ref+4 [--windows 1] [--ctx 4096] [-t 2]
 
 The f16 row is the same torch forward with exact attention; KL and top-1 against it over the
 second half of each window. The torch forward leaves out the runtime's 8-bit rounding of
-matmul inputs, so its KLs run about 0.004 below `bench/accuracy.py`'s (docs/results.md).
+matmul inputs, so its KLs run 0.002–0.004 below `bench/accuracy.py`'s (docs/results.md).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def stored(layer: LayerCache, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def steps(layer: LayerCache, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The code step of every stored key and value: float64 [H_kv, n, d] (NaN outside blocks)."""
+    """The code step of every stored key and value: float64 [H_kv, n, d] (NaN outside blocks);
+    keys in one group a channel and block (key_axis 0, group_k = block, as ottr2tr)."""
     H, d = layer.n_head_kv, layer.head_dim
     dk, dv = np.full((H, n, d), np.nan), np.full((H, n, d), np.nan)
     for h, head in enumerate(layer.heads):
