@@ -41,8 +41,7 @@ _KV_KNOBS = {
     "lo_k": "key tiers: of every 16 channels of a block, the last ones coded with 1 bit",
     "recent": "the newest N blocks keep 4-bit keys and values, re-coded to the mode's codes as they age",
     "sym_v": "value groups symmetric around zero, their scale alone stored (1) or scale and min (0)",
-    "pre_rope": "keys cached before RoPE, rotated at their position in attention (1; CPU only outside KVQuant) "
-    "or after (0)",
+    "pre_rope": "keys cached before RoPE, rotated at their position in attention (1) or after (0)",
 }
 # --kv-rot-k / --kv-rot-v: KVConfig rotation knob -> what it rotates
 _KV_ROTATIONS = {"rot_k": "keys (and queries)", "rot_v": "values (undone after attention)"}

@@ -5,8 +5,9 @@
   native/tests/cuda_ops.cpp: appends and quantization events bit for bit against kv_quant.c,
   fused attention within 3e-4 (relative L2) of float64.
 - End to end (needs a GPU): greedy decoding of a random-weights llama model on CPU and on
-  CUDA, f16, ott2, key-tiered ottr2 and ottr2t with a recent block and symmetric values
-  caches, 64 tokens after a 200-token prompt (so quantization events fire). The two backends
+  CUDA, f16, ott2, key-tiered ottr2, ottr2t with a recent block and symmetric values, and
+  ottr2tr (keys cached before RoPE; also on a qwen2 model, NeoX pairs) caches, 64 tokens
+  after a 200-token prompt (so quantization events fire). The two backends
   round matmuls differently (ggml-cuda: fp16 activations in fp16 GEMMs, TF32 in fp32 ones),
   and with a 2-bit cache a K/V value that lands on the other side of a rounding boundary
   changes a whole quantization step; so the logits agree within
@@ -41,7 +42,7 @@ TIERS = "ottr2:hi_k=4:lo_k=8"  # a mode with knobs, as bench/accuracy.py spells 
 # key tiers, symmetric values and a recent block re-coded at every event from the second on
 RECENT = "ottr2t:recent=1:sym_v=1:extra_pool=0"
 # relative L2 of a step's logits, CPU vs CUDA: (the largest over the steps, their median or None)
-LOGITS_BUDGET = {kv: (0.15, None) for kv in ("ott2", "ottr2", TIERS, RECENT)}
+LOGITS_BUDGET = {kv: (0.15, None) for kv in ("ott2", "ottr2", TIERS, RECENT, "ottr2tr")}
 LOGITS_BUDGET["f16"] = (1e-2, None)
 # KVQuant's cache (tables of a made-up sidecar): keys before RoPE, and after it
 KVQ = ["kvquant2", "kvquant3:pre_rope=0"]
@@ -173,11 +174,38 @@ def random_llama(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def random_qwen2(tmp_path_factory):
+    """A random qwen2 model (NeoX RoPE pairs, Q/K/V biases), head_dim 64 and GQA 2."""
+    from make_gguf import write_random_model
+
+    return write_random_model(
+        tmp_path_factory.mktemp("cuda") / "qwen2-hd64.gguf",
+        arch="qwen2",
+        dtype="f16",
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=512,
+        seed=12,
+        n_ctx_train=1024,
+    )
+
+
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT, "ottr2tr"])
 def test_greedy_cpu_equals_cuda_random_model(random_llama, kv):
     prompt = np.random.default_rng(5).integers(0, 512, 200).tolist()
     assert_same_greedy(random_llama, kv, prompt, n_ctx=512)
+
+
+@needs_gpu
+def test_keys_before_rope_neox_cpu_equals_cuda(random_qwen2):
+    """ottr2tr (keys cached before RoPE) on a model whose RoPE pairs channel i with i + head_dim/2."""
+    prompt = np.random.default_rng(15).integers(0, 512, 200).tolist()
+    assert_same_greedy(random_qwen2, "ottr2tr", prompt, n_ctx=512)
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
@@ -195,7 +223,7 @@ FA_BUDGET = 2e-2
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT])
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT, "ottr2tr"])
 def test_prompt_chunks_over_quantized_blocks_cpu_equals_cuda(random_llama, kv):
     prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
     ends = {}
@@ -208,7 +236,7 @@ def test_prompt_chunks_over_quantized_blocks_cpu_equals_cuda(random_llama, kv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT])
+@pytest.mark.parametrize("kv", ["ott2", "ottr2", TIERS, RECENT, "ottr2tr"])
 def test_flash_attention_chunk_equals_fused_kernels(random_llama, kv):
     model = Model(random_llama, n_ctx=1024, n_seq_max=3, kv=parse_mode(kv), device="cuda")
     prompt = np.random.default_rng(12).integers(0, 512, CHUNK * N_CHUNKS).tolist()
@@ -277,7 +305,7 @@ def test_greedy_cpu_equals_cuda_smollm2(smollm2_f32, kv):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT])
+@pytest.mark.parametrize("kv", ["f16", "ott2", TIERS, RECENT, "ottr2tr"])
 def test_copied_sequence_continues_alike(random_llama, kv):
     model = Model(random_llama, n_ctx=512, n_seq_max=2, kv=parse_mode(kv), device="cuda")
     prompt = np.random.default_rng(6).integers(0, 512, 300).tolist()  # two events: a re-coded block
@@ -357,11 +385,13 @@ def test_cuda_kv_stats_count_quantized_bytes(random_llama):
 
 @needs_gpu
 def test_auto_on_a_gpu_is_the_2bit_preset_with_keys_after_rope(random_llama):
-    """auto: ottr2tr where its keys before RoPE run (the CPU), ottr2tg on the GPU."""
+    """auto: ottr2tr on the CPU; on the GPU ottr2tg, whose keys after RoPE keep the attention
+    on the integer tensor cores (ottr2tr runs there too, on the FFMA kernel)."""
     assert Weights(random_llama, device="cpu").kv_config("auto") == preset("ottr2tr")
     weights = Weights(random_llama, device="cuda")
     assert weights.kv_config("auto") == preset("ottr2tg")
     assert Model(weights, n_ctx=256, kv="auto").eval([1, 2, 3]).size
+    assert Model(weights, n_ctx=256, kv="ottr2tr").eval([1, 2, 3]).size
 
 
 @needs_gpu

@@ -385,8 +385,8 @@ def test_int_dots_switch(tmp_path):
 def test_native_matches_reference(tmp_path, case, dots):
     _, head_dim, gqa, cfg, n_tokens, sizes = case
     path = random_model(tmp_path, head_dim, gqa)
-    # keys grouped per token and pre-RoPE keys are CPU only (the CUDA cache refuses them)
-    cpu_only = cfg.key_axis or cfg.pre_rope
+    # keys grouped per token are CPU only (the CUDA cache refuses them)
+    cpu_only = cfg.key_axis
     model = Model(path, n_ctx=512, n_threads=2, kv=cfg, device="cpu" if cpu_only else None)
     run = ReferenceRun(ReferenceModel(path), cfg, model)
     tokens = np.random.default_rng(head_dim + gqa).integers(0, model.n_vocab, n_tokens).tolist()

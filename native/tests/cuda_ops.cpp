@@ -8,7 +8,7 @@
 //                              (relative L2 error over the output).
 //   ott-cuda-ops perf [ctx[:batch] ..]  copy bandwidth of the card, then the attention
 //                              kernels (7B shape: 32 KV heads of 128; ott2, ottr2, ottr3, ottr2
-//                              with key tiers, ottr2tg's old blocks, kvquant2) at each context
+//                              with key tiers, ottr2tg's and ottr2tr's blocks, kvquant2) at each context
 //                              and batch (1..64, or the one given): one JSON object per line.
 // Inputs are random, fresh for every case; outputs are poisoned (NaN) before each run.
 #include "cpu/kvq_attn_cpu.h"
@@ -34,6 +34,7 @@ constexpr double ATTN_BUDGET        = 3e-4;  // float32 arithmetic, exp2f; sharp
 constexpr double ATTN_BUDGET_TC     = 2e-3;  // tensor-core path: 16-bit fixed-point q·scale and p·scale
 constexpr double KVQ_ATTN_BUDGET    = 1e-5;  // KVQuant attention vs the CPU op: both float32, other sum orders
 constexpr double KVQ_ATTN_BUDGET_TC = 2e-3;  // tensor-core path: fp16 keys, queries, probabilities, values
+constexpr double GATHER_ROPE_BUDGET = 1e-3;  // gathered keys turned by RoPE: fp16 rows rounded again
 
 #define CHECK_CUDA(expr)                                                                                               \
     do {                                                                                                               \
@@ -520,7 +521,36 @@ struct attn_case {
     int32_t sink, pool, extra, n_win;
     int32_t n_splits;
     int32_t recent;  // the newest blocks of a sequence in the recent geometry (ott_cuda.h)
+    int32_t rope;    // keys cached before RoPE: 1 pairs (2i, 2i+1), 2 NeoX pairs (i, i + hd/2); 0 after
 };
+
+// Keys before RoPE: the angles of positions 0 .. n_pos-1 on the device as L.rope (and R's).
+std::vector<float2> set_rope(const attn_case & c, int32_t n_pos, layer_store & st) {
+    std::vector<float2> pairs;
+    if (!c.rope) return pairs;
+    pairs.resize((size_t)n_pos * c.g.head_dim / 2);
+    ott_cuda_rope_pairs_fill(c.g.head_dim, 10000.0, 1.0, n_pos, pairs.data());
+    st.L.rope      = st.upload(pairs);
+    st.L.rope_neox = c.rope == 2;
+    return pairs;
+}
+
+// k turned by RoPE at position p with the angles of set_rope (float64 arithmetic).
+void rope_ref(std::vector<double> & k, const std::vector<float2> & pairs, int32_t p, bool neox) {
+    const int32_t half = (int32_t)k.size() / 2;
+    for (int32_t i = 0; i < half; ++i) {
+        const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float2 cs = pairs[(size_t)p * half + i];
+        const double x = k[a], y = k[b];
+        k[a] = x * cs.x - y * cs.y;
+        k[b] = x * cs.y + y * cs.x;
+    }
+}
+
+// The positions of an attn_case's stores run up to sink + blocks·block + window + chunk.
+int32_t attn_positions(const attn_case & c) {
+    return c.sink + (std::max(c.n_blocks[0], c.n_blocks[1]) + 1) * c.g.block + c.n_win + c.n_q;
+}
 
 // A quantized entry: its code, and its group's scale and minimum as floats.
 struct coded {
@@ -663,7 +693,8 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int32_t n_
         }
     }
 
-    layer_store & gpu = st;
+    const std::vector<float2> pairs = set_rope(c, attn_positions(c), st);
+    layer_store & gpu               = st;
     gpu.to_device();
     ott_cuda_attn_args a {};
     a.L             = gpu.L;
@@ -697,18 +728,24 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int32_t n_
         for (int32_t h = 0; h < H; ++h) {
             const size_t sh = (size_t)s * H + h;
             std::vector<std::vector<double>> ks, vs;  // the keys and values every row sees
-            auto f16_rows = [&](const ott_fp16 * kp, const ott_fp16 * vp, int32_t n) {
+            auto see = [&](std::vector<double> & kr, std::vector<double> & vr, int32_t p) {
+                if (c.rope) rope_ref(kr, pairs, p, c.rope == 2);
+                ks.push_back(kr);
+                vs.push_back(vr);
+            };
+            // n rows at positions pos[i], or p0 + i
+            auto f16_rows = [&](const ott_fp16 * kp, const ott_fp16 * vp, int32_t n, int32_t p0,
+                                const int32_t * pos = nullptr) {
                 for (int32_t i = 0; i < n; ++i) {
                     std::vector<double> kr(hd), vr(hd);
                     for (int32_t ch = 0; ch < hd; ++ch) {
                         kr[ch] = ott_fp16_to_fp32_ref(kp[(size_t)i * hd + ch]);
                         vr[ch] = ott_fp16_to_fp32_ref(vp[(size_t)i * hd + ch]);
                     }
-                    ks.push_back(kr);
-                    vs.push_back(vr);
+                    see(kr, vr, pos ? pos[i] : p0 + i);
                 }
             };
-            f16_rows(&st.sink_k[sh * c.sink * hd], &st.sink_v[sh * c.sink * hd], c.sink);
+            f16_rows(&st.sink_k[sh * c.sink * hd], &st.sink_v[sh * c.sink * hd], c.sink, 0);
             for (int32_t j = 0; j < c.n_blocks[s]; ++j) {
                 const auto [bg, hb]         = st.block_of(s, j, h, c.n_blocks[s]);
                 const ott_kv_block_layout L = ott_kv_block_layout_of(bg);
@@ -719,15 +756,17 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int32_t n_
                         kr[ch] = dequant(*bg, hb, true, t, ch);
                         vr[ch] = dequant(*bg, hb, false, t, ch);
                     }
-                    ks.push_back(kr);
-                    vs.push_back(vr);
+                    see(kr, vr, c.sink + j * block + t);
                 }
             }
-            f16_rows(&st.pool_k[sh * c.pool * hd], &st.pool_v[sh * c.pool * hd], st.n_pool[sh]);
-            f16_rows(&st.extra_k[sh * c.extra * hd], &st.extra_v[sh * c.extra * hd], st.n_extra[sh]);
+            f16_rows(&st.pool_k[sh * c.pool * hd], &st.pool_v[sh * c.pool * hd], st.n_pool[sh], 0,
+                     &st.pool_pos[sh * c.pool]);
+            f16_rows(&st.extra_k[sh * c.extra * hd], &st.extra_v[sh * c.extra * hd], st.n_extra[sh], 0,
+                     &st.extra_pos[sh * c.extra]);
             for (int32_t i = 0; i < c.n_win; ++i) {
                 const int32_t row = (win_pos0[s] + i - c.sink) % win_cap;
-                f16_rows(&st.win_k[(sh * win_cap + row) * hd], &st.win_v[(sh * win_cap + row) * hd], 1);
+                f16_rows(&st.win_k[(sh * win_cap + row) * hd], &st.win_v[(sh * win_cap + row) * hd], 1,
+                         win_pos0[s] + i);
             }
             const size_t n_past = ks.size();
             for (int32_t j = 0; j < c.n_q; ++j) {
@@ -737,8 +776,7 @@ void check_attn(const attn_case & c, uint64_t seed, int tensor_cores, int32_t n_
                     kr[ch]         = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(k[i]));
                     vr[ch]         = ott_fp16_to_fp32_ref(ott_fp32_to_fp16_ref(v[i]));
                 }
-                ks.push_back(kr);
-                vs.push_back(vr);
+                see(kr, vr, win_pos0[s] + c.n_win + j);
             }
             for (int32_t i = 0; i < c.n_q; ++i) {
                 for (int32_t r = 0; r < c.n_rep; ++r) {
@@ -799,7 +837,9 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (float & x : k) x = nd(rng);
     for (float & x : v) x = nd(rng);
+    const std::vector<float2> pairs = set_rope(c, attn_positions(c), st);
     st.to_device();
+    double err2 = 0, ref2 = 0;  // keys before RoPE: the turned keys against float64
     const ott_cuda_f32_3d dk = { st.upload(k), hd, (int64_t)H * hd }, dv = { st.upload(v), hd, (int64_t)H * hd };
     bool ok = true;
     for (int32_t s = 0; s < S; ++s) {
@@ -850,10 +890,25 @@ void check_gather(const attn_case & c, uint64_t seed, int & n_fail) {
                 put(st.extra_pos[sh * c.extra + i], &st.extra_k[(sh * c.extra + i) * hd],
                     &st.extra_v[(sh * c.extra + i) * hd]);
             }
+            for (int32_t p = 0; c.rope && p < n_past + c.n_q; ++p) {  // turned in float, rounded to fp16 twice
+                std::vector<double> kr(hd);
+                for (int32_t ch = 0; ch < hd; ++ch) kr[ch] = ott_fp16_to_fp32_ref(rk[row(p) + ch]);
+                rope_ref(kr, pairs, p, c.rope == 2);
+                for (int32_t ch = 0; ch < hd; ++ch) {
+                    const double got = ott_fp16_to_fp32_ref(ko[row(p) + ch]);
+                    err2 += (got - kr[ch]) * (got - kr[ch]);
+                    ref2 += kr[ch] * kr[ch];
+                    rk[row(p) + ch] = ko[row(p) + ch];
+                }
+            }
         }
         ok = ok && same(ko, rk) && same(vo, rv);
     }
-    report(std::string("gather/") + c.name, ok, ok ? "bit-exact" : "differs from the stores", n_fail);
+    const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+    ok               = ok && rel < GATHER_ROPE_BUDGET;
+    char detail[96];
+    snprintf(detail, sizeof(detail), "keys turned by RoPE: rel_l2 %.2e (budget %.0e)", rel, GATHER_ROPE_BUDGET);
+    report(std::string("gather/") + c.name, ok, c.rope ? detail : ok ? "bit-exact" : "differs from the stores", n_fail);
 }
 
 int run_checks() {
@@ -958,6 +1013,16 @@ int run_checks() {
         { "recent5-ottr2tg-hd128-rep1-decode", sym_tiers_128, 1, 1, { 9, 6 }, 0, 3, 0, 40, 3, 5 },
         { "ott4-hd128-rep1-chunk3", ott4_128, 1, 3, { 5, 2 }, 0, 3, 32, 20, 2 },
         { "kivi4-hd128-rep2-decode", kivi4_128, 2, 1, { 6, 3 }, 0, 0, 0, 50, 2 },
+        // keys before RoPE: ottr2tr (SmolLM2's shape, Qwen2.5's with NeoX pairs, the 7B shape),
+        // other head sizes and groups, 8-bit codes
+        { "rope-ottr2tr-hd64-rep3-decode", ottr2tr_64, 3, 1, { 9, 3 }, 0, 3, 0, 60, 2, 5, 1 },
+        { "rope-ottr2tr-hd64-rep7-chunk2-neox", ottr2tr_64, 7, 2, { 8, 5 }, 0, 3, 0, 30, 3, 5, 2 },
+        { "rope-ottr2tr-hd128-rep1-decode", ottr2tr_128, 1, 1, { 9, 6 }, 0, 3, 0, 40, 3, 5, 1 },
+        { "rope-ottr2tr-hd128-rep2-chunk3-neox", ottr2tr_128, 2, 3, { 7, 2 }, 2, 3, 32, 30, 2, 5, 2 },
+        { "rope-tiers-hd256-b16-decode-neox", tier_b16_256, 1, 1, { 20, 3 }, 0, 2, 5, 5, 4, 0, 2 },
+        { "rope-small2-hd64-rep7-chunk2", small2, 7, 2, { 11, 5 }, 2, 2, 5, 7, 3, 0, 1 },
+        { "rope-small8-hd64-rep3-chunk3-neox", small8, 3, 3, { 7, 0 }, 2, 2, 5, 4, 2, 0, 2 },
+        { "rope-kivi4-hd128-rep2-decode-neox", kivi4_128, 2, 1, { 6, 3 }, 0, 0, 0, 50, 2, 0, 2 },
     };
     for (const attn_case & c : attns) {
         // the recent blocks' launch both ways: a warp per head-block (many multiprocessors), a
@@ -965,7 +1030,7 @@ int run_checks() {
         for (const int32_t n_sm : { INT32_MAX, 1 }) {
             if (n_sm == 1 && !c.recent) continue;
             check_attn(c, seed, 0, n_sm, n_fail);
-            if (ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
+            if (!c.rope && ott_cuda_attn_uses_tensor_cores(c.g, std::min(c.n_q * c.n_rep, OTT_CUDA_ATTN_ROWS), 1)) {
                 check_attn(c, seed, 1, n_sm, n_fail);
             }
         }
@@ -1134,19 +1199,23 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
     // then ottr3 (ottr2's layout with 4-bit keys), then ottr2 with key tiers (a quarter of the
     // key rows at 4 bits, a half at 1 bit), then ottr2tg's old blocks (those tiers, clipped
     // ranges, symmetric values; its recent blocks not read), then a cache of ottr2tg's recent
-    // geometry alone (4-bit keys and values, min-max ranges, symmetric values)
+    // geometry alone (4-bit keys and values, min-max ranges, symmetric values); then the same
+    // two with keys before RoPE, ottr2tr's (its tiers 5 + 10 of 16)
     struct perf_mode {
         const char * name;
         ott_kv_geom g;
         int32_t window;
         bool variants;
+        bool rope = false;
     };
     const perf_mode modes[] = { { "ott2", { 128, 128, 2, 2, 128, 64, 0, 16 }, 32, true },
                                 { "ottr2", { 128, 128, 2, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr3", { 128, 128, 4, 2, 128, 128, 0, 8 }, 0, false },
                                 { "ottr2-tiers", { 128, 128, 2, 2, 128, 128, 0, 8, 0, 32, 64 }, 0, false },
                                 { "ottr2tg-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 32, 64, 1 }, 0, false },
-                                { "ottr2tg-recent", { 128, 128, 4, 4, 128, 128, 0, 8, 0, 0, 0, 1 }, 0, false } };
+                                { "ottr2tg-recent", { 128, 128, 4, 4, 128, 128, 0, 8, 0, 0, 0, 1 }, 0, false },
+                                { "ottr2tr-blocks", { 128, 128, 2, 2, 128, 128, 1, 8, 0, 40, 80, 1 }, 0, false, true },
+                                { "ottr2tr-recent", { 128, 128, 4, 4, 128, 128, 0, 8, 0, 0, 0, 1 }, 0, false, true } };
     const int32_t H = 32, hd = 128, pool = 3, extra = 32;
     for (const perf_mode & mode : modes)
         for (const auto & [ctx, only] : contexts) {
@@ -1197,6 +1266,11 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                     L.pool_cap   = pool;
                     L.extra_cap  = extra;
                     L.max_blocks = n_blocks;
+                    if (mode.rope) {
+                        std::vector<float2> pairs((size_t)(ctx + g.block) * hd / 2);
+                        ott_cuda_rope_pairs_fill(hd, 10000.0, 1.0, ctx + g.block, pairs.data());
+                        L.rope = upload_to(mem, pairs);
+                    }
                     L.sink_k = L.sink_v = (ott_fp16 *)dalloc(0, 0);
                     // fp16 0x3c3c = 1.06: finite everywhere
                     L.win_k     = (ott_fp16 *)dalloc(sh * win_cap * hd * 2, 0x3c);
@@ -1236,15 +1310,17 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                 // the timed layer, and another one whose attention runs just before it: the L2
                 // cache then holds none of the timed layer's bytes, as in a decode step
                 ott_cuda_attn_args a = make_layer(), prev = make_layer();
-                // the cache's choice (kv_quant_cuda.cpp: its split count, tensor cores), then FFMA
-                // decoding at two prefetch depths and other split counts for comparison
+                // the cache's choice (kv_quant_cuda.cpp: its split count, tensor cores but for keys
+                // before RoPE), then FFMA decoding at two prefetch depths and other split counts
                 const int n_sm   = prop.multiProcessorCount;
-                const int chosen = ott_cuda_attn_splits(g, 1, 1, a.n_tiles, n_sm, n_blocks);
+                const int tc     = mode.rope ? 0 : 1;
+                const int chosen = ott_cuda_attn_splits(g, 1, tc, a.n_tiles, n_sm, n_blocks);
                 const int ffma   = ott_cuda_attn_splits(g, 1, 0, a.n_tiles, n_sm, n_blocks);
                 struct variant {
                     int splits, prefetch, tc;
                 };
-                std::vector<variant> variants = { { chosen, 0, 1 }, { ffma, 0, 0 } };
+                std::vector<variant> variants = { { chosen, 0, tc } };
+                if (tc) variants.push_back({ ffma, 0, 0 });
                 if (mode.variants) variants.push_back({ ffma, 16, 0 });
                 for (int sp : { 1, 2, 4, 8, 16, 32 }) {
                     if (mode.variants && sp != chosen && sp <= std::max(1, n_blocks / 4))
@@ -1260,10 +1336,10 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                     CHECK_CUDA(ott_cuda_attn_partial(x, nullptr));
                     CHECK_CUDA(ott_cuda_attn_merge(x, dout, (int64_t)H * hd, nullptr));
                 };
-                for (const auto & [sp, pf, tc] : variants) {
+                for (const auto & [sp, pf, vtc] : variants) {
                     a.n_splits = prev.n_splits = sp;
                     a.prefetch = prev.prefetch = pf;
-                    a.tensor_cores = prev.tensor_cores = tc;
+                    a.tensor_cores = prev.tensor_cores = vtc;
                     const float ms                     = time_ms([&] { attend(a); }, 20, [&] { attend(prev); });
                     // bytes it must read: head-block data, fp16 rows, queries
                     const double bytes = (double)sh * (n_blocks * (double)ott_kv_block_data_bytes(&g, 1) +
@@ -1275,8 +1351,8 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                            "\"splits\": %d, \"prefetch\": %d, \"tensor_cores\": %d, \"chosen\": %s, \"bytes\": %.0f, "
                            "\"ms\": %.4f, "
                            "\"GBps\": %.1f, \"of_copy\": %.3f}\n",
-                           mode.name, ctx, B, H, hd, sp, pf ? pf : 8, tc,
-                           sp == chosen && pf == 0 && tc ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
+                           mode.name, ctx, B, H, hd, sp, pf ? pf : 8, vtc,
+                           sp == chosen && pf == 0 && vtc == tc ? "true" : "false", bytes, ms, gbs, gbs / copy_gbs);
                     fflush(stdout);
                 }
                 for (void * p : mem) CHECK_CUDA(cudaFree(p));

@@ -336,7 +336,7 @@ PRESETS: dict[str, KVConfig] = {
     # ottr2t with keys cached before RoPE, there 5 of every 16 key channels at 4 bits and 10 at
     # 1, its newest 5 blocks at 4 bits, symmetric value groups (the bits of the fifth block),
     # and without the extra pool (it bought less than 0.003 of KL for 0.09 bits): 2.48 bits
-    # per element at 4096 tokens (CPU only for now)
+    # per element at 4096 tokens (on a GPU its keys take the FFMA kernel: auto is ottr2tg there)
     "ottr2tr": KVConfig(
         bits_k=2, bits_v=2, clip=1, hi_k=5, lo_k=10, recent=5, sym_v=1, pre_rope=1, **dict(_OTTR, extra_pool=0)
     ),
@@ -349,9 +349,10 @@ PRESETS: dict[str, KVConfig] = {
     "kvquant4": KVConfig(bits_k=4, bits_v=4, **_KVQ),
 }
 # --kv auto: the recommended cache, the first of AUTO_ORDER a model's cache takes
-# (Weights.kv_config asks the native library). AUTO_CPU, the most accurate 2-bit one, runs on
-# the CPU for a plain RoPE (keys before RoPE) and a power-of-two head size that takes key
-# tiers; ottr2tg (its keys after RoPE) on either backend for such a head size; AUTO (4-bit
+# (Weights.kv_config asks the native library). AUTO_CPU, the most accurate 2-bit one, is taken
+# on the CPU for a plain RoPE (keys before RoPE) and a power-of-two head size that takes key
+# tiers (a GPU runs it too, but slower than ottr2tg: its keys before RoPE cannot take the
+# integer tensor cores); ottr2tg (its keys after RoPE) on either backend for such a head size; AUTO (4-bit
 # keys, 2-bit values; the answer without a model) needs a power-of-two head size for its
 # Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
 AUTO_CPU = "ottr2tr"

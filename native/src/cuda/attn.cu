@@ -2,9 +2,11 @@
 // attn_kernels.cuh serves a geometry, how many splits, the merge of the splits' partials.
 // The partial kernels are compiled per head size and code widths in attn_rows.cu.
 #include "cuda/attn_kernels.cuh"
+#include "cpu/kvq_attn_cpu.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace {
 
@@ -145,5 +147,15 @@ cudaError_t ott_cuda_attn_merge(const ott_cuda_attn_args & a, float * out, int64
         case 64:  return cudaLaunchKernelEx(&cfg, attn_merge_kernel<64>, a, out, out_nb1);
         case 128: return cudaLaunchKernelEx(&cfg, attn_merge_kernel<128>, a, out, out_nb1);
         default:  return cudaLaunchKernelEx(&cfg, attn_merge_kernel<256>, a, out, out_nb1);
+    }
+}
+
+void ott_cuda_rope_pairs_fill(int32_t head_dim, double freq_base, double freq_scale, int32_t n_pos, float2 * out) {
+    const int32_t half = head_dim / 2;
+    std::vector<float> cs((size_t)head_dim * n_pos);  // [cos | sin][pair][position]
+    ott_rope_table_fill(head_dim, freq_base, freq_scale, n_pos, cs.data());
+    for (int32_t p = 0; p < n_pos; ++p) {
+        for (int32_t i = 0; i < half; ++i)
+            out[(size_t)p * half + i] = make_float2(cs[(size_t)i * n_pos + p], cs[(size_t)(half + i) * n_pos + p]);
     }
 }

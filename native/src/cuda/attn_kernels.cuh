@@ -294,9 +294,129 @@ __device__ __forceinline__ void tiered_scores(const ott_cuda_attn_args & a, cons
     __syncwarp();  // p_s is read before it takes the probabilities
 }
 
+// ---- keys cached before RoPE ----------------------------------------------------------------
+// The scores need each key turned by RoPE at its own position, which no fold of the query
+// into a key group's scale survives: a lane dequantizes its slots' keys pair by pair, turns
+// them, and dots them with the rows' query pairs.
+
+// The n·bits bits of codes n0 .. n0+n-1 of a row of `bits`-bit codes (n·bits = 8, 16, 32 or
+// 64, aligned to their size: n0 is a multiple of n), code u at bit u·bits.
+__device__ __forceinline__ uint64_t row_codes(const uint8_t * row, int bits, int n0, int n) {
+    const uint8_t * at = row + n0 * bits / 8;
+    switch (n * bits) {
+        case 64: return *(const uint64_t *)at;
+        case 32: return *(const uint32_t *)at;
+        case 16: return *(const uint16_t *)at;
+        default: return *at;
+    }
+}
+
+// s[u][r]: the score of slot t = jk*TPK + u (position p0 + t) for row r of head-block hb, keys
+// before RoPE (its parameters staged at ksc, kmn; with key tiers, row_of[c] the key row of
+// channel c), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..: its
+// slots' codes of the pair's two key rows, dequantized, turned by the angle at p0 + jk*TPK
+// stepped by the angle at 1 (a complex product per slot), dotted with each row's query pair;
+// the Wk-strided lanes of a slot set sum their pairs with shuffles.
+template <int HD, int NR, int TPK, bool TIERS>
+__device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const uint8_t * row_of,
+                                            const uint8_t * ksc, const uint8_t * kmn, const attn_smem<HD, NR> & S,
+                                            int p0, int jk, int phk, int nphk, int Wk, float (&s)[TPK][NR]) {
+    constexpr int HALF    = HD / 2;
+    const ott_kv_geom & g = a.L.geom;
+    const uint8_t * kc    = hb + a.L.layout.k_codes;
+    const int t0          = jk * TPK;
+    const float2 * at     = a.L.rope + (size_t)(p0 + t0) * HALF;  // the angles at the lane's first slot
+    const float2 * step   = a.L.rope + HALF;                      // and at position 1
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
+    }
+#pragma unroll 1
+    for (int i = phk; i < HALF; i += nphk) {
+        const int ca = a.L.rope_neox ? i : 2 * i, cb = a.L.rope_neox ? i + HALF : 2 * i + 1;
+        const int ra = TIERS ? row_of[ca] : ca, rb = TIERS ? row_of[cb] : cb;
+        const int ba = ott_kv_k_row_bits(&g, ra), bb = ott_kv_k_row_bits(&g, rb);
+        const uint64_t wa = row_codes(kc + ott_kv_k_row_offset(&g, ra), ba, t0, TPK);
+        const uint64_t wb = row_codes(kc + ott_kv_k_row_offset(&g, rb), bb, t0, TPK);
+        const uint32_t ma = (1u << ba) - 1, mb = (1u << bb) - 1;
+        float qa[NR], qb[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            qa[r] = S.q[r][ca];
+            qb[r] = S.q[r][cb];
+        }
+        float2 cs       = at[i], pa {}, pb {};
+        const float2 st = step[i];
+#pragma unroll
+        for (int u = 0; u < TPK; ++u) {
+            const int t = t0 + u;
+            if (u == 0 || t % g.group_k == 0) {  // the pair's key groups at slot t
+                pa = param_at(g, ksc, kmn, t / g.group_k * HD + ra);
+                pb = param_at(g, ksc, kmn, t / g.group_k * HD + rb);
+            }
+            const float ka = fmaf((float)((uint32_t)(wa >> (u * ba)) & ma), pa.x, pa.y);
+            const float kb = fmaf((float)((uint32_t)(wb >> (u * bb)) & mb), pb.x, pb.y);
+            const float xa = ka * cs.x - kb * cs.y, xb = ka * cs.y + kb * cs.x;
+#pragma unroll
+            for (int r = 0; r < NR; ++r) s[u][r] = fmaf(qa[r], xa, fmaf(qb[r], xb, s[u][r]));
+            cs = make_float2(cs.x * st.x - cs.y * st.y, cs.x * st.y + cs.y * st.x);
+        }
+    }
+    const uint8_t * mask = hb + a.L.layout.mask;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+#pragma unroll
+        for (int u = 0; u < TPK; ++u) {
+            warp_sum_from(s[u][r], Wk);
+            const int t = t0 + u;
+            if (a.traces && ((mask[t >> 3] >> (t & 7)) & 1)) s[u][r] = -INFINITY;
+        }
+    }
+}
+
+// The lane's channels 2(lane + 32i), +1 (i < HD/64) of a key at position p, turned by RoPE
+// (L.rope non-null). NeoX pairs channel c with c ± HD/2: for head sizes from 128 that is the
+// lane's own entry i ± HD/128, for 64 the entry of lane ^ 16 (all 32 lanes take part).
+template <int HD> __device__ __forceinline__ void rope_lane(const ott_cuda_kv_layer & L, int p, int lane, float * k) {
+    constexpr int HALF = HD / 2;
+    const float2 * at  = L.rope + (size_t)p * HALF;
+    if (!L.rope_neox) {  // pair j = lane + 32i: channels 2j, 2j+1
+#pragma unroll
+        for (int i = 0; i < HD / 64; ++i) {
+            const float2 cs = at[lane + 32 * i];
+            const float x = k[2 * i], y = k[2 * i + 1];
+            k[2 * i]     = x * cs.x - y * cs.y;
+            k[2 * i + 1] = x * cs.y + y * cs.x;
+        }
+        return;
+    }
+    if constexpr (HD >= 128) {
+        constexpr int DI = HD / 128;
+#pragma unroll
+        for (int i = 0; i < DI; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float2 cs = at[2 * (lane + 32 * i) + e];
+                const float x = k[2 * i + e], y = k[2 * (i + DI) + e];
+                k[2 * i + e]        = x * cs.x - y * cs.y;
+                k[2 * (i + DI) + e] = x * cs.y + y * cs.x;
+            }
+        }
+    } else {
+        const bool first = lane < 16;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float2 cs = at[2 * (lane % 16) + e];
+            const float y   = __shfl_xor_sync(0xffffffffu, k[e], 16);
+            k[e]            = first ? k[e] * cs.x - y * cs.y : y * cs.y + k[e] * cs.x;
+        }
+    }
+}
+
 // TIERS: head-blocks with key tiers (tiered_scores; BK = 2), a kernel of its own so that the
-// others keep their registers.
-template <int HD, int BK, int BV, int NR, int NGW, int PF, bool TIERS>
+// others keep their registers. ROPE: keys cached before RoPE (rope_scores).
+template <int HD, int BK, int BV, int NR, int NGW, int PF, bool TIERS, bool ROPE>
 __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                               uint8_t * dyn) {
     constexpr int TPK = 32 / BK, CPBK = 8 / BK;       // key codes per 32-bit word, per byte
@@ -316,14 +436,14 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
         gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
     }
-    uint8_t * wsm         = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
-    float * p_s           = (float *)wsm;  // [NR][block] this warp's probabilities
-    uint8_t * sc_s        = wsm + (size_t)NR * block * sizeof(float);
-    const uint8_t * ksc   = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
-    const uint8_t * kmn   = sc_s + L.layout.k_min;
-    const uint8_t * vsc   = sc_s + L.layout.v_scale;  // [block][n_gv]
-    const uint8_t * vmn   = sc_s + L.layout.v_min;
-    const uint8_t * ord_s = sc_s + L.layout.k_codes;  // [HD] k_order, with key tiers
+    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
+    float * p_s         = (float *)wsm;  // [NR][block] this warp's probabilities
+    uint8_t * sc_s      = wsm + (size_t)NR * block * sizeof(float);
+    const uint8_t * ksc = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
+    const uint8_t * kmn = sc_s + L.layout.k_min;
+    const uint8_t * vsc = sc_s + L.layout.v_scale;  // [block][n_gv]
+    const uint8_t * vmn = sc_s + L.layout.v_min;
+    uint8_t * ord_s     = sc_s + L.layout.k_codes;  // [HD] k_order with key tiers (ROPE: its inverse)
 
     const int2 range = split_blocks(a, T);
     const int b0 = range.x, b1 = range.y;
@@ -347,7 +467,14 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
 
         // keys: scores of slots jk*TPK .. jk*TPK+TPK-1 over the lane's channels, in s
         float s[TPK][NR];
-        if constexpr (TIERS) {
+        if constexpr (ROPE) {
+            __syncwarp();  // scales and mins of the head-block; with tiers, the key row of each channel
+            for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+            if (TIERS)
+                for (int r = lane; r < HD; r += 32) ord_s[hb[L.layout.k_order + r]] = (uint8_t)r;
+            __syncwarp();
+            rope_scores<HD, NR, TPK, TIERS>(a, hb, ord_s, ksc, kmn, S, T.n_sink + b * block, jk, phk, nphk, Wk, s);
+        } else if constexpr (TIERS) {
             static_assert(BK == 2, "key tiers keep bits_k = 2 for the middle rows");
             __syncwarp();  // scales, mins and k_order of the head-block
             for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
@@ -546,8 +673,9 @@ __device__ __forceinline__ void attend_rows(int t0, int t1, LOAD load, VALID val
 
 // The fp16 phase of split blockIdx.y: its share of the tile's rows in the order sink, pool,
 // extra pool, window, chunk (the chunk's own K/V, rounded to fp16, causally), each warp a
-// contiguous part of it; as state slot WARPS + warp, its values in fv[warp].
-template <int HD, int NR>
+// contiguous part of it; as state slot WARPS + warp, its values in fv[warp]. ROPE: keys
+// cached before RoPE, turned at their positions (rope_lane).
+template <int HD, int NR, bool ROPE>
 __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_tile & T, attn_smem<HD, NR> & S,
                             float * fv) {
     constexpr int CPL = HD / 32;    // channels per lane: 2(lane + 32i), +1
@@ -580,13 +708,15 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
     }
 
     // the fp16 stores, in 5 pieces (the window's rows start at row (win_pos0 - sink) % win_cap
-    // of its ring and wrap once): row t of a piece at k + t·HD, v + t·HD
+    // of its ring and wrap once): row t of a piece at k + t·HD, v + t·HD, position pos[t] (the
+    // pools) or p0 + t
     const int w0 = (T.win_pos0 - L.sink) % max(1, L.win_cap), n_w1 = min(T.n_win, L.win_cap - w0);
     const auto all = [](int, int) { return true; };
 #pragma unroll 1
     for (int pc = 0; pc < 5; ++pc) {
         const ott_fp16 *kb, *vb;
-        int first, n;
+        const int32_t * pos = nullptr;
+        int first, n, p0 = 0;
         if (pc == 0) {
             kb    = L.sink_k + sh * L.sink * HD;
             vb    = L.sink_v + sh * L.sink * HD;
@@ -595,11 +725,13 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
         } else if (pc == 1) {
             kb    = L.pool_k + sh * L.pool_cap * HD;
             vb    = L.pool_v + sh * L.pool_cap * HD;
+            pos   = L.pool_pos + sh * L.pool_cap;
             first = e_sink;
             n     = n_pool;
         } else if (pc == 2) {
             kb    = L.extra_k + sh * L.extra_cap * HD;
             vb    = L.extra_v + sh * L.extra_cap * HD;
+            pos   = L.extra_pos + sh * L.extra_cap;
             first = e_pool;
             n     = n_extra;
         } else if (pc == 3) {
@@ -607,11 +739,13 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
             vb    = L.win_v + (sh * L.win_cap + w0) * HD;
             first = e_extra;
             n     = n_w1;
+            p0    = T.win_pos0;
         } else {
             kb    = L.win_k + sh * L.win_cap * HD;
             vb    = L.win_v + sh * L.win_cap * HD;
             first = e_extra + n_w1;
             n     = T.n_win - n_w1;
+            p0    = T.win_pos0 + n_w1;
         }
         const int t0 = max(u0, first) - first, t1 = min(u1, first + n) - first;
         if (t0 >= t1) continue;
@@ -625,6 +759,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
                 v[2 * i]     = vf.x;
                 v[2 * i + 1] = vf.y;
             }
+            if constexpr (ROPE) rope_lane<HD>(L, pos ? pos[t] : p0 + t, lane, k);
         };
         attend_rows<HD, NR, G>(t0, t1, load, all, q, sm, acc);
     }
@@ -644,6 +779,7 @@ __device__ void attend_fp16(const ott_cuda_attn_args & a, const ott_cuda_attn_ti
             v[2 * i]     = __half2float(__float2half_rn(vf.x));
             v[2 * i + 1] = __half2float(__float2half_rn(vf.y));
         }
+        if constexpr (ROPE) rope_lane<HD>(L, T.win_pos0 + T.n_win + j, lane, k);
     };
     const auto causal = [&](int j, int r) { return j <= last_q[r]; };
     attend_rows<HD, NR, G>(max(u0, e_win) - e_win, min(u1, n_all) - e_win, load_chunk, causal, q, sm, acc);
@@ -690,7 +826,8 @@ __device__ __forceinline__ void wait_for_partials() {
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower.
-template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false,
+          bool ROPE = false>
 __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_partial_kernel(const ott_cuda_attn_args a) {
     extern __shared__ __align__(16) uint8_t dyn[];
     __shared__ attn_smem<HD, NR> S;
@@ -717,12 +854,12 @@ __global__ void __launch_bounds__(WARPS * 32, GKM && NR == 1 ? 4 : 1) attn_parti
     constexpr bool fp16_first = GKM > 0;
     const size_t per_warp     = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
     float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
-    if constexpr (fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
+    if constexpr (fp16_first) attend_fp16<HD, NR, false>(a, T, S, fv);
     if constexpr (GKM > 0)
         attend_blocks_imma<NR, GKM, GVM, BK, BV, TIERS>(a, T, S, dyn);
     else
-        attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS>(a, T, S, dyn);
-    if constexpr (!fp16_first) attend_fp16<HD, NR>(a, T, S, fv);
+        attend_blocks<HD, BK, BV, NR, NGW, PF, TIERS, ROPE>(a, T, S, dyn);
+    if constexpr (!fp16_first) attend_fp16<HD, NR, ROPE>(a, T, S, fv);
     write_partial<HD, NR>(a, S, (const float *)dyn, fv, T);
 }
 
@@ -738,12 +875,13 @@ inline size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false)
 }
 
 // Launch the kernel, or with occupancy, store how many of its blocks fit a multiprocessor.
-template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false>
+template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false,
+          bool ROPE = false>
 cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, int * occupancy) {
     if constexpr (HD * BV > 32 * 32) {  // a value row of more than 32 words: unsupported
         return cudaErrorInvalidValue;
     } else {
-        const auto kernel               = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS>;
+        const auto kernel               = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS, ROPE>;
         const size_t smem               = dyn_smem(a.L.geom, NR, GKM > 0);
         static const size_t static_smem = [&] {
             cudaFuncAttributes fa {};
@@ -789,6 +927,15 @@ cudaError_t launch_imma(const ott_cuda_attn_args & a, cudaStream_t stream, int *
 template <int HD, int BK, int BV, int NR>
 cudaError_t launch_groups(const ott_cuda_attn_args & a, cudaStream_t stream, int * occ) {
     const ott_kv_geom & g = a.L.geom;
+    if (a.L.rope) {  // keys before RoPE: the FFMA kernel with rope_scores, on every GPU
+        const bool tiers = BK == 2 && ott_kv_tiered(&g), word = g.group_v * BV >= 32;
+        if (tiers) {
+            return word ? launch_partial<HD, BK, BV, NR, 1, 8, 0, 0, BK == 2, true>(a, stream, occ)
+                        : launch_partial<HD, BK, BV, NR, 4, 8, 0, 0, BK == 2, true>(a, stream, occ);
+        }
+        return word ? launch_partial<HD, BK, BV, NR, 1, 8, 0, 0, false, true>(a, stream, occ)
+                    : launch_partial<HD, BK, BV, NR, 4, 8, 0, 0, false, true>(a, stream, occ);
+    }
     if constexpr (HD == imma::HD && (BK == 2 || BK == 4) && (BV == 2 || BV == 4)) {
         if (imma_applies(g, a.tensor_cores, NR)) {
             if constexpr (BK == 2) {

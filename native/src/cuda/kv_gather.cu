@@ -4,6 +4,7 @@
 // ring, then the chunk's own K/V rounded to fp16 as ott_cuda_kv_append stores them; rows past
 // the chunk are zero. A slot a pool holds (its head-block's mask bit) takes the pool's fp16
 // row instead, so every head sees each position once, from the store attention reads it from.
+// Keys cached before RoPE (L.rope) are then turned at their positions.
 #include "cuda/ott_cuda.h"
 #include "cuda/kv_quant.cuh"
 
@@ -148,6 +149,22 @@ __global__ void kv_gather_pools_kernel(const ott_cuda_kv_layer L, const ott_cuda
     if (L.extra_cap) put(L.extra_k, L.extra_v, L.extra_pos, L.n_extra[sh], L.extra_cap);
 }
 
+// grid: (n_keys / SLOTS, n_head_kv); threads over RoPE pairs. Keys cached before RoPE: the
+// gathered key rows 0 .. n_keys-1 turned by RoPE at their positions (the row index), in
+// float, rounded to fp16 again.
+__global__ void kv_gather_rope_kernel(const ott_cuda_kv_layer L, int32_t n_keys, int32_t n_rows, ott_fp16 * ko) {
+    const int32_t h = blockIdx.y, hd = L.geom.head_dim, half = hd / 2, i = threadIdx.x;
+    const int32_t ca = L.rope_neox ? i : 2 * i, cb = L.rope_neox ? i + half : 2 * i + 1;
+    const int32_t p1 = min(n_keys, (int32_t)(blockIdx.x + 1) * SLOTS);
+    for (int32_t p = blockIdx.x * SLOTS; p < p1; ++p) {
+        ott_fp16 * row  = ko + ((size_t)h * n_rows + p) * hd;
+        const float2 cs = L.rope[(size_t)p * half + i];
+        const float x = __half2float(__ushort_as_half(row[ca])), y = __half2float(__ushort_as_half(row[cb]));
+        row[ca] = f16_of(x * cs.x - y * cs.y);
+        row[cb] = f16_of(x * cs.y + y * cs.x);
+    }
+}
+
 }  // namespace
 
 cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_layer * R, ott_cuda_f32_3d k,
@@ -167,5 +184,10 @@ cudaError_t ott_cuda_kv_gather(const ott_cuda_kv_layer & L, const ott_cuda_kv_la
     kv_gather_rows_kernel<<<dim3((n_fp16 + SLOTS - 1) / SLOTS, L.n_head_kv), L.geom.head_dim, 0, stream>>>(L, k, v, G,
                                                                                                            ko, vo);
     if (L.pool_cap || L.extra_cap) kv_gather_pools_kernel<<<L.n_head_kv, L.geom.head_dim, 0, stream>>>(L, G, ko, vo);
+    const int32_t n_keys = G.n_sink + G.n_blocks * L.geom.block + G.n_win + G.n_new;
+    if (L.rope && n_keys > 0) {  // after every row is in place (a stream orders the kernels)
+        kv_gather_rope_kernel<<<dim3((n_keys + SLOTS - 1) / SLOTS, L.n_head_kv), L.geom.head_dim / 2, 0, stream>>>(
+            L, n_keys, G.n_rows, ko);
+    }
     return cudaGetLastError();
 }

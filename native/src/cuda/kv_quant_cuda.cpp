@@ -85,10 +85,11 @@ public:
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, sh.cuda_device));
         int cc_major = 0;
         OTT_CUDA_TRY(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, sh.cuda_device));
-        tensor_cores = cc_major >= 8 ? 1 : 0;  // integer mma.sync m16n8k32: sm_80+
+        // integer mma.sync m16n8k32: sm_80+; keys before RoPE are scored by the FFMA kernel
+        tensor_cores = cc_major >= 8 && !ott_rope() ? 1 : 0;
         flash_attn   = !cfg.kvq && ott_kv_flash_attn_supported(sh);
 
-        // one buffer: per layer, the arrays of ott_cuda_kv_layer
+        // one buffer: OTT's RoPE angles (keys before RoPE), per layer the arrays of ott_cuda_kv_layer
         const size_t S = sh.n_seq_max, H = sh.n_head_kv, hd = cfg.geom.head_dim;
         std::vector<size_t> offs;
         size_t total = 0;
@@ -96,6 +97,8 @@ public:
             offs.push_back(total);
             total += align256(bytes);
         };
+        const size_t n_pairs = ott_rope() ? (size_t)sh.n_ctx * hd / 2 : 0;
+        take(n_pairs * sizeof(float2));
         for (int il = 0; il < sh.n_layer; ++il) {
             const size_t pc = cfg.pool_cap(il), ec = cfg.extra_cap(il);
             take(S * H * cfg.sink * hd * 2);
@@ -135,6 +138,12 @@ public:
         uint8_t * base = (uint8_t *)ggml_backend_buffer_get_base(buf);
         size_t k       = 0;
         auto next      = [&]() { return base + offs[k++]; };
+        float2 * pairs = (float2 *)next();
+        if (n_pairs) {
+            std::vector<float2> host(n_pairs);
+            ott_cuda_rope_pairs_fill((int32_t)hd, cfg.rope_freq_base, cfg.rope_freq_scale, sh.n_ctx, host.data());
+            OTT_CUDA_TRY(cudaMemcpy(pairs, host.data(), n_pairs * sizeof(float2), cudaMemcpyHostToDevice));
+        }
         for (int il = 0; il < sh.n_layer; ++il) {
             ott_cuda_kv_layer L {};
             L.geom       = cfg.geom;
@@ -159,6 +168,8 @@ public:
             L.n_extra    = (int32_t *)next();
             L.tracing    = (int32_t *)next();
             L.blocks     = next();
+            L.rope       = n_pairs ? pairs : nullptr;
+            L.rope_neox  = cfg.rope_neox;
             uint8_t * u  = next();
             if (!cfg.tier_scale.empty()) {
                 L.tier_scale = (const float *)u;
@@ -282,7 +293,7 @@ public:
     }
 
     bool external_attention() const override { return true; }
-    bool keys_before_rope(int) const override { return cfg.kvq && cfg.pre_rope; }
+    bool keys_before_rope(int) const override { return cfg.pre_rope; }
     int segment_end(int il) const override { return io[il].cut; }
 
     ott_status prepare_step(cudaStream_t exec_stream) override {
@@ -619,6 +630,8 @@ private:
     int32_t max_blocks = 0;  // blocks a sequence holds at most
     // Of them, the recent ones at most, in the ring (kv/kv_report.cpp counts the same bytes).
     int32_t n_recent() const { return cfg.n_recent(max_blocks); }
+    // OTT's keys before RoPE (KVQuant's have their own table, kvq_rope)
+    bool ott_rope() const { return cfg.pre_rope && !cfg.kvq; }
     std::vector<ott_kv_sched> sched;        // [n_seq_max]
     std::vector<ott_cuda_kv_layer> layers;  // [n_layer] device pointers into buf
     std::vector<ott_cuda_kv_layer> rviews;  // [n_layer] their recent views (cfg.recent > 0)
@@ -670,8 +683,11 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
         return ott_fail(OTT_ERR_UNSUPPORTED,
                         "kv config on CUDA: key_axis=1 (per-token key groups) runs on the CPU only");
     }
-    if (cfg.pre_rope && !cfg.kvq) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "kv config on CUDA: pre_rope=1 runs on the CPU only outside KVQuant");
+    if (cfg.pre_rope && !cfg.kvq && cfg.rope_n_rot != cfg.geom.head_dim) {
+        return ott_fail(OTT_ERR_UNSUPPORTED,
+                        "kv config on CUDA: pre_rope=1 needs RoPE over the whole head (n_rot %d, head_dim %d); "
+                        "use pre_rope=0",
+                        cfg.rope_n_rot, cfg.geom.head_dim);
     }
     for (const ott_kv_geom * g : { &cfg.geom, cfg.recent ? &cfg.rgeom : nullptr }) {
         const char * why = !g || cfg.kvq ? nullptr : ott_cuda_attn_unsupported(*g);  // KVQuant: any geometry

@@ -29,6 +29,9 @@
 //   extra_k/v  fp16  [n_seq_max][n_head_kv][extra_cap][head_dim], extra_pos int32 [..][extra_cap]
 //   n_pool, n_extra, tracing  int32 [n_seq_max][n_head_kv]
 //   tier_scale float [n_head_kv][head_dim], with key tiers (or null)
+//   rope       float2 [n_ctx][head_dim/2], keys cached before RoPE (or null): (cos, sin) of
+//              pair i's angle at position p at rope[p·head_dim/2 + i]; every key store then
+//              holds keys before RoPE, which attention and the gather rotate at their positions
 //   blocks     head-blocks (kv_layout.h) [n_seq_max][max_blocks][n_head_kv], block j of a
 //              sequence = positions sink + j*block ..
 // With recent blocks (ott_kv_config::recent = N), the newest N blocks of a sequence are
@@ -68,7 +71,14 @@ struct ott_cuda_kv_layer {
     uint8_t * blocks;
     const float * tier_scale;  // key tiers' query scale [n_head_kv][head_dim] (kv_quant.h), or null: 1
     int32_t ring;              // 0; a recent view: its N, blocks being a ring of max_blocks = N slots
+    const float2 * rope;       // keys cached before RoPE: the angles above, or null (keys after RoPE)
+    int32_t rope_neox;         // with rope: pair i is channels (i, i + head_dim/2), else (2i, 2i+1)
 };
+
+// The angles of L.rope for n_pos positions (host memory): RoPE over the whole head of head_dim
+// channels, theta = p · freq_scale · freq_base^(-2i/head_dim), as the CPU's table
+// (ott_rope_table_fill).
+void ott_cuda_rope_pairs_fill(int32_t head_dim, double freq_base, double freq_scale, int32_t n_pos, float2 * out);
 
 // Head-block j of KV head h of sequence s (a recent view: at slot j % ring).
 static inline OTT_HD uint8_t * ott_cuda_head_block(const ott_cuda_kv_layer & L, int32_t s, int32_t j, int32_t h) {
