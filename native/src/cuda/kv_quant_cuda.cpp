@@ -24,6 +24,8 @@
 // (sequence, KV head) holds R + block rows, or the whole context with prefill_fp16 (a
 // deferred prompt stays in the window until its events), rounded up to a multiple of block:
 // the rows of a block being quantized are then contiguous, as the event kernel reads them.
+// Keys cached before RoPE (pre_rope, outside KVQuant): one table of every position's angles,
+// shared by the layers (ott_cuda_kv_layer::rope); the tensor cores are then not used.
 // With recent blocks, each layer also holds the ring of its newest head-blocks (ott_cuda.h),
 // and the events share one scratch of n_seq_max x n_head_kv blocks of fp16 rows (their
 // re-coding): steps that run deferred events wait for the earlier layers' events first.
