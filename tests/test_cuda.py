@@ -154,14 +154,13 @@ def assert_same_greedy(path, kv: str, prompt: list[int], n_ctx: int, budget: tup
         assert np.median(errs) < median, f"{where}: median logits rel L2 CPU vs CUDA {np.median(errs):.2e} >= {median}"
 
 
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory):
-    """A random llama model with head_dim 64 and GQA 2 (shapes both backends support)."""
+def write_random(tmp_path_factory, arch: str, seed: int):
+    """A random model of `arch` with head_dim 64 and GQA 2 (shapes both backends support)."""
     from make_gguf import write_random_model
 
     return write_random_model(
-        tmp_path_factory.mktemp("cuda") / "llama-hd64.gguf",
-        arch="llama",
+        tmp_path_factory.mktemp("cuda") / f"{arch}-hd64.gguf",
+        arch=arch,
         dtype="f16",
         n_embd=256,
         n_layer=4,
@@ -169,29 +168,20 @@ def random_llama(tmp_path_factory):
         n_head_kv=2,
         n_ff=512,
         n_vocab=512,
-        seed=11,
+        seed=seed,
         n_ctx_train=1024,
     )
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory):
+    return write_random(tmp_path_factory, "llama", 11)
 
 
 @pytest.fixture(scope="module")
 def random_qwen2(tmp_path_factory):
-    """A random qwen2 model (NeoX RoPE pairs, Q/K/V biases), head_dim 64 and GQA 2."""
-    from make_gguf import write_random_model
-
-    return write_random_model(
-        tmp_path_factory.mktemp("cuda") / "qwen2-hd64.gguf",
-        arch="qwen2",
-        dtype="f16",
-        n_embd=256,
-        n_layer=4,
-        n_head=4,
-        n_head_kv=2,
-        n_ff=512,
-        n_vocab=512,
-        seed=12,
-        n_ctx_train=1024,
-    )
+    """NeoX RoPE pairs (channel i with i + head_dim/2), Q/K/V biases."""
+    return write_random(tmp_path_factory, "qwen2", 12)
 
 
 @needs_gpu
