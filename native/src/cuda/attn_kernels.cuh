@@ -352,8 +352,9 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
     const ott_kv_geom & g = a.L.geom;
     const uint8_t * kc    = hb + a.L.layout.k_codes;
     const int t0          = jk * TPK;
-    const float2 * at     = a.L.rope + (size_t)(p0 + t0) * HALF;  // the angles at the lane's first slot
-    const float2 * step   = a.L.rope + HALF;                      // and at position 1
+    const float2 * at     = a.L.rope + (size_t)(p0 + t0) * HALF;          // the angles at the lane's first slot
+    const float2 * step   = a.L.rope + HALF;                              // and at position 1
+    const int grp0 = t0 / g.group_k, end0 = (grp0 + 1) * g.group_k - t0;  // the first key group, its end
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
@@ -374,12 +375,16 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
         }
         float2 cs       = at[i], pa {}, pb {};
         const float2 st = step[i];
+        int grp = grp0, end = end0;  // the key group of slot t0 + u, and the u where it ends
 #pragma unroll
         for (int u = 0; u < TPK; ++u) {
-            const int t = t0 + u;
-            if (u == 0 || t % g.group_k == 0) {  // the pair's key groups at slot t: (S, M)
-                const float2 xa = param_at(g, ksc, kmn, t / g.group_k * HD + ra);
-                const float2 xb = param_at(g, ksc, kmn, t / g.group_k * HD + rb);
+            if (u == 0 || u == end) {  // the pair's key groups from slot t0 + u: (S, M)
+                if (u) {
+                    ++grp;
+                    end += g.group_k;
+                }
+                const float2 xa = param_at(g, ksc, kmn, grp * HD + ra);
+                const float2 xb = param_at(g, ksc, kmn, grp * HD + rb);
                 pa              = make_float2(xa.x * (1 << FW), xa.y - xa.x * (1 << FW));
                 pb              = make_float2(xb.x * (1 << FW), xb.y - xb.x * (1 << FW));
             }
