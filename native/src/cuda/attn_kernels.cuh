@@ -311,44 +311,17 @@ __device__ __forceinline__ uint64_t row_codes(const uint8_t * row, int bits, int
     }
 }
 
-// Codes of `bits` bits (1, 2 or FW) packed LSB-first in w, each moved into a field of FW bits:
-// code u at bits FW·u .. of the result (16 codes of 1 or 2 bits into 4-bit fields).
-template <int FW> __device__ __forceinline__ uint64_t fields_of(uint64_t w, int bits) {
-    if (FW == 8 || bits == 4) return w;
-    if (bits == 2) {
-        w = (w | (w << 16)) & 0x0000FFFF0000FFFFull;
-        w = (w | (w << 8)) & 0x00FF00FF00FF00FFull;
-        w = (w | (w << 4)) & 0x0F0F0F0F0F0F0F0Full;
-        return (w | (w << 2)) & 0x3333333333333333ull;
-    }
-    w = (w | (w << 24)) & 0x000000FF000000FFull;
-    w = (w | (w << 12)) & 0x000F000F000F000Full;
-    w = (w | (w << 6)) & 0x0303030303030303ull;
-    return (w | (w << 3)) & 0x1111111111111111ull;
-}
-
-// 1 + c·2^-FW of the field u of x (fields_of): the field moved into the float's mantissa.
-template <int FW> __device__ __forceinline__ float field_float(uint64_t x, int u) {
-    const uint32_t half = (uint32_t)(x >> (u * FW / 32 * 32));
-    const int at        = u * FW % 32;
-    const uint32_t m    = at <= 23 - FW ? half << (23 - FW - at) : half >> (at - (23 - FW));
-    return __uint_as_float(0x3F800000u | (m & (((1u << FW) - 1) << (23 - FW))));
-}
-
 // s[u][r]: the score of slot t = jk*TPK + u (position p0 + t) for row r of head-block hb, keys
 // before RoPE (its parameters staged at ksc, kmn; with key tiers, row_of[c] the key row of
 // channel c), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..: its
-// slots' codes of the pair's two key rows, moved into fields of FW bits (4, or 8 for 8-bit
-// codes) and dequantized as f·S + M from f = 1 + code·2^-FW made of their bits (S = scale·2^FW,
-// M = min - S), turned by the angle at p0 + jk*TPK stepped by the angle at 1 (a complex
-// product per slot), dotted with each row's query pair; the Wk-strided lanes of a slot set
-// sum their pairs with shuffles.
+// slots' codes of the pair's two key rows, dequantized, turned by the angle at p0 + jk*TPK
+// stepped by the angle at 1 (a complex product per slot), dotted with each row's query pair;
+// the Wk-strided lanes of a slot set sum their pairs with shuffles.
 template <int HD, int NR, int TPK, bool TIERS>
 __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const uint8_t * row_of,
                                             const uint8_t * ksc, const uint8_t * kmn, const attn_smem<HD, NR> & S,
                                             int p0, int jk, int phk, int nphk, int Wk, float (&s)[TPK][NR]) {
     constexpr int HALF    = HD / 2;
-    constexpr int FW      = TPK == 4 ? 8 : 4;  // 8-bit codes (4 a word) keep their bytes
     const ott_kv_geom & g = a.L.geom;
     const uint8_t * kc    = hb + a.L.layout.k_codes;
     const int t0          = jk * TPK;
@@ -365,8 +338,9 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
         const int ca = a.L.rope_neox ? i : 2 * i, cb = a.L.rope_neox ? i + HALF : 2 * i + 1;
         const int ra = TIERS ? row_of[ca] : ca, rb = TIERS ? row_of[cb] : cb;
         const int ba = ott_kv_k_row_bits(&g, ra), bb = ott_kv_k_row_bits(&g, rb);
-        const uint64_t wa = fields_of<FW>(row_codes(kc + ott_kv_k_row_offset(&g, ra), ba, t0, TPK), ba);
-        const uint64_t wb = fields_of<FW>(row_codes(kc + ott_kv_k_row_offset(&g, rb), bb, t0, TPK), bb);
+        const uint64_t wa = row_codes(kc + ott_kv_k_row_offset(&g, ra), ba, t0, TPK);
+        const uint64_t wb = row_codes(kc + ott_kv_k_row_offset(&g, rb), bb, t0, TPK);
+        const uint32_t ma = (1u << ba) - 1, mb = (1u << bb) - 1;
         float qa[NR], qb[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -383,13 +357,11 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
                     ++grp;
                     end += g.group_k;
                 }
-                const float2 xa = param_at(g, ksc, kmn, grp * HD + ra);
-                const float2 xb = param_at(g, ksc, kmn, grp * HD + rb);
-                pa              = make_float2(xa.x * (1 << FW), xa.y - xa.x * (1 << FW));
-                pb              = make_float2(xb.x * (1 << FW), xb.y - xb.x * (1 << FW));
+                pa = param_at(g, ksc, kmn, grp * HD + ra);
+                pb = param_at(g, ksc, kmn, grp * HD + rb);
             }
-            const float ka = fmaf(field_float<FW>(wa, u), pa.x, pa.y);
-            const float kb = fmaf(field_float<FW>(wb, u), pb.x, pb.y);
+            const float ka = fmaf((float)((uint32_t)(wa >> (u * ba)) & ma), pa.x, pa.y);
+            const float kb = fmaf((float)((uint32_t)(wb >> (u * bb)) & mb), pb.x, pb.y);
             const float xa = ka * cs.x - kb * cs.y, xb = ka * cs.y + kb * cs.x;
 #pragma unroll
             for (int r = 0; r < NR; ++r) s[u][r] = fmaf(qa[r], xa, fmaf(qb[r], xb, s[u][r]));
