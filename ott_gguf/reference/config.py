@@ -352,9 +352,9 @@ PRESETS: dict[str, KVConfig] = {
 # (Weights.kv_config asks the native library). AUTO_CPU, the most accurate 2-bit one, is taken
 # on the CPU for a plain RoPE (keys before RoPE) and a power-of-two head size that takes key
 # tiers (a GPU runs it too, but slower than ottr2tg: its keys before RoPE cannot take the
-# integer tensor cores); ottr2tg (its keys after RoPE) on either backend for such a head size; AUTO (4-bit
-# keys, 2-bit values; the answer without a model) needs a power-of-two head size for its
-# Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
+# integer tensor cores); ottr2tg (its keys after RoPE) on either backend for such a head
+# size; AUTO (4-bit keys, 2-bit values; the answer without a model) needs a power-of-two head
+# size for its Hadamard rotation; kivi4 takes any head size that is a multiple of 32.
 AUTO_CPU = "ottr2tr"
 AUTO = "ottr3"
 AUTO_ORDER = (AUTO_CPU, "ottr2tg", AUTO, "kivi4")
