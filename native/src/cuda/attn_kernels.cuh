@@ -349,6 +349,10 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
         }
         float2 cs       = at[i], pa {}, pb {};
         const float2 st = step[i];
+        // one row: its query pair turned back by the slot's angle, R(θ)ᵀ·q, is stepped instead of
+        // the key (8 operations a slot instead of 12); several rows share the key's turn
+        float2 w {};
+        if constexpr (NR == 1) w = make_float2(qa[0] * cs.x + qb[0] * cs.y, qb[0] * cs.x - qa[0] * cs.y);
         int grp = grp0, end = end0;  // the key group of slot t0 + u, and the u where it ends
 #pragma unroll
         for (int u = 0; u < TPK; ++u) {
@@ -362,10 +366,15 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
             }
             const float ka = fmaf((float)((uint32_t)(wa >> (u * ba)) & ma), pa.x, pa.y);
             const float kb = fmaf((float)((uint32_t)(wb >> (u * bb)) & mb), pb.x, pb.y);
-            const float xa = ka * cs.x - kb * cs.y, xb = ka * cs.y + kb * cs.x;
+            if constexpr (NR == 1) {
+                s[u][0] = fmaf(ka, w.x, fmaf(kb, w.y, s[u][0]));
+                w       = make_float2(w.x * st.x + w.y * st.y, w.y * st.x - w.x * st.y);
+            } else {
+                const float xa = ka * cs.x - kb * cs.y, xb = ka * cs.y + kb * cs.x;
 #pragma unroll
-            for (int r = 0; r < NR; ++r) s[u][r] = fmaf(qa[r], xa, fmaf(qb[r], xb, s[u][r]));
-            cs = make_float2(cs.x * st.x - cs.y * st.y, cs.x * st.y + cs.y * st.x);
+                for (int r = 0; r < NR; ++r) s[u][r] = fmaf(qa[r], xa, fmaf(qb[r], xb, s[u][r]));
+                cs = make_float2(cs.x * st.x - cs.y * st.y, cs.x * st.y + cs.y * st.x);
+            }
         }
     }
     const uint8_t * mask = hb + a.L.layout.mask;
