@@ -428,6 +428,13 @@ template <int HD> __device__ __forceinline__ void rope_lane(const ott_cuda_kv_la
     }
 }
 
+// A head-block's group parameters (its first k_codes bytes, a multiple of 16) copied into the
+// warp's slice of shared memory, 16 bytes a lane at a time.
+__device__ __forceinline__ void stage_params(const ott_kv_block_layout & l, const uint8_t * hb, uint8_t * sc_s,
+                                             int lane) {
+    for (int i = lane; i < (int)(l.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+}
+
 // TIERS: head-blocks with key tiers (tiered_scores; BK = 2), a kernel of its own so that the
 // others keep their registers. ROPE: keys cached before RoPE (rope_scores).
 template <int HD, int BK, int BV, int NR, int NGW, int PF, bool TIERS, bool ROPE>
@@ -483,7 +490,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         float s[TPK][NR];
         if constexpr (ROPE) {
             __syncwarp();  // scales and mins of the head-block; with tiers, the key row of each channel
-            for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+            stage_params(L.layout, hb, sc_s, lane);
             if (TIERS)
                 for (int r = lane; r < HD; r += 32) ord_s[hb[L.layout.k_order + r]] = (uint8_t)r;
             __syncwarp();
@@ -491,7 +498,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         } else if constexpr (TIERS) {
             static_assert(BK == 2, "key tiers keep bits_k = 2 for the middle rows");
             __syncwarp();  // scales, mins and k_order of the head-block
-            for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32) ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+            stage_params(L.layout, hb, sc_s, lane);
             for (int i = lane; i < HD / 16; i += 32) ((uint4 *)ord_s)[i] = ((const uint4 *)(hb + L.layout.k_order))[i];
             __syncwarp();
             tiered_scores<HD, NR, PF>(a, hb, ord_s, ksc, kmn, S, jk, phk, nphk, p_s, s);
@@ -511,8 +518,7 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
                 for (int i = 0; i < PF; ++i) w[i] = c0 + i < cplk ? kc[(c_first + c0 + i) * Wk + jk] : 0u;
                 if (c0 == 0) {  // scales and mins of the head-block
                     __syncwarp();
-                    for (int i = lane; i < (int)(L.layout.k_codes / 16); i += 32)
-                        ((uint4 *)sc_s)[i] = ((const uint4 *)hb)[i];
+                    stage_params(L.layout, hb, sc_s, lane);
                     __syncwarp();
                 }
 #pragma unroll
