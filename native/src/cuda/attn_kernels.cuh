@@ -316,8 +316,10 @@ __device__ __forceinline__ uint64_t row_codes(const uint8_t * row, int bits, int
 // channel c), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..: its
 // slots' codes of the pair's two key rows, dequantized, turned by the angle at p0 + jk*TPK
 // stepped by the angle at 1 (a complex product per slot), dotted with each row's query pair;
-// the Wk-strided lanes of a slot set sum their pairs with shuffles.
-template <int HD, int NR, int TPK, bool TIERS>
+// the Wk-strided lanes of a slot set sum their pairs with shuffles. SPLIT: a lane's TPK slots
+// may span key groups (group_k not a multiple of TPK); otherwise each pair's parameters are
+// read once, with no test per slot (key tiers have one group a block).
+template <int HD, int NR, int TPK, bool TIERS, bool SPLIT>
 __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const uint8_t * row_of,
                                             const uint8_t * ksc, const uint8_t * kmn, const attn_smem<HD, NR> & S,
                                             int p0, int jk, int phk, int nphk, int Wk, float (&s)[TPK][NR]) {
@@ -356,7 +358,7 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
         int grp = grp0, end = end0;  // the key group of slot t0 + u, and the u where it ends
 #pragma unroll
         for (int u = 0; u < TPK; ++u) {
-            if (u == 0 || u == end) {  // the pair's key groups from slot t0 + u: (S, M)
+            if (u == 0 || (SPLIT && u == end)) {  // the pair's key groups from slot t0 + u: (S, M)
                 if (u) {
                     ++grp;
                     end += g.group_k;
@@ -494,7 +496,11 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
             if (TIERS)
                 for (int r = lane; r < HD; r += 32) ord_s[hb[L.layout.k_order + r]] = (uint8_t)r;
             __syncwarp();
-            rope_scores<HD, NR, TPK, TIERS>(a, hb, ord_s, ksc, kmn, S, T.n_sink + b * block, jk, phk, nphk, Wk, s);
+            const int p0 = T.n_sink + b * block;
+            if (TIERS || g.group_k % TPK == 0)
+                rope_scores<HD, NR, TPK, TIERS, false>(a, hb, ord_s, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
+            else
+                rope_scores<HD, NR, TPK, TIERS, true>(a, hb, ord_s, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
         } else if constexpr (TIERS) {
             static_assert(BK == 2, "key tiers keep bits_k = 2 for the middle rows");
             __syncwarp();  // scales, mins and k_order of the head-block
