@@ -311,12 +311,41 @@ __device__ __forceinline__ uint64_t row_codes(const uint8_t * row, int bits, int
     }
 }
 
+// What a lane of rope_scores loads for RoPE pair i: the codes of its slots in the pair's two
+// key rows ra, rb (widths ba, bb) and the pair's angles at its first slot (cs) and at
+// position 1 (st). Fetched a pair ahead of their use, so that the loads are in flight while
+// the lane works on the pair before.
+struct rope_pair {
+    uint64_t wa, wb;
+    float2 cs, st;
+    int ra, rb, ba, bb;
+};
+
+template <int HD, int TPK, bool TIERS>
+__device__ __forceinline__ rope_pair fetch_pair(const ott_cuda_kv_layer & L, const uint8_t * kc, const uint8_t * row_of,
+                                                const float2 * at, int t0, int i) {
+    constexpr int HALF    = HD / 2;
+    const ott_kv_geom & g = L.geom;
+    const int ca = L.rope_neox ? i : 2 * i, cb = L.rope_neox ? i + HALF : 2 * i + 1;
+    rope_pair p;
+    p.ra = TIERS ? row_of[ca] : ca;
+    p.rb = TIERS ? row_of[cb] : cb;
+    p.ba = ott_kv_k_row_bits(&g, p.ra);
+    p.bb = ott_kv_k_row_bits(&g, p.rb);
+    p.wa = row_codes(kc + ott_kv_k_row_offset(&g, p.ra), p.ba, t0, TPK);
+    p.wb = row_codes(kc + ott_kv_k_row_offset(&g, p.rb), p.bb, t0, TPK);
+    p.cs = at[i];
+    p.st = L.rope[HALF + i];
+    return p;
+}
+
 // s[u][r]: the score of slot t = jk*TPK + u (position p0 + t) for row r of head-block hb, keys
 // before RoPE (its parameters staged at ksc, kmn; with key tiers, row_of[c] the key row of
 // channel c), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..: its
 // slots' codes of the pair's two key rows, dequantized, turned by the angle at p0 + jk*TPK
 // stepped by the angle at 1 (a complex product per slot), dotted with each row's query pair;
-// the Wk-strided lanes of a slot set sum their pairs with shuffles. SPLIT: a lane's TPK slots
+// the Wk-strided lanes of a slot set sum their pairs with shuffles. A pair's loads are issued
+// while the lane works on the pair before (fetch_pair). SPLIT: a lane's TPK slots
 // may span key groups (group_k not a multiple of TPK); otherwise each pair's parameters are
 // read once, with no test per slot (key tiers have one group a block).
 template <int HD, int NR, int TPK, bool TIERS, bool SPLIT>
@@ -328,29 +357,27 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
     const uint8_t * kc    = hb + a.L.layout.k_codes;
     const int t0          = jk * TPK;
     const float2 * at     = a.L.rope + (size_t)(p0 + t0) * HALF;          // the angles at the lane's first slot
-    const float2 * step   = a.L.rope + HALF;                              // and at position 1
     const int grp0 = t0 / g.group_k, end0 = (grp0 + 1) * g.group_k - t0;  // the first key group, its end
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
 #pragma unroll
         for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
     }
+    rope_pair next = fetch_pair<HD, TPK, TIERS>(a.L, kc, row_of, at, t0, phk);  // nphk <= HALF: phk < HALF
 #pragma unroll 1
     for (int i = phk; i < HALF; i += nphk) {
+        const rope_pair cur = next;
+        if (i + nphk < HALF) next = fetch_pair<HD, TPK, TIERS>(a.L, kc, row_of, at, t0, i + nphk);
         const int ca = a.L.rope_neox ? i : 2 * i, cb = a.L.rope_neox ? i + HALF : 2 * i + 1;
-        const int ra = TIERS ? row_of[ca] : ca, rb = TIERS ? row_of[cb] : cb;
-        const int ba = ott_kv_k_row_bits(&g, ra), bb = ott_kv_k_row_bits(&g, rb);
-        const uint64_t wa = row_codes(kc + ott_kv_k_row_offset(&g, ra), ba, t0, TPK);
-        const uint64_t wb = row_codes(kc + ott_kv_k_row_offset(&g, rb), bb, t0, TPK);
-        const uint32_t ma = (1u << ba) - 1, mb = (1u << bb) - 1;
+        const uint32_t ma = (1u << cur.ba) - 1, mb = (1u << cur.bb) - 1;
         float qa[NR], qb[NR];
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
             qa[r] = S.q[r][ca];
             qb[r] = S.q[r][cb];
         }
-        float2 cs       = at[i], pa {}, pb {};
-        const float2 st = step[i];
+        float2 cs       = cur.cs, pa {}, pb {};
+        const float2 st = cur.st;
         // one row: its query pair turned back by the slot's angle, R(θ)ᵀ·q, is stepped instead of
         // the key (8 operations a slot instead of 12); several rows share the key's turn
         float2 w {};
@@ -363,11 +390,11 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
                     ++grp;
                     end += g.group_k;
                 }
-                pa = param_at(g, ksc, kmn, grp * HD + ra);
-                pb = param_at(g, ksc, kmn, grp * HD + rb);
+                pa = param_at(g, ksc, kmn, grp * HD + cur.ra);
+                pb = param_at(g, ksc, kmn, grp * HD + cur.rb);
             }
-            const float ka = fmaf((float)((uint32_t)(wa >> (u * ba)) & ma), pa.x, pa.y);
-            const float kb = fmaf((float)((uint32_t)(wb >> (u * bb)) & mb), pb.x, pb.y);
+            const float ka = fmaf((float)((uint32_t)(cur.wa >> (u * cur.ba)) & ma), pa.x, pa.y);
+            const float kb = fmaf((float)((uint32_t)(cur.wb >> (u * cur.bb)) & mb), pb.x, pb.y);
             if constexpr (NR == 1) {
                 s[u][0] = fmaf(ka, w.x, fmaf(kb, w.y, s[u][0]));
                 w       = make_float2(w.x * st.x + w.y * st.y, w.y * st.x - w.x * st.y);
