@@ -1284,7 +1284,9 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                     L.n_pool    = upload_to(mem, full);
                     L.n_extra   = upload_to(mem, half);
                     L.tracing   = (int32_t *)dalloc(sh * 4, 0);
-                    // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, and no mask
+                    // random codes; then scales and mins 0x2c2c (0.065), so every score is finite, no
+                    // mask, and with key tiers each head-block's k_order the identity (a permutation, as
+                    // the quantizer writes: the kernels index channels by it)
                     const size_t n_hb = sh * n_blocks, blk_bytes = n_hb * BL.size;
                     L.blocks = (uint8_t *)dalloc(blk_bytes, 0);
                     for (size_t off = 0; off < blk_bytes; off += noise.size()) {
@@ -1294,6 +1296,12 @@ int run_perf(const std::vector<std::pair<int, int>> & contexts) {
                     if (n_hb) {
                         CHECK_CUDA(cudaMemset2D(L.blocks + BL.k_scale, BL.size, 0x2c, BL.k_codes - BL.k_scale, n_hb));
                         CHECK_CUDA(cudaMemset2D(L.blocks + BL.mask, BL.size, 0, BL.size - BL.mask, n_hb));
+                        if (ott_kv_tiered(&g)) {
+                            std::vector<uint8_t> order(n_hb * hd);
+                            for (size_t i = 0; i < order.size(); ++i) order[i] = (uint8_t)(i % hd);
+                            CHECK_CUDA(cudaMemcpy2D(L.blocks + BL.k_order, BL.size, order.data(), hd, hd, n_hb,
+                                                    cudaMemcpyHostToDevice));
+                        }
                     }
                     ott_cuda_attn_args a {};
                     a.L = L;

@@ -184,11 +184,21 @@ __device__ __forceinline__ const uint8_t * head_block(const ott_cuda_kv_layer & 
 // PF hides more memory latency but unrolls more code (instruction-cache misses, registers);
 // the decode kernel's choice is a launch argument (ott_cuda_attn_args::prefetch).
 
+// A channel's key row with key tiers, for rope_scores: its parameters (one group a block),
+// the row's byte offset in k_codes and its code width. Filled per head-block (rope_rows).
+struct rope_row {
+    float2 p;
+    uint32_t off;
+    int bits;
+};
+
 // Per-warp shared memory of the block phase: probabilities [NR][block] floats, then the
 // head-block's scales and mins (its bytes before k_codes) and, with key tiers, its k_order,
-// staged with coalesced loads.
-__host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr) {
-    return (size_t)nr * g.block * sizeof(float) + L.k_codes + (ott_kv_tiered(&g) ? g.head_dim : 0);
+// staged with coalesced loads (rope: keys before RoPE, a rope_row per channel instead).
+__host__ __device__ inline size_t warp_smem_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr,
+                                                  bool rope) {
+    const size_t order = ott_kv_tiered(&g) ? (size_t)g.head_dim * (rope ? sizeof(rope_row) : 1) : 0;
+    return (size_t)nr * g.block * sizeof(float) + L.k_codes + order;
 }
 
 // ---- key tiers ------------------------------------------------------------------------------
@@ -311,45 +321,65 @@ __device__ __forceinline__ uint64_t row_codes(const uint8_t * row, int bits, int
     }
 }
 
+// rows[c] for every channel c of head-block hb (its parameters staged at ksc, kmn); the
+// warp's lanes in turn.
+template <int HD>
+__device__ __forceinline__ void rope_rows(const ott_kv_geom & g, const ott_kv_block_layout & l, const uint8_t * hb,
+                                          const uint8_t * ksc, const uint8_t * kmn, rope_row * rows, int lane) {
+    for (int r = lane; r < HD; r += 32)
+        rows[hb[l.k_order + r]] = { param_at(g, ksc, kmn, r), ott_kv_k_row_offset(&g, r), ott_kv_k_row_bits(&g, r) };
+}
+
 // What a lane of rope_scores loads for RoPE pair i: the codes of its slots in the pair's two
-// key rows ra, rb (widths ba, bb) and the pair's angles at its first slot (cs) and at
-// position 1 (st). Fetched a pair ahead of their use, so that the loads are in flight while
-// the lane works on the pair before.
+// key rows (widths ba, bb) and the pair's angles at its first slot (cs) and at position 1
+// (st). Fetched a pair ahead of their use, so that the loads are in flight while the lane
+// works on the pair before.
 struct rope_pair {
     uint64_t wa, wb;
     float2 cs, st;
-    int ra, rb, ba, bb;
+    int ba, bb;
 };
 
-template <int HD, int TPK, bool TIERS>
-__device__ __forceinline__ rope_pair fetch_pair(const ott_cuda_kv_layer & L, const uint8_t * kc, const uint8_t * row_of,
+// The key row of channel c: with key tiers from rows, else row c of BK-bit codes.
+template <int BK, bool TIERS>
+__device__ __forceinline__ void row_of(const ott_kv_geom & g, const rope_row * rows, int c, uint32_t & off,
+                                       int & bits) {
+    if constexpr (TIERS) {
+        off  = rows[c].off;
+        bits = rows[c].bits;
+    } else {
+        off  = (uint32_t)c * g.block * BK / 8;
+        bits = BK;
+    }
+}
+
+template <int HD, int BK, int TPK, bool TIERS>
+__device__ __forceinline__ rope_pair fetch_pair(const ott_cuda_kv_layer & L, const uint8_t * kc, const rope_row * rows,
                                                 const float2 * at, int t0, int i) {
-    constexpr int HALF    = HD / 2;
-    const ott_kv_geom & g = L.geom;
+    constexpr int HALF = HD / 2;
     const int ca = L.rope_neox ? i : 2 * i, cb = L.rope_neox ? i + HALF : 2 * i + 1;
     rope_pair p;
-    p.ra = TIERS ? row_of[ca] : ca;
-    p.rb = TIERS ? row_of[cb] : cb;
-    p.ba = ott_kv_k_row_bits(&g, p.ra);
-    p.bb = ott_kv_k_row_bits(&g, p.rb);
-    p.wa = row_codes(kc + ott_kv_k_row_offset(&g, p.ra), p.ba, t0, TPK);
-    p.wb = row_codes(kc + ott_kv_k_row_offset(&g, p.rb), p.bb, t0, TPK);
+    uint32_t oa, ob;
+    row_of<BK, TIERS>(L.geom, rows, ca, oa, p.ba);
+    row_of<BK, TIERS>(L.geom, rows, cb, ob, p.bb);
+    p.wa = row_codes(kc + oa, p.ba, t0, TPK);
+    p.wb = row_codes(kc + ob, p.bb, t0, TPK);
     p.cs = at[i];
     p.st = L.rope[HALF + i];
     return p;
 }
 
 // s[u][r]: the score of slot t = jk*TPK + u (position p0 + t) for row r of head-block hb, keys
-// before RoPE (its parameters staged at ksc, kmn; with key tiers, row_of[c] the key row of
-// channel c), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..: its
-// slots' codes of the pair's two key rows, dequantized, turned by the angle at p0 + jk*TPK
-// stepped by the angle at 1 (a complex product per slot), dotted with each row's query pair;
-// the Wk-strided lanes of a slot set sum their pairs with shuffles. A pair's loads are issued
-// while the lane works on the pair before (fetch_pair). SPLIT: a lane's TPK slots
+// before RoPE (its parameters staged at ksc, kmn; with key tiers, rows[c] the key row of
+// channel c, rope_rows), -inf where masked. Lane (jk, phk) takes the pairs phk, phk + nphk, ..:
+// its slots' codes of the pair's two key rows, dequantized, turned by the angle at
+// p0 + jk*TPK stepped by the angle at 1 (a complex product per slot), dotted with each row's
+// query pair; the Wk-strided lanes of a slot set sum their pairs with shuffles. A pair's loads
+// are issued while the lane works on the pair before (fetch_pair). SPLIT: a lane's TPK slots
 // may span key groups (group_k not a multiple of TPK); otherwise each pair's parameters are
 // read once, with no test per slot (key tiers have one group a block).
-template <int HD, int NR, int TPK, bool TIERS, bool SPLIT>
-__device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const uint8_t * row_of,
+template <int HD, int BK, int NR, int TPK, bool TIERS, bool SPLIT>
+__device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const uint8_t * hb, const rope_row * rows,
                                             const uint8_t * ksc, const uint8_t * kmn, const attn_smem<HD, NR> & S,
                                             int p0, int jk, int phk, int nphk, int Wk, float (&s)[TPK][NR]) {
     constexpr int HALF    = HD / 2;
@@ -363,11 +393,11 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
 #pragma unroll
         for (int u = 0; u < TPK; ++u) s[u][r] = 0.0f;
     }
-    rope_pair next = fetch_pair<HD, TPK, TIERS>(a.L, kc, row_of, at, t0, phk);  // nphk <= HALF: phk < HALF
+    rope_pair next = fetch_pair<HD, BK, TPK, TIERS>(a.L, kc, rows, at, t0, phk);  // nphk <= HALF: phk < HALF
 #pragma unroll 1
     for (int i = phk; i < HALF; i += nphk) {
         const rope_pair cur = next;
-        if (i + nphk < HALF) next = fetch_pair<HD, TPK, TIERS>(a.L, kc, row_of, at, t0, i + nphk);
+        if (i + nphk < HALF) next = fetch_pair<HD, BK, TPK, TIERS>(a.L, kc, rows, at, t0, i + nphk);
         const int ca = a.L.rope_neox ? i : 2 * i, cb = a.L.rope_neox ? i + HALF : 2 * i + 1;
         const uint32_t ma = (1u << cur.ba) - 1, mb = (1u << cur.bb) - 1;
         float qa[NR], qb[NR];
@@ -390,8 +420,13 @@ __device__ __forceinline__ void rope_scores(const ott_cuda_attn_args & a, const 
                     ++grp;
                     end += g.group_k;
                 }
-                pa = param_at(g, ksc, kmn, grp * HD + cur.ra);
-                pb = param_at(g, ksc, kmn, grp * HD + cur.rb);
+                if constexpr (TIERS) {
+                    pa = rows[ca].p;
+                    pb = rows[cb].p;
+                } else {
+                    pa = param_at(g, ksc, kmn, grp * HD + ca);
+                    pb = param_at(g, ksc, kmn, grp * HD + cb);
+                }
             }
             const float ka = fmaf((float)((uint32_t)(cur.wa >> (u * cur.ba)) & ma), pa.x, pa.y);
             const float kb = fmaf((float)((uint32_t)(cur.wb >> (u * cur.bb)) & mb), pb.x, pb.y);
@@ -486,14 +521,14 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         gk[gi] = (jk * TPK + gi * (TPK / NGW)) / g.group_k;
         gv[gi] = (jv * TPV + gi * (TPV / NGW)) / g.group_v;
     }
-    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR);
+    uint8_t * wsm       = dyn + (size_t)warp * warp_smem_bytes(g, L.layout, NR, ROPE);
     float * p_s         = (float *)wsm;  // [NR][block] this warp's probabilities
     uint8_t * sc_s      = wsm + (size_t)NR * block * sizeof(float);
     const uint8_t * ksc = sc_s + L.layout.k_scale;  // [block/group_k][HD] parameters
     const uint8_t * kmn = sc_s + L.layout.k_min;
     const uint8_t * vsc = sc_s + L.layout.v_scale;  // [block][n_gv]
     const uint8_t * vmn = sc_s + L.layout.v_min;
-    uint8_t * ord_s     = sc_s + L.layout.k_codes;  // [HD] k_order with key tiers (ROPE: its inverse)
+    uint8_t * ord_s     = sc_s + L.layout.k_codes;  // [HD] k_order with key tiers (ROPE: rope_row [HD])
 
     const int2 range = split_blocks(a, T);
     const int b0 = range.x, b1 = range.y;
@@ -520,14 +555,17 @@ __device__ void attend_blocks(const ott_cuda_attn_args & a, const ott_cuda_attn_
         if constexpr (ROPE) {
             __syncwarp();  // scales and mins of the head-block; with tiers, the key row of each channel
             stage_params(L.layout, hb, sc_s, lane);
-            if (TIERS)
-                for (int r = lane; r < HD; r += 32) ord_s[hb[L.layout.k_order + r]] = (uint8_t)r;
+            rope_row * rows = (rope_row *)ord_s;
+            if constexpr (TIERS) {
+                __syncwarp();
+                rope_rows<HD>(g, L.layout, hb, ksc, kmn, rows, lane);
+            }
             __syncwarp();
             const int p0 = T.n_sink + b * block;
             if (TIERS || g.group_k % TPK == 0)
-                rope_scores<HD, NR, TPK, TIERS, false>(a, hb, ord_s, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
+                rope_scores<HD, BK, NR, TPK, TIERS, false>(a, hb, rows, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
             else
-                rope_scores<HD, NR, TPK, TIERS, true>(a, hb, ord_s, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
+                rope_scores<HD, BK, NR, TPK, TIERS, true>(a, hb, rows, ksc, kmn, S, p0, jk, phk, nphk, Wk, s);
         } else if constexpr (TIERS) {
             static_assert(BK == 2, "key tiers keep bits_k = 2 for the middle rows");
             __syncwarp();  // scales, mins and k_order of the head-block
@@ -856,8 +894,8 @@ namespace {
 // Per-warp bytes of the block phase: the tensor-core kernel's buffers (attn_imma.cuh) or the
 // FFMA kernel's.
 __host__ __device__ inline size_t block_phase_bytes(const ott_kv_geom & g, const ott_kv_block_layout & L, int nr,
-                                                    bool tensor_cores) {
-    return tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr);
+                                                    bool tensor_cores, bool rope) {
+    return tensor_cores ? imma::warp_smem_bytes(L, nr) : warp_smem_bytes(g, L, nr, rope);
 }
 
 // The merge kernel is a programmatic dependent launch (sm_90+): it may start once every
@@ -908,7 +946,7 @@ __global__ void __launch_bounds__(WARPS * 32, (GKM || ROPE) && NR == 1 ? 4 : 1)
     // FFMA: after the quantized blocks (first, they cost the one-row kernel 5 registers more,
     // past the 168 that let three blocks share a multiprocessor).
     constexpr bool fp16_first = GKM > 0;
-    const size_t per_warp     = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0);
+    const size_t per_warp     = block_phase_bytes(a.L.geom, a.L.layout, NR, GKM > 0, ROPE);
     float * fv                = (float *)(dyn + fp16_values_at(per_warp, NR, HD, fp16_first));
     if constexpr (fp16_first) attend_fp16<HD, NR, false>(a, T, S, fv);
     if constexpr (GKM > 0)
@@ -921,10 +959,10 @@ __global__ void __launch_bounds__(WARPS * 32, (GKM || ROPE) && NR == 1 ? 4 : 1)
 
 inline bool pow2_upto_32(int x) { return x >= 1 && x <= 32 && (x & (x - 1)) == 0; }
 
-// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's)
-inline size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false) {
+// dynamic shared memory (attn_smem; tensor_cores: the tensor-core kernel's; rope: keys before RoPE)
+inline size_t dyn_smem(const ott_kv_geom & g, int nr, bool tensor_cores = false, bool rope = false) {
     const ott_kv_block_layout L = ott_kv_block_layout_of(&g);
-    const size_t per_warp       = block_phase_bytes(g, L, nr, tensor_cores);
+    const size_t per_warp       = block_phase_bytes(g, L, nr, tensor_cores, rope);
     const size_t fv_end =
         fp16_values_at(per_warp, nr, g.head_dim, tensor_cores) + (size_t)WARPS * nr * g.head_dim * sizeof(float);
     return std::max(WARPS * per_warp, fv_end);
@@ -938,7 +976,7 @@ cudaError_t launch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, in
         return cudaErrorInvalidValue;
     } else {
         const auto kernel               = attn_partial_kernel<HD, BK, BV, NR, NGW, PF, GKM, GVM, TIERS, ROPE>;
-        const size_t smem               = dyn_smem(a.L.geom, NR, GKM > 0);
+        const size_t smem               = dyn_smem(a.L.geom, NR, GKM > 0, ROPE);
         static const size_t static_smem = [&] {
             cudaFuncAttributes fa {};
             return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.sharedSizeBytes : 0;
