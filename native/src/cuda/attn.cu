@@ -61,7 +61,7 @@ cudaError_t dispatch_partial(const ott_cuda_attn_args & a, cudaStream_t stream, 
 
 }  // namespace
 
-const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
+const char * ott_cuda_attn_unsupported(const ott_kv_geom & g, bool rope) {
     if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return "head_dim must be 64, 128 or 256";
     if (g.bits_k != g.bits_v && !(g.bits_k == 4 && g.bits_v == 2)) return "bits_k and bits_v must be equal, or 4 and 2";
     if (g.bits_k != 2 && g.bits_k != 4 && g.bits_k != 8) return "bits must be 2, 4 or 8";
@@ -71,7 +71,7 @@ const char * ott_cuda_attn_unsupported(const ott_kv_geom & g) {
     if (g.group_k * g.bits_k % 8 || g.group_v * g.bits_v % 8) return "groups must fill whole bytes";
     if (ott_kv_tiered(&g) && (g.bits_k != 2 || g.key_axis || g.group_k != g.block))
         return "key tiers need bits_k 2 and one key group per block";
-    if (dyn_smem(g, OTT_CUDA_ATTN_ROWS) > 96 * 1024) return "block is too large";
+    if (dyn_smem(g, OTT_CUDA_ATTN_ROWS, false, rope) > 96 * 1024) return "block is too large";
     return nullptr;
 }
 

@@ -692,7 +692,8 @@ ott_status ott_kv_quant_cuda_create(const ott_kv_config & cfg, const ott_kv_shap
                         cfg.rope_n_rot, cfg.geom.head_dim);
     }
     for (const ott_kv_geom * g : { &cfg.geom, cfg.recent ? &cfg.rgeom : nullptr }) {
-        const char * why = !g || cfg.kvq ? nullptr : ott_cuda_attn_unsupported(*g);  // KVQuant: any geometry
+        // KVQuant: any geometry
+        const char * why = !g || cfg.kvq ? nullptr : ott_cuda_attn_unsupported(*g, cfg.pre_rope);
         if (why) {
             return ott_fail(OTT_ERR_UNSUPPORTED,
                             "kv config on CUDA: %s (%shead_dim %d, block %d, bits %d/%d, groups %d/%d)", why,

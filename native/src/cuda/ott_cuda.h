@@ -188,9 +188,10 @@ static inline OTT_HD int32_t ott_cuda_attn_parts(const ott_cuda_attn_args & a) {
 }
 
 // Which kernel configurations exist: bits 2/4/8 with every code word (32 bits) inside one
-// group and one row; head_dim a multiple of 64 up to 256. Returns nullptr when supported,
-// else a reason.
-const char * ott_cuda_attn_unsupported(const ott_kv_geom & g);
+// group and one row; head_dim a multiple of 64 up to 256; rope: keys cached before RoPE (their
+// kernels need more shared memory with key tiers). Returns nullptr when supported, else a
+// reason.
+const char * ott_cuda_attn_unsupported(const ott_kv_geom & g, bool rope);
 
 // Whether ott_cuda_attn_partial runs the quantized-block phase of tiles of up to
 // rows_per_tile rows on integer tensor cores (tensor_cores = 1 and a geometry it serves).
