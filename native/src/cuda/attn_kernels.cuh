@@ -917,8 +917,9 @@ __device__ __forceinline__ void wait_for_partials() {
 // for up to GKM key and GVM value A rows. One-row tiles there keep to 128 registers, so that
 // four blocks share a multiprocessor: on the H200 batches of 16 and more ran faster that way
 // than with three blocks at 168 registers (no spills), batches of 8 a little slower. The one-row
-// keys-before-RoPE kernels (ROPE) keep to 128 as well, also without spills: on an H100 their
-// old blocks took 0.49 ms instead of 0.54 at batch 8, 3.63 instead of 4.04 at batch 64.
+// keys-before-RoPE kernels (ROPE) keep to 128 as well (no spills at head size 128; a few
+// outside the block loop at head size 64 without key tiers): on an H100 their old blocks took
+// 0.49 ms instead of 0.54 at batch 8, 3.63 instead of 4.04 at batch 64.
 template <int HD, int BK, int BV, int NR, int NGW, int PF, int GKM = 0, int GVM = 0, bool TIERS = false,
           bool ROPE = false>
 __global__ void __launch_bounds__(WARPS * 32, (GKM || ROPE) && NR == 1 ? 4 : 1)
