@@ -21,8 +21,6 @@
 extern "C" {
 #endif
 
-// The RoPE table (kv/kvq_types.h: ott_rope_table) of n_pos positions into cs.
-void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
 // Its first OTT_ROPE_TILE positions in the order the CPU's tiles read them (ott_rope_table.tile):
 // OTT_ROPE_TILE·n_rot floats into tile.
 void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile);

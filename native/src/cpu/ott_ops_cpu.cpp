@@ -1384,17 +1384,6 @@ void ott_cpu_attn_merge(ggml_tensor * dst, int ith, int nth, void * userdata) {
     }
 }
 
-void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs) {
-    const int32_t half = n_rot / 2;
-    for (int32_t i = 0; i < half; ++i) {
-        for (int32_t p = 0; p < n_pos; ++p) {
-            const double theta                 = (double)p * freq_scale * std::pow(freq_base, -(double)(2 * i) / n_rot);
-            cs[(size_t)i * n_pos + p]          = (float)std::cos(theta);
-            cs[(size_t)(half + i) * n_pos + p] = (float)std::sin(theta);
-        }
-    }
-}
-
 void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile) {
     static_assert(OTT_ROPE_TILE == KEY_TILE && KEY_TILE % VL == 0, "a tile's angles in runs of VL");
     const int32_t half = n_rot / 2;

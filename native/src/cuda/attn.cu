@@ -2,7 +2,7 @@
 // attn_kernels.cuh serves a geometry, how many splits, the merge of the splits' partials.
 // The partial kernels are compiled per head size and code widths in attn_rows.cu.
 #include "cuda/attn_kernels.cuh"
-#include "cpu/kvq_attn_cpu.h"
+#include "kv/kvq_types.h"
 
 #include <algorithm>
 #include <cmath>

@@ -33,7 +33,7 @@
 #include "kv/kv_report.h"
 #include "cuda/kvq_cuda.h"
 #include "cuda/ott_cuda.h"
-#include "cpu/kvq_attn_cpu.h"
+#include "kv/kvq_types.h"
 
 #include <algorithm>
 #include <cmath>

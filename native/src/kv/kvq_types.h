@@ -35,6 +35,9 @@ typedef struct {
 
 enum { OTT_ROPE_TILE = 128 }; /* positions in ott_rope_table.tile */
 
+/* The table's cs for n_pos positions ([2][n_rot/2][n_pos] floats, rope_table.c). */
+void ott_rope_table_fill(int32_t n_rot, double freq_base, double freq_scale, int32_t n_pos, float * cs);
+
 /* The stores of one KV head of one sequence. */
 typedef struct {
     const uint8_t * blocks; /* [n_blocks] head-blocks, block_stride bytes apart       */
