@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-// Its first OTT_ROPE_TILE positions in the order the CPU's tiles read them (ott_rope_table.tile):
+// The RoPE table's first OTT_ROPE_TILE positions in the order the CPU's tiles read them (ott_rope_table.tile):
 // OTT_ROPE_TILE·n_rot floats into tile.
 void ott_rope_tile_fill(int32_t n_rot, double freq_base, double freq_scale, float * tile);
 
