@@ -206,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         help="cpu, cuda or cuda:N (default: the first GPU when this build has CUDA and one is present, else cpu)",
     )
+    compute.add_argument(
+        "--no-repack",
+        dest="repack",
+        action="store_false",
+        help="keep the file's weight layout on the CPU (default: a faster one where the type has it, same results)",
+    )
     runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts, compute])
 
     sampling = argparse.ArgumentParser(add_help=False)
@@ -415,7 +421,9 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
     from .model import Model, Weights
     from .resolve import resolve_model
 
-    weights = Weights(resolve_model(args.model), device=getattr(args, "device", None))
+    weights = Weights(
+        resolve_model(args.model), repack=getattr(args, "repack", True), device=getattr(args, "device", None)
+    )
     try:
         model = Model(
             weights,
@@ -560,7 +568,7 @@ def cmd_serve(args) -> int:
     from .resolve import resolve_model
 
     sock = listen(args.host, args.port)  # before the model loads: a taken port fails at once
-    weights = Weights(resolve_model(args.model), device=args.device)
+    weights = Weights(resolve_model(args.model), repack=args.repack, device=args.device)
     kv_cfg = _kv_config(args, weights)
     ctx, plan = open_slots(
         weights,
@@ -706,7 +714,7 @@ def cmd_calibrate(args) -> int:
         from .calibrate import Calibration
         from .model import Weights
 
-        weights = Weights(path, device="cpu")
+        weights = Weights(path, repack=args.repack, device="cpu")
         try:
             cal = Calibration(
                 weights.info.arch,

@@ -56,6 +56,7 @@ class ModelInfo:
     tied_output: bool
     n_params: int
     weight_bytes: int
+    x8_bytes: int  # of them stored as 8 interleaved rows (Weights(repack=True), AVX-512 VNNI)
     device: str  # where the model runs: "cpu" or "cuda:N"
     n_swa: int  # sliding window of the local layers (tokens); 0: all layers global
 
@@ -103,8 +104,9 @@ class Weights:
     context); the weights stay loaded until their last context is freed."""
 
     def __init__(self, path: str | os.PathLike, *, repack: bool = True, device: str | None = None):
-        """repack: store matmul weights in ggml's faster repacked CPU layout where the type
-        has one. device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this
+        """repack: store matmul weights in a faster CPU layout where the type has one (ggml's
+        repacked layouts; Q4_1 and Q8_0 as 8 interleaved rows on AVX-512 VNNI), with the same
+        results bit for bit. device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this
         build has CUDA and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
         self._lock = threading.Lock()

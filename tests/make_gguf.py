@@ -20,6 +20,7 @@ WEIGHT_TYPES = {
     "f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
     "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16),
     "q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+    "q4_1": (GGMLQuantizationType.Q4_1, LlamaFileType.MOSTLY_Q4_1),
 }
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # a few English merges, each joining two tokens that exist by then (Ġ is the byte-level space)
@@ -100,8 +101,8 @@ def write_random_model(
             f"need n_head | n_embd, n_head_kv | n_head and an even head size: "
             f"n_embd={n_embd} n_head={n_head} n_head_kv={n_head_kv}"
         )
-    if dtype == "q8_0" and (n_embd % 32 or n_ff % 32):
-        raise ValueError(f"q8_0 needs n_embd and n_ff divisible by 32, got {n_embd} and {n_ff}")
+    if dtype in ("q8_0", "q4_1") and (n_embd % 32 or n_ff % 32):
+        raise ValueError(f"{dtype} needs n_embd and n_ff divisible by 32, got {n_embd} and {n_ff}")
     qtype, file_type = WEIGHT_TYPES[dtype]
     tokens, token_types = vocabulary(n_vocab)
     n_embd_head = n_embd // n_head

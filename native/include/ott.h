@@ -34,8 +34,10 @@ typedef struct ott_model ott_model;
 typedef struct ott_context ott_context;
 
 typedef struct {
-    int32_t repack;  /* 1: store matmul weights in ggml's repacked CPU layout where the
-                            type has one (faster kernels); 0: keep the file's layout    */
+    int32_t repack;  /* 1: store matmul weights in a faster CPU layout where the type has
+                            one: ggml's repacked layouts, or this library's 8 interleaved
+                            rows for Q4_1 and Q8_0 on AVX-512 VNNI (the same results bit
+                            for bit); 0: keep the file's layout                          */
     char device[16]; /* "cpu", "cuda", "cuda:N"; "" (default): cuda:0 when this build
                             has CUDA and a GPU is present, else cpu. Weights, graph and KV
                             cache live there; logits come back to the host            */
@@ -59,8 +61,9 @@ typedef struct {
     int32_t tied_output; /* 1 when the output projection is token_embd        */
     int64_t n_params;
     int64_t weight_bytes;
-    char device[16]; /* where the model runs: "cpu" or "cuda:N"           */
-    int32_t n_swa;   /* sliding window of the local layers (tokens); 0: every
+    int64_t x8_bytes; /* bytes of them stored as 8 interleaved rows (ott_model_params.repack) */
+    char device[16];  /* where the model runs: "cpu" or "cuda:N"           */
+    int32_t n_swa;    /* sliding window of the local layers (tokens); 0: every
                                    layer is global (ott_model_layer_window)           */
 } ott_model_info;
 

@@ -1,6 +1,8 @@
 // model.cpp — read a GGUF file: validate metadata and tensors, place weights on the chosen
-// device in their stored types (on the CPU repacked where ggml has a faster layout).
+// device in their stored types (on the CPU repacked where ggml has a faster layout, or as 8
+// interleaved rows for our kernel: cpu/matmul_x8.h).
 #include "model.h"
+#include "cpu/matmul_x8.h"
 #include "gguf_scan.h"
 
 #include "ggml-alloc.h"
@@ -253,6 +255,7 @@ struct weight_loader {
     std::vector<std::pair<ggml_tensor *, std::vector<const ggml_tensor *>>> placed;  // ours, the file's rows in it
     std::vector<ggml_backend_buffer_type_t> extra_bufts;  // repacked layouts, best first (CPU)
     ggml_backend_dev_t dev = nullptr;                     // the device that holds the weights
+    bool x8                = false;                       // our 8-row layout where it applies (CPU)
 
     ggml_context * ctx_for(ggml_backend_buffer_type_t buft) {
         auto it = ctxs.find(buft);
@@ -323,13 +326,24 @@ struct weight_loader {
         return OTT_OK;
     }
 
+    // Would a matrix of this type and shape go to our 8-row layout (when no repacked one takes it)?
+    bool x8_layout(ggml_type type, const int64_t * ne) {
+        return x8 && ne[2] == 1 && ne[3] == 1 && ott_x8_packable(type, ne[0], ne[1]);
+    }
+
+    // Is there a faster layout than the file's for a matrix of this type and shape?
+    bool faster_layout(ggml_type type, const int64_t * ne) { return repacked_buft(type, ne) || x8_layout(type, ne); }
+
     // Our header `name` of the parts' type and shape ne, filled at load by the parts' data one
-    // after the other; a matrix goes to the first repacked layout that multiplies it.
+    // after the other; a matrix goes to the first repacked layout that multiplies it, or else
+    // to our 8-row layout where that applies.
     ggml_tensor * place(const char * name, const int64_t * ne, bool matmul, std::vector<const ggml_tensor *> parts) {
         ggml_backend_buffer_type_t buft = matmul ? repacked_buft(parts[0]->type, ne) : nullptr;
+        const bool to_x8                = matmul && !buft && x8_layout(parts[0]->type, ne);
         if (!buft) buft = ggml_backend_dev_buffer_type(dev);
         ggml_tensor * t = ggml_new_tensor(ctx_for(buft), parts[0]->type, GGML_MAX_DIMS, ne);
         ggml_set_name(t, name);
+        if (to_x8) m->x8.insert(t);
         placed.push_back({ t, std::move(parts) });
         return t;
     }
@@ -454,6 +468,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     OTT_TRY(ott_device_resolve(params.device, m->dev, m->cuda_device));
     weight_loader wl { m, meta, {}, {}, {}, m->dev };
     if (params.repack && m->cuda_device < 0) {
+        wl.x8          = true;
         auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
             ggml_backend_dev_backend_reg(wl.dev), "ggml_backend_dev_get_extra_bufts");
         if (get_extra) {
@@ -493,7 +508,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         // as llama.cpp does, the output matrix gets its own copy when a repacked layout
         // multiplies it faster (the embedding lookup needs the plain layout)
         const ggml_tensor * emb_src = ggml_get_tensor(meta, "token_embd.weight");
-        if (wl.repacked_buft(emb_src->type, emb_src->ne)) {
+        if (wl.faster_layout(emb_src->type, emb_src->ne)) {
             OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, true, true, &m->output));
         } else {
             m->output = m->tok_embd;
@@ -574,6 +589,10 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
             }
             at += n;
         }
+        if (m->x8.count(t)) {
+            ott_x8_pack(t->type, t->ne[0], t->ne[1], staging.data());
+            m->x8_bytes += (int64_t)nbytes;
+        }
         ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
         if (!(m->tied_output && t == m->output && t != m->tok_embd)) {  // a repacked copy adds no parameters
             m->n_params += ggml_nelements(t);
@@ -640,6 +659,7 @@ extern "C" ott_status ott_model_get_info(const ott_model * m, ott_model_info * o
     out->tied_output     = m->tied_output;
     out->n_params        = m->n_params;
     out->weight_bytes    = m->weight_bytes;
+    out->x8_bytes        = m->x8_bytes;
     if (m->cuda_device >= 0)
         snprintf(out->device, sizeof(out->device), "cuda:%d", m->cuda_device);
     else

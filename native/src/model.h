@@ -8,6 +8,7 @@
 #include "gguf.h"
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 enum ott_arch {
@@ -97,6 +98,9 @@ struct ott_model {
 
     int64_t n_params     = 0;
     int64_t weight_bytes = 0;
+    // matrices stored in the 8-row layout (cpu/matmul_x8.h), which only ott_x8_mul_mat reads
+    std::unordered_set<const ggml_tensor *> x8;
+    int64_t x8_bytes = 0;
 
     // The rope frequency factors for a context of n_ctx tokens per sequence, or null: LongRoPE's
     // long factors when n_ctx exceeds the trained context rope_n_ctx_orig (as llama.cpp picks

@@ -1,6 +1,8 @@
 // graph.cpp — shared graph helpers.
 #include "arch/graph.h"
 
+#include "cpu/matmul_x8.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -31,6 +33,12 @@ void ott_graph_builder::set_inputs() {
     kv.set_inputs();
 }
 
+ggml_tensor * ott_graph_builder::mm(ggml_tensor * w, ggml_tensor * x) {
+    if (!model.x8.count(w)) return ggml_mul_mat(ctx, w, x);
+    if (x->nb[0] != sizeof(float)) x = ggml_cont(ctx, x);  // the kernel reads a column's floats in a row
+    return ott_x8_mul_mat(ctx, w, x);
+}
+
 ggml_tensor * ott_graph_builder::build_embd() {
     ggml_tensor * cur = ggml_get_rows(ctx, model.tok_embd, inp_tokens);
     ggml_set_name(cur, "inp_embd");
@@ -53,7 +61,7 @@ ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int
     if (L.wqkv) {  // Q, K, V as views of one product's rows [n_q | n_embd_gqa | n_embd_gqa]
         const int64_t hd  = hp.n_embd_head;
         const size_t es   = sizeof(float);
-        ggml_tensor * qkv = ggml_mul_mat(ctx, L.wqkv, cur);  // [n_q + 2*n_embd_gqa, n_tokens]
+        ggml_tensor * qkv = mm(L.wqkv, cur);  // [n_q + 2*n_embd_gqa, n_tokens]
         if (L.bqkv) qkv = ggml_add(ctx, qkv, L.bqkv);
         ggml_format_name(qkv, "wqkv-%d", il);
         const size_t off_k = (size_t)hd * hp.n_head * es, off_v = off_k + (size_t)hp.n_embd_gqa() * es;
@@ -63,9 +71,9 @@ ott_qkv ott_graph_builder::build_qkv(ggml_tensor * cur, const ott_layer & L, int
         ggml_format_name(v, "Vcur-%d", il);
         return { q, k, v };
     }
-    ggml_tensor * q = ggml_mul_mat(ctx, L.wq, cur);
-    ggml_tensor * k = ggml_mul_mat(ctx, L.wk, cur);
-    ggml_tensor * v = ggml_mul_mat(ctx, L.wv, cur);
+    ggml_tensor * q = mm(L.wq, cur);
+    ggml_tensor * k = mm(L.wk, cur);
+    ggml_tensor * v = mm(L.wv, cur);
     if (L.bq) q = ggml_add(ctx, q, L.bq);
     if (L.bk) k = ggml_add(ctx, k, L.bk);
     if (L.bv) v = ggml_add(ctx, v, L.bv);
@@ -103,23 +111,23 @@ ggml_tensor * ott_graph_builder::build_attn(const ott_qkv & qkv, const ott_layer
     ggml_tensor * cur = kv.build_attn(ctx, gf, il, q, k, v, model.hparams.kq_scale);
     if (rot) cur = rot->output(ctx, cur, il);
     ggml_format_name(cur, "kqv_out-%d", il);
-    cur = ggml_mul_mat(ctx, L.wo, cur);
+    cur = mm(L.wo, cur);
     ggml_format_name(cur, "attn_out-%d", il);
     return cur;
 }
 
 ggml_tensor * ott_graph_builder::build_ffn(ggml_tensor * cur, const ott_layer & L, ott_ffn_act act, int il) {
     const bool silu = act == OTT_FFN_SILU;
-    if (!L.ffn_gate) {  // [gate; up] = ffn_up · cur, the activation of the first half times the second
-        cur = ggml_mul_mat(ctx, L.ffn_up, cur);  // [2*n_ff, n_tokens]
+    if (!L.ffn_gate) {            // [gate; up] = ffn_up · cur, the activation of the first half times the second
+        cur = mm(L.ffn_up, cur);  // [2*n_ff, n_tokens]
         cur = silu ? ggml_swiglu(ctx, cur) : ggml_geglu(ctx, cur);
     } else {
-        ggml_tensor * gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
-        ggml_tensor * up   = ggml_mul_mat(ctx, L.ffn_up, cur);
+        ggml_tensor * gate = mm(L.ffn_gate, cur);
+        ggml_tensor * up   = mm(L.ffn_up, cur);
         cur                = silu ? ggml_swiglu_split(ctx, gate, up) : ggml_geglu_split(ctx, gate, up);
     }
     ggml_format_name(cur, silu ? "ffn_swiglu-%d" : "ffn_geglu-%d", il);
-    cur = ggml_mul_mat(ctx, L.ffn_down, cur);
+    cur = mm(L.ffn_down, cur);
     ggml_format_name(cur, "ffn_out-%d", il);
     return cur;
 }
@@ -132,7 +140,7 @@ ggml_tensor * ott_graph_builder::select_outputs(ggml_tensor * cur) {
 ggml_tensor * ott_graph_builder::build_head(ggml_tensor * cur) {
     const float softcap = model.hparams.logit_softcap;
     cur                 = build_norm(cur, model.output_norm, "result_norm", -1);
-    cur                 = ggml_mul_mat(ctx, model.output, cur);
+    cur                 = mm(model.output, cur);
     if (softcap > 0.0f) { cur = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, cur, 1.0f / softcap)), softcap); }
     ggml_set_name(cur, "result_output");
     ggml_set_output(cur);

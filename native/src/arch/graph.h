@@ -36,6 +36,9 @@ struct ott_graph_builder {
     void build_inputs();
     void set_inputs();
 
+    // w·x (F32 [w->ne[1], n_tokens]): ggml's product, or this library's for a matrix stored in
+    // its 8-row layout (cpu/matmul_x8.h; the same bits)
+    ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x);
     ggml_tensor * build_embd();  // F32 [n_embd, n_tokens]
     // RMS norm over dimension 0 times w (rows of any shape: [n_embd, ...] or [n_embd_head, n_head, ...])
     ggml_tensor * build_norm(ggml_tensor * cur, ggml_tensor * w, const char * name, int il);

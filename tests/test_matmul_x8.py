@@ -1,0 +1,64 @@
+"""Q4_1 and Q8_0 weights stored as 8 interleaved rows (native/src/cpu/matmul_x8.h): where the CPU
+has AVX-512 VNNI, `Weights(repack=True)` (the default) multiplies them with the library's own
+kernel, which must give ggml's products bit for bit. Each test loads the same file twice, with
+repack off (the file's layout, ggml's products) and on, and compares every logit exactly: prefill
+chunks (many columns), single-token steps (one column) and a batch of two sequences, with the f16
+cache and a quantized one. Without AVX-512 VNNI nothing is stored that way (x8_bytes 0) and the
+tests skip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from make_gguf import write_random_model
+from ott_gguf.model import Context, Weights
+
+ROW_BYTES = {"q4_1": 20, "q8_0": 34}  # bytes per 32 weights
+
+
+def run(weights: Weights, kv: str, tokens: list[int]) -> list[np.ndarray]:
+    """Logits of two prefill chunks, single-token steps, then one batch of two sequences."""
+    ctx = Context(weights, n_ctx=512, n_seq_max=2, kv=kv, n_threads=2)
+    out = [ctx.eval(tokens[:37], all_logits=True), ctx.eval(tokens[37:160], all_logits=True)]
+    out += [ctx.eval([t]) for t in tokens[160:176]]
+    ctx.eval(tokens[:20], seq=1)
+    out.append(ctx.decode_batch([tokens[176], tokens[20]], [176, 20], [0, 1], [True, True]))
+    return out
+
+
+def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
+    plain, x8 = Weights(path, repack=False), Weights(path, repack=True)
+    assert plain.info.x8_bytes == 0
+    if x8.info.x8_bytes == 0:
+        pytest.skip("this CPU lacks AVX-512 VNNI: no weights in the 8-row layout")
+    tokens = [int(t) for t in np.random.default_rng(seed).integers(10, plain.n_vocab - 10, 200)]
+    for i, (a, b) in enumerate(zip(run(plain, kv, tokens), run(x8, kv, tokens), strict=True)):
+        assert a.shape == b.shape
+        assert np.array_equal(a, b), f"{kv}: result {i} differs by up to {np.abs(a - b).max()}"
+    return x8
+
+
+@pytest.mark.parametrize("kv", ["f16", "ottr2tg"])
+def test_smollm2_bit_exact(smollm2_path, kv):
+    """SmolLM2's Q4_1 layers and its Q8_0 output head (a copy of the tied embeddings)."""
+    x8 = assert_same_logits(smollm2_path, kv)
+    assert x8.info.x8_bytes > 0.9 * x8.info.weight_bytes
+
+
+@pytest.mark.parametrize(("dtype", "n_vocab", "tied"), [("q4_1", 301, False), ("q8_0", 304, True)])
+def test_random_models(tmp_path, dtype, n_vocab, tied):
+    """Every matrix with a multiple of 8 rows is stored as 8 rows and the rest stays in the
+    file's layout: an output of 301 rows mixes the two; a tied output of 304 rows gets its
+    own copy in the 8-row layout beside the embeddings' table."""
+    n_embd, n_ff, n_q, n_kv, n_layer = 64, 96, 64, 32, 2
+    path = write_random_model(
+        tmp_path / f"{dtype}.gguf", arch="llama", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, n_head=4,
+        n_head_kv=2, n_vocab=n_vocab, dtype=dtype, tied_output=tied, seed=3,
+    )  # fmt: skip
+    x8 = assert_same_logits(path, "f16", seed=1)
+    per_row = {n: n // 32 * ROW_BYTES[dtype] for n in (n_embd, n_ff, n_q)}
+    layer = (n_q + 2 * n_kv) * per_row[n_embd] + n_embd * per_row[n_q] + 2 * n_ff * per_row[n_embd]
+    layer += n_embd * per_row[n_ff]
+    output = n_vocab * per_row[n_embd] if n_vocab % 8 == 0 else 0
+    assert x8.info.x8_bytes == n_layer * layer + output
