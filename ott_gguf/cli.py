@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-repack",
         dest="repack",
         action="store_false",
-        help="keep the file's weight layout on the CPU (default: a faster one where the type has it, same results)",
+        help="keep the file's weight layout on the CPU (default: a faster one where the type has it)",
     )
     runtime = argparse.ArgumentParser(add_help=False, parents=[kvopts, compute])
 

@@ -56,7 +56,7 @@ class ModelInfo:
     tied_output: bool
     n_params: int
     weight_bytes: int
-    x8_bytes: int  # of them stored as 8 interleaved rows (Weights(repack=True), AVX-512 VNNI)
+    x8_bytes: int  # of them stored as 8 interleaved rows (Weights(x8=True), AVX-512 VNNI)
     device: str  # where the model runs: "cpu" or "cuda:N"
     n_swa: int  # sliding window of the local layers (tokens); 0: all layers global
 
@@ -103,11 +103,12 @@ class Weights:
     template. Any number of `Context`s decode with the same weights (llama.cpp's model and
     context); the weights stay loaded until their last context is freed."""
 
-    def __init__(self, path: str | os.PathLike, *, repack: bool = True, device: str | None = None):
-        """repack: store matmul weights in a faster CPU layout where the type has one (ggml's
-        repacked layouts; Q4_1 and Q8_0 as 8 interleaved rows on AVX-512 VNNI), with the same
-        results bit for bit. device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this
-        build has CUDA and one is present, else on the CPU (`self.info.device` says which)."""
+    def __init__(self, path: str | os.PathLike, *, repack: bool = True, x8: bool = True, device: str | None = None):
+        """repack: store matmul weights in a faster CPU layout where the type has one: ggml's
+        repacked layouts, and with x8 Q4_1 and Q8_0 matrices as 8 interleaved rows on AVX-512
+        VNNI (this library's kernel, ggml's results bit for bit; `info.x8_bytes`).
+        device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this build has CUDA
+        and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
         self._lock = threading.Lock()
         self._model = None
@@ -117,6 +118,7 @@ class Weights:
             raise ModelFileError(f"{self.path}: no such file")
         mparams = ffi.new("ott_model_params *", lib.ott_model_default_params())
         mparams.repack = int(repack)
+        mparams.x8 = int(x8)
         if device is not None:
             if not isinstance(device, str) or len(device.encode()) >= len(mparams.device):
                 raise InvalidArgumentError(f"device {device!r} is not one of cpu, cuda, cuda:N")

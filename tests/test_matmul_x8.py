@@ -1,7 +1,7 @@
 """Q4_1 and Q8_0 weights stored as 8 interleaved rows (native/src/cpu/matmul_x8.h): where the CPU
 has AVX-512 VNNI, `Weights(repack=True)` (the default) multiplies them with the library's own
 kernel, which must give ggml's products bit for bit. Each test loads the same file twice, with
-repack off (the file's layout, ggml's products) and on, and compares every logit exactly: prefill
+x8 off (ggml's products) and on, and compares every logit exactly: prefill
 chunks (many columns), single-token steps (one column) and a batch of two sequences, with the f16
 cache and a quantized one. Without AVX-512 VNNI nothing is stored that way (x8_bytes 0) and the
 tests skip."""
@@ -28,7 +28,7 @@ def run(weights: Weights, kv: str, tokens: list[int]) -> list[np.ndarray]:
 
 
 def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
-    plain, x8 = Weights(path, repack=False), Weights(path, repack=True)
+    plain, x8 = Weights(path, x8=False), Weights(path, x8=True)
     assert plain.info.x8_bytes == 0
     if x8.info.x8_bytes == 0:
         pytest.skip("this CPU lacks AVX-512 VNNI: no weights in the 8-row layout")
@@ -41,16 +41,28 @@ def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
 
 @pytest.mark.parametrize("kv", ["f16", "ottr2tg"])
 def test_smollm2_bit_exact(smollm2_path, kv):
-    """SmolLM2's Q4_1 layers and its Q8_0 output head (a copy of the tied embeddings)."""
+    """SmolLM2's Q4_1 layers and its tied Q8_0 embeddings (the output product and the lookup)."""
     x8 = assert_same_logits(smollm2_path, kv)
     assert x8.info.x8_bytes > 0.9 * x8.info.weight_bytes
+
+
+def test_gemma3_bit_exact(gemma3_path):
+    """Gemma 3's tied Q8_0 embeddings, scaled after the lookup, beside its K-quant layers."""
+    x8 = assert_same_logits(gemma3_path, "f16")
+    assert x8.info.x8_bytes > 0
+
+
+def test_qwen_bit_exact(qwen05_path):
+    """Qwen2.5-Coder's Q8_0 output beside Q4_K, Q5_0 and Q6_K matrices in ggml's layouts."""
+    x8 = assert_same_logits(qwen05_path, "ottr2tr")
+    assert x8.info.x8_bytes > 0
 
 
 @pytest.mark.parametrize(("dtype", "n_vocab", "tied"), [("q4_1", 301, False), ("q8_0", 304, True)])
 def test_random_models(tmp_path, dtype, n_vocab, tied):
     """Every matrix with a multiple of 8 rows is stored as 8 rows and the rest stays in the
-    file's layout: an output of 301 rows mixes the two; a tied output of 304 rows gets its
-    own copy in the 8-row layout beside the embeddings' table."""
+    file's layout: an output of 301 rows mixes the two; tied embeddings of 304 rows are stored
+    as 8 rows once, for the output product and the lookup."""
     n_embd, n_ff, n_q, n_kv, n_layer = 64, 96, 64, 32, 2
     path = write_random_model(
         tmp_path / f"{dtype}.gguf", arch="llama", n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, n_head=4,

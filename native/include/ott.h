@@ -35,9 +35,11 @@ typedef struct ott_context ott_context;
 
 typedef struct {
     int32_t repack;  /* 1: store matmul weights in a faster CPU layout where the type has
-                            one: ggml's repacked layouts, or this library's 8 interleaved
-                            rows for Q4_1 and Q8_0 on AVX-512 VNNI (the same results bit
-                            for bit); 0: keep the file's layout                          */
+                            one: ggml's repacked layouts, or (x8) this library's; 0: keep
+                            the file's layout                                          */
+    int32_t x8;      /* with repack, 1: Q4_1 and Q8_0 matrices (tied embeddings too) as 8
+                            interleaved rows where the CPU has AVX-512 VNNI, multiplied by
+                            this library's kernel with ggml's results bit for bit; 0: not */
     char device[16]; /* "cpu", "cuda", "cuda:N"; "" (default): cuda:0 when this build
                             has CUDA and a GPU is present, else cpu. Weights, graph and KV
                             cache live there; logits come back to the host            */

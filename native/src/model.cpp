@@ -331,9 +331,6 @@ struct weight_loader {
         return x8 && ne[2] == 1 && ne[3] == 1 && ott_x8_packable(type, ne[0], ne[1]);
     }
 
-    // Is there a faster layout than the file's for a matrix of this type and shape?
-    bool faster_layout(ggml_type type, const int64_t * ne) { return repacked_buft(type, ne) || x8_layout(type, ne); }
-
     // Our header `name` of the parts' type and shape ne, filled at load by the parts' data one
     // after the other; a matrix goes to the first repacked layout that multiplies it, or else
     // to our 8-row layout where that applies.
@@ -468,7 +465,7 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     OTT_TRY(ott_device_resolve(params.device, m->dev, m->cuda_device));
     weight_loader wl { m, meta, {}, {}, {}, m->dev };
     if (params.repack && m->cuda_device < 0) {
-        wl.x8          = true;
+        wl.x8          = params.x8 != 0;
         auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
             ggml_backend_dev_backend_reg(wl.dev), "ggml_backend_dev_get_extra_bufts");
         if (get_extra) {
@@ -489,6 +486,13 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     // phi3's converters write the fused QKV matrix; separate Q, K, V are accepted as well
     const bool fused_qkv = hp.arch == OTT_ARCH_PHI3 && ggml_get_tensor(meta, "blk.0.attn_qkv.weight");
     OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, false, true, &m->tok_embd));
+    // tied embeddings that our 8-row layout takes are stored so once, for the output product and
+    // the lookup alike (cpu/matmul_x8.h); a repacked layout of ggml's gets a copy (below)
+    const bool tied = !ggml_get_tensor(meta, "output.weight");
+    if (tied && !wl.repacked_buft(m->tok_embd->type, m->tok_embd->ne) &&
+        wl.x8_layout(m->tok_embd->type, m->tok_embd->ne)) {
+        m->x8.insert(m->tok_embd);
+    }
     OTT_TRY(wl.get("output_norm.weight", { n_embd }, false, true, &m->output_norm));
     OTT_TRY(wl.get("output.weight", { n_embd, hp.n_vocab }, true, false, &m->output));
     OTT_TRY(wl.get("rope_freqs.weight", { hp.n_rot / 2 }, false, false, &m->rope_freqs));
@@ -506,9 +510,9 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
                             path, ggml_type_name(m->tok_embd->type), ggml_backend_dev_name(m->dev));
         }
         // as llama.cpp does, the output matrix gets its own copy when a repacked layout
-        // multiplies it faster (the embedding lookup needs the plain layout)
+        // multiplies it faster (ggml's embedding lookup needs the plain layout)
         const ggml_tensor * emb_src = ggml_get_tensor(meta, "token_embd.weight");
-        if (wl.faster_layout(emb_src->type, emb_src->ne)) {
+        if (wl.repacked_buft(emb_src->type, emb_src->ne)) {
             OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, true, true, &m->output));
         } else {
             m->output = m->tok_embd;

@@ -70,6 +70,7 @@ extern "C" ott_model_params ott_model_default_params(void) {
     ott_model_params p;
     memset(&p, 0, sizeof(p));
     p.repack = 1;  // device "": CUDA when present
+    p.x8     = 1;
     return p;
 }
 

@@ -40,7 +40,8 @@ ggml_tensor * ott_graph_builder::mm(ggml_tensor * w, ggml_tensor * x) {
 }
 
 ggml_tensor * ott_graph_builder::build_embd() {
-    ggml_tensor * cur = ggml_get_rows(ctx, model.tok_embd, inp_tokens);
+    ggml_tensor * cur = model.x8.count(model.tok_embd) ? ott_x8_get_rows(ctx, model.tok_embd, inp_tokens)
+                                                       : ggml_get_rows(ctx, model.tok_embd, inp_tokens);
     ggml_set_name(cur, "inp_embd");
     return cur;
 }

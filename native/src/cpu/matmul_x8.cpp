@@ -61,6 +61,47 @@ void ott_x8_pack(ggml_type type, int64_t ne0, int64_t ne1, uint8_t * data) {
     }
 }
 
+namespace {
+
+// dst[:, i] = row ids[i] of the 8-row layout, dequantized as ggml's to_float does
+void get_rows_op(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * w   = dst->src[0];
+    const ggml_tensor * ids = dst->src[1];
+    const int64_t K = w->ne[0], nb = K / 32, n = ggml_nelements(ids);
+    const size_t bs = ggml_type_size(w->type), gs = ggml_row_size(w->type, K) * ROWS;
+    for (int64_t i = n * ith / nth; i < n * (ith + 1) / nth; ++i) {
+        const int64_t r   = ((const int32_t *)ids->data)[i];
+        const int s       = (int)(r % ROWS);
+        const uint8_t * g = (const uint8_t *)w->data + r / ROWS * gs;
+        float * y         = (float *)((char *)dst->data + i * dst->nb[1]);
+        for (int64_t ib = 0; ib < nb; ++ib, g += bs * ROWS, y += 32) {
+            uint16_t h;
+            std::memcpy(&h, g + 2 * s, 2);
+            const float d = ggml_fp16_to_fp32(h);
+            if (w->type == GGML_TYPE_Q4_1) {
+                std::memcpy(&h, g + 16 + 2 * s, 2);
+                const float m     = ggml_fp16_to_fp32(h);
+                const uint8_t * q = g + 32 + 16 * s;
+                for (int j = 0; j < 16; ++j) {
+                    y[j]      = (float)(q[j] & 0x0F) * d + m;
+                    y[j + 16] = (float)(q[j] >> 4) * d + m;
+                }
+            } else {
+                const auto * q = (const int8_t *)(g + 16 + 32 * s);
+                for (int j = 0; j < 32; ++j) y[j] = (float)q[j] * d;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+ggml_tensor * ott_x8_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids) {
+    ggml_tensor * args[2] = { w, ids };
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[0], ggml_nelements(ids), 1, 1, args, 2, get_rows_op,
+                          GGML_N_TASKS_MAX, nullptr);
+}
+
 #if OTT_VERSIONS
 #include <immintrin.h>
 

@@ -12,7 +12,8 @@
 // blocks are stored together, so that one load brings 8 scales:
 //   Q4_1, per 8 rows and block (160 bytes): d[8] fp16 | m[8] fp16 | qs[8][16]
 //   Q8_0, per 8 rows and block (272 bytes): d[8] fp16 | qs[8][32]
-// (the same bytes as the file's 8 rows, in another order), and one vpdpbusd takes the lane sums
+// (the same bytes as the file's 8 rows, in another order; tied embeddings are stored so once,
+// and their lookup reads that layout too), and one vpdpbusd takes the lane sums
 // of 4 rows (Q4_1, one nibble half) or 2 rows (Q8_0) at a time.
 //
 // Error: none; tests/test_matmul_x8.py compares the logits with ggml's products bit for bit.
@@ -27,6 +28,11 @@ bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1);
 
 // The file's layout of such a weight (ne1 rows of ggml's blocks) to the 8-row layout, in place.
 void ott_x8_pack(ggml_type type, int64_t ne0, int64_t ne1, uint8_t * data);
+
+// Rows ids (I32 [n]) of w in the 8-row layout as F32 [w->ne[0], n], ggml's get_rows bit for bit
+// (its dequantization: q·d for Q8_0, q·d + m for Q4_1, each operation rounded): the lookup of
+// tied embeddings stored once for both uses. Ids must be valid rows (the context checks tokens).
+ggml_tensor * ott_x8_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids);
 
 // w·x for w in the 8-row layout and x F32 [w->ne[0], n...] (rows contiguous along dim 0): a
 // custom op of the CPU backend, F32 [w->ne[1], n...], the row groups split over its threads.
