@@ -41,8 +41,12 @@ def bench(
     progress: bool = True,
     seed: int = 0,
     seq: int = 0,
+    scratch: int | None = None,
 ) -> list[BenchRow]:
-    """Rows (pp then tg for each depth) of median tokens/s; uses and clears sequence `seq`."""
+    """Rows (pp then tg for each depth) of median tokens/s; uses and clears sequence `seq`.
+    scratch: a second sequence that each repetition at a depth starts from as a copy of `seq`'s
+    filled tokens (a quantized cache needs it: it cannot truncate the tokens it has quantized);
+    None truncates `seq` back to the depth instead."""
     depths = list(depths)
     if n_prompt < 0 or n_gen < 0 or n_prompt + n_gen == 0:
         raise InvalidArgumentError(f"bench: need n_prompt > 0 or n_gen > 0, got {n_prompt} and {n_gen}")
@@ -80,16 +84,23 @@ def bench(
         for name, n in tests:
             samples = []
             for _ in range(reps):
-                model.truncate(seq, depth)
-                if name.startswith("pp"):
-                    seconds = _time_prompt(model, random_tokens(n, depth == 0), seq)
+                run_seq = seq if scratch is None else scratch
+                if scratch is None:
+                    model.truncate(seq, depth)
                 else:
-                    seconds = _time_decode(model, random_tokens(n, depth == 0), seq)
+                    model.truncate(scratch, 0)
+                    model.copy_sequence(seq, scratch)
+                if name.startswith("pp"):
+                    seconds = _time_prompt(model, random_tokens(n, depth == 0), run_seq)
+                else:
+                    seconds = _time_decode(model, random_tokens(n, depth == 0), run_seq)
                 samples.append(n / seconds)
                 bar.update()
             rows.append(BenchRow(name, depth, statistics.median(samples), samples))
     bar.close()
-    model.truncate(seq, 0)
+    for s in (seq, scratch):
+        if s is not None:
+            model.truncate(s, 0)
     return rows
 
 

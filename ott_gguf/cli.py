@@ -415,8 +415,9 @@ def _fail(message: str, verbose: bool) -> int:
     return 1
 
 
-def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
-    """The model of args with its --kv cache (or the KVConfig kv instead)."""
+def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None, scratch: bool = False):
+    """The model of args with its --kv cache (or the KVConfig kv instead); scratch: a second
+    sequence where that cache is quantized (bench's repetitions at a depth start from a copy)."""
     # Imported here so that --help and usage errors work without loading the native library.
     from .model import Model, Weights
     from .resolve import resolve_model
@@ -425,12 +426,14 @@ def _load(args, n_ctx: int | None, n_ubatch: int = 512, kv=None):
         resolve_model(args.model), repack=getattr(args, "repack", True), device=getattr(args, "device", None)
     )
     try:
+        kv_cfg = kv or _kv_config(args, weights)
         model = Model(
             weights,
             n_ctx=n_ctx,
+            n_seq_max=2 if scratch and kv_cfg.quantized else 1,
             n_ubatch=n_ubatch,
             n_threads=getattr(args, "threads", None),
-            kv=kv or _kv_config(args, weights),
+            kv=kv_cfg,
             prefill_fp16=getattr(args, "prefill_fp16", False),
             kv_calib=None if kv else getattr(args, "kv_calib", None),
         )
@@ -843,8 +846,15 @@ def cmd_bench(args) -> int:
     if args.n_prompt == 0 and args.n_gen == 0:
         raise InvalidArgumentError("bench: nothing to measure: -p and -n are both 0")
     n_ctx = max(args.depths) + max(args.n_prompt, args.n_gen)
-    model = _load(args, n_ctx, n_ubatch=min(args.ubatch, n_ctx))
-    rows = bench(model, n_prompt=args.n_prompt, n_gen=args.n_gen, depths=args.depths, reps=args.reps)
+    model = _load(args, n_ctx, n_ubatch=min(args.ubatch, n_ctx), scratch=True)
+    rows = bench(
+        model,
+        n_prompt=args.n_prompt,
+        n_gen=args.n_gen,
+        depths=args.depths,
+        reps=args.reps,
+        scratch=1 if model.n_seq_max > 1 else None,
+    )
     print(
         f"model {model.path.name} | threads {args.threads or physical_cores()} | kv {model.kv} | "
         f"ubatch {args.ubatch} | {args.reps} repetitions"

@@ -289,6 +289,15 @@ def test_bench_prints_a_row_per_test_and_depth(smollm2_path):
     assert all(float(ts) > 0 for _, _, ts in rows)
 
 
+def test_bench_quantized_cache_at_a_depth(smollm2_path):
+    """A prompt at a depth quantizes blocks that the cache cannot truncate off again: each
+    repetition starts from a copy of the filled sequence instead."""
+    proc = cli("bench", smollm2_path, "--kv", "ottr2tg", "-p", 200, "-n", 8, "-d", 300, "-r", 2, "-t", 2)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"^\| (pp200|tg8) \| 300 \| (\d+\.\d\d) \|", proc.stdout, re.MULTILINE)
+    assert [t for t, _ in rows] == ["pp200", "tg8"] and all(float(ts) > 0 for _, ts in rows)
+
+
 def test_convert_subcommand(tmp_path):
     proc = cli("convert", "--help")
     assert proc.returncode == 0 and "Convert a Hugging Face checkpoint to GGUF" in proc.stdout
