@@ -98,7 +98,7 @@ struct ott_model {
 
     int64_t n_params     = 0;
     int64_t weight_bytes = 0;
-    // matrices stored in the 8-row layout (cpu/matmul_x8.h), which only ott_x8_mul_mat reads
+    // matrices stored in the 8-row layout (cpu/matmul_x8.h), read only by its ops (mul_mat, get_rows)
     std::unordered_set<const ggml_tensor *> x8;
     int64_t x8_bytes = 0;
 
