@@ -63,7 +63,7 @@ typedef struct {
     int32_t tied_output; /* 1 when the output projection is token_embd        */
     int64_t n_params;
     int64_t weight_bytes;
-    int64_t x8_bytes; /* bytes of them stored as 8 interleaved rows (ott_model_params.repack) */
+    int64_t x8_bytes; /* bytes of them stored as 8 interleaved rows (ott_model_params.x8) */
     char device[16];  /* where the model runs: "cpu" or "cuda:N"           */
     int32_t n_swa;    /* sliding window of the local layers (tokens); 0: every
                                    layer is global (ott_model_layer_window)           */

@@ -486,13 +486,6 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
     // phi3's converters write the fused QKV matrix; separate Q, K, V are accepted as well
     const bool fused_qkv = hp.arch == OTT_ARCH_PHI3 && ggml_get_tensor(meta, "blk.0.attn_qkv.weight");
     OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, false, true, &m->tok_embd));
-    // tied embeddings that our 8-row layout takes are stored so once, for the output product and
-    // the lookup alike (cpu/matmul_x8.h); a repacked layout of ggml's gets a copy (below)
-    const bool tied = !ggml_get_tensor(meta, "output.weight");
-    if (tied && !wl.repacked_buft(m->tok_embd->type, m->tok_embd->ne) &&
-        wl.x8_layout(m->tok_embd->type, m->tok_embd->ne)) {
-        m->x8.insert(m->tok_embd);
-    }
     OTT_TRY(wl.get("output_norm.weight", { n_embd }, false, true, &m->output_norm));
     OTT_TRY(wl.get("output.weight", { n_embd, hp.n_vocab }, true, false, &m->output));
     OTT_TRY(wl.get("rope_freqs.weight", { hp.n_rot / 2 }, false, false, &m->rope_freqs));
@@ -515,6 +508,8 @@ ott_status ott_model_load_file(const char * path, const ott_model_params & param
         if (wl.repacked_buft(emb_src->type, emb_src->ne)) {
             OTT_TRY(wl.get("token_embd.weight", { n_embd, hp.n_vocab }, true, true, &m->output));
         } else {
+            // our 8-row layout is stored once, for the product and the lookup alike (filled below)
+            if (wl.x8_layout(emb_src->type, emb_src->ne)) m->x8.insert(m->tok_embd);
             m->output = m->tok_embd;
         }
         m->tied_output = true;

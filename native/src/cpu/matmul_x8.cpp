@@ -29,6 +29,12 @@ struct block_q8_0 {
 };
 static_assert(sizeof(block_q4_1) == 20 && sizeof(block_q8_1) == 36 && sizeof(block_q8_0) == 34, "ggml's layout");
 
+// A group's block (matmul_x8.h): the rows' fp16 d at D_AT, Q4_1's fp16 m at M_AT, then the
+// rows' codes, row r's at codes_at(type) + r·code_bytes(type).
+constexpr int D_AT = 0, M_AT = 2 * ROWS;
+constexpr int codes_at(ggml_type type) { return type == GGML_TYPE_Q4_1 ? 4 * ROWS : 2 * ROWS; }
+constexpr int code_bytes(ggml_type type) { return type == GGML_TYPE_Q4_1 ? 16 : 32; }
+
 }  // namespace
 
 bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1) {
@@ -45,17 +51,10 @@ void ott_x8_pack(ggml_type type, int64_t ne0, int64_t ne1, uint8_t * data) {
         std::memcpy(rows.data(), out, gs);
         for (int64_t ib = 0; ib < nb; ++ib, out += bs * ROWS) {
             for (int r = 0; r < ROWS; ++r) {
-                const uint8_t * blk = rows.data() + r * rs + ib * bs;
-                if (type == GGML_TYPE_Q4_1) {
-                    const auto * b = (const block_q4_1 *)blk;
-                    std::memcpy(out + 2 * r, &b->d, 2);
-                    std::memcpy(out + 16 + 2 * r, &b->m, 2);
-                    std::memcpy(out + 32 + 16 * r, b->qs, 16);
-                } else {
-                    const auto * b = (const block_q8_0 *)blk;
-                    std::memcpy(out + 2 * r, &b->d, 2);
-                    std::memcpy(out + 16 + 32 * r, b->qs, 32);
-                }
+                const uint8_t * blk = rows.data() + r * rs + ib * bs;  // d, (m,) then the codes
+                std::memcpy(out + D_AT + 2 * r, blk, 2);
+                if (type == GGML_TYPE_Q4_1) std::memcpy(out + M_AT + 2 * r, blk + 2, 2);
+                std::memcpy(out + codes_at(type) + code_bytes(type) * r, blk + bs - code_bytes(type), code_bytes(type));
             }
         }
     }
@@ -76,19 +75,18 @@ void get_rows_op(ggml_tensor * dst, int ith, int nth, void *) {
         float * y         = (float *)((char *)dst->data + i * dst->nb[1]);
         for (int64_t ib = 0; ib < nb; ++ib, g += bs * ROWS, y += 32) {
             uint16_t h;
-            std::memcpy(&h, g + 2 * s, 2);
-            const float d = ggml_fp16_to_fp32(h);
+            std::memcpy(&h, g + D_AT + 2 * s, 2);
+            const float d     = ggml_fp16_to_fp32(h);
+            const uint8_t * q = g + codes_at(w->type) + code_bytes(w->type) * s;
             if (w->type == GGML_TYPE_Q4_1) {
-                std::memcpy(&h, g + 16 + 2 * s, 2);
-                const float m     = ggml_fp16_to_fp32(h);
-                const uint8_t * q = g + 32 + 16 * s;
+                std::memcpy(&h, g + M_AT + 2 * s, 2);
+                const float m = ggml_fp16_to_fp32(h);
                 for (int j = 0; j < 16; ++j) {
                     y[j]      = (float)(q[j] & 0x0F) * d + m;
                     y[j + 16] = (float)(q[j] >> 4) * d + m;
                 }
             } else {
-                const auto * q = (const int8_t *)(g + 16 + 32 * s);
-                for (int j = 0; j < 32; ++j) y[j] = (float)q[j] * d;
+                for (int j = 0; j < 32; ++j) y[j] = (float)(int8_t)q[j] * d;
             }
         }
     }
@@ -173,14 +171,14 @@ OTT_X8 void q4_1_group(const uint8_t * g, int64_t nb, const block_q8_1 * y, cons
                             _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) };
     for (int64_t ib = 0; ib < nb; ++ib, g += ROWS * sizeof(block_q4_1), yq += COL_BYTES) {
         for (int l = 0; l < 3; ++l) _mm_prefetch((const char *)g + 8 * ROWS * sizeof(block_q4_1) + 64 * l, _MM_HINT_T0);
-        const __m256 d     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
-        const __m256 m     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)));
+        const __m256 d     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + D_AT)));
+        const __m256 m     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + M_AT)));
         const __m512 scale = _mm512_zextps256_ps512(_mm256_mul_ps(d, _mm256_set1_ps(f16(y[ib].d))));
         summs              = _mm256_fmadd_ps(m, _mm256_set1_ps(f16(y[ib].s)), summs);
         const __m512i ylo = _mm512_loadu_si512(yq), yhi = _mm512_loadu_si512(yq + 64);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
-            const __m512i q  = _mm512_loadu_si512(g + 32 + 64 * h);
+            const __m512i q  = _mm512_loadu_si512(g + codes_at(GGML_TYPE_Q4_1) + 64 * h);  // 4 rows
             const __m512i sl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q, nib), ylo);
             const __m512i sh =
                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(_mm512_srli_epi16(q, 4), nib), yhi);
@@ -207,12 +205,12 @@ OTT_X8 void q8_0_group(const uint8_t * g, int64_t nb, const block_q8_0 * y, cons
     }
     for (int64_t ib = 0; ib < nb; ++ib, g += ROWS * sizeof(block_q8_0), yq += COL_BYTES) {
         for (int l = 0; l < 5; ++l) _mm_prefetch((const char *)g + 8 * ROWS * sizeof(block_q8_0) + 64 * l, _MM_HINT_T0);
-        const __m256 d     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+        const __m256 d     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + D_AT)));
         const __m512 scale = _mm512_zextps256_ps512(_mm256_mul_ps(d, _mm256_set1_ps(f16(y[ib].d))));
         const __m512i yb = _mm512_loadu_si512(yq), start = _mm512_loadu_si512(yq + 64);
 #pragma GCC unroll 4
         for (int p = 0; p < ROWS / 2; ++p) {
-            const __m512i q    = _mm512_xor_si512(_mm512_loadu_si512(g + 16 + 64 * p), x80);
+            const __m512i q    = _mm512_xor_si512(_mm512_loadu_si512(g + codes_at(GGML_TYPE_Q8_0) + 64 * p), x80);
             const __m512i sums = _mm512_dpbusd_epi32(start, q, yb);
             acc[p]             = _mm512_fmadd_ps(_mm512_permutexvar_ps(to[p], scale), _mm512_cvtepi32_ps(sums), acc[p]);
         }
