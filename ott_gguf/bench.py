@@ -75,6 +75,7 @@ def bench(
     model.eval(random_tokens(1, True), seq)
 
     tests = [(f"pp{n_prompt}", n_prompt)] * bool(n_prompt) + [(f"tg{n_gen}", n_gen)] * bool(n_gen)
+    run_seq = seq if scratch is None else scratch  # where the timed tokens go
     bar = tqdm(total=len(depths) * len(tests) * reps, desc="bench", unit="run", disable=not progress, leave=False)
     rows = []
     for depth in depths:
@@ -84,7 +85,6 @@ def bench(
         for name, n in tests:
             samples = []
             for _ in range(reps):
-                run_seq = seq if scratch is None else scratch
                 if scratch is None:
                     model.truncate(seq, depth)
                 else:
