@@ -154,8 +154,8 @@ typedef struct {
                                  Read during ott_context_init only                       */
     int32_t pre_rope;         /* 1: keys cached before RoPE, rotated at their position in
                                  attention; 0 after RoPE. Needs a plain RoPE; not with
-                                 rot_k. Besides KVQuant CPU only: the CUDA cache refuses
-                                 it for the other schemes                                 */
+                                 rot_k. The CUDA cache takes it outside KVQuant where RoPE
+                                 turns every channel (n_rot = head_dim)                    */
     int32_t outliers;         /* OTT_KV_KVQUANT: entries per 10000 of a block's keys, and of
                                  its values, kept exactly in fp16 (0 .. 1000)             */
     const float * kvq_tables; /* OTT_KV_KVQUANT: the calibrated tables, per layer il in
