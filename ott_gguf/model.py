@@ -56,7 +56,7 @@ class ModelInfo:
     tied_output: bool
     n_params: int
     weight_bytes: int
-    x8_bytes: int  # of them stored as 8 interleaved rows (Weights(x8=True), AVX-512 VNNI)
+    x8_bytes: int  # of them stored as 8 interleaved rows (Weights(x8=True), AVX2 or AVX-512 VNNI)
     device: str  # where the model runs: "cpu" or "cuda:N"
     n_swa: int  # sliding window of the local layers (tokens); 0: all layers global
 
@@ -105,8 +105,8 @@ class Weights:
 
     def __init__(self, path: str | os.PathLike, *, repack: bool = True, x8: bool = True, device: str | None = None):
         """repack: store matmul weights in a faster CPU layout where the type has one: ggml's
-        repacked layouts, and with x8 Q4_1 and Q8_0 matrices as 8 interleaved rows on AVX-512
-        VNNI (this library's kernel, ggml's results bit for bit; `info.x8_bytes`).
+        repacked layouts, and with x8 Q4_1 and Q8_0 matrices as 8 interleaved rows on AVX2 or
+        AVX-512 VNNI (this library's kernels, ggml's results bit for bit; `info.x8_bytes`).
         device: "cpu", "cuda" or "cuda:N"; None runs on the first GPU when this build has CUDA
         and one is present, else on the CPU (`self.info.device` says which)."""
         self.path = Path(path)
@@ -657,7 +657,8 @@ def cuda_device_count() -> int:
 def set_cpu_int_dots(on: bool | None) -> bool:
     """For the whole process: whether the CPU attention of a quantized cache multiplies 1-, 2-
     and 4-bit codes by 16-bit integer multiply-adds (AVX-512 VNNI, the default where the CPU has
-    it) or in float (ott.h: ott_set_cpu_int_dots); None asks without changing it.
+    it) or in float (ott.h: ott_set_cpu_int_dots); None asks without changing it. Off also
+    multiplies the 8-row weights (`Weights(x8=True)`) with AVX2 instead, with the same results.
     UnsupportedError for True where the CPU lacks them; returns the setting now in effect."""
     out = ffi.new("int32_t *")
     check(lib.ott_set_cpu_int_dots(-1 if on is None else 1 if on else 0, out))

@@ -1,10 +1,10 @@
 """Q4_1 and Q8_0 weights stored as 8 interleaved rows (native/src/cpu/matmul_x8.h): where the CPU
-has AVX-512 VNNI, `Weights(repack=True)` (the default) multiplies them with the library's own
-kernel, which must give ggml's products bit for bit. Each test loads the same file twice, with
-x8 off (ggml's products) and on, and compares every logit exactly: prefill
-chunks (many columns), single-token steps (one column) and a batch of two sequences, with the f16
-cache and a quantized one. Without AVX-512 VNNI nothing is stored that way (x8_bytes 0) and the
-tests skip."""
+has AVX2, `Weights(repack=True)` (the default) multiplies them with the library's own kernels
+(AVX-512 VNNI's where the CPU has it and integer dots are on, else AVX2's), which must give
+ggml's products bit for bit. Each test loads the same file twice, with x8 off (ggml's products)
+and on, and compares every logit exactly: prefill chunks (many columns), single-token steps (one
+column) and a batch of two sequences, with the f16 cache and a quantized one. Without AVX2 (or in a build without the x86-64 versions) nothing is
+stored that way (x8_bytes 0) and the tests skip."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from make_gguf import write_random_model
-from ott_gguf.model import Context, Weights
+from ott_gguf.model import Context, Weights, set_cpu_int_dots
 
 ROW_BYTES = {"q4_1": 20, "q8_0": 34}  # bytes per 32 weights
 
@@ -31,7 +31,7 @@ def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
     plain, x8 = Weights(path, x8=False), Weights(path, x8=True)
     assert plain.info.x8_bytes == 0
     if x8.info.x8_bytes == 0:
-        pytest.skip("this CPU lacks AVX-512 VNNI: no weights in the 8-row layout")
+        pytest.skip("this CPU or build has no 8-row kernels (AVX2): no weights in the 8-row layout")
     tokens = [int(t) for t in np.random.default_rng(seed).integers(10, plain.n_vocab - 10, 200)]
     for i, (a, b) in enumerate(zip(run(plain, kv, tokens), run(x8, kv, tokens), strict=True)):
         assert a.shape == b.shape
@@ -39,9 +39,21 @@ def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
     return x8
 
 
+@pytest.fixture(params=["vnni", "avx2"])
+def kernels(request):
+    """The 8-row kernels of AVX-512 VNNI (integer dots on) or of AVX2 (off), on a CPU that has them."""
+    vnni = set_cpu_int_dots(None)
+    if request.param == "vnni" and not vnni:
+        pytest.skip("this CPU lacks AVX-512 VNNI")
+    set_cpu_int_dots(request.param == "vnni")
+    yield request.param
+    set_cpu_int_dots(vnni)
+
+
 @pytest.mark.parametrize("kv", ["f16", "ottr2tg"])
-def test_smollm2_bit_exact(smollm2_path, kv):
-    """SmolLM2's Q4_1 layers and its tied Q8_0 embeddings (the output product and the lookup)."""
+def test_smollm2_bit_exact(smollm2_path, kv, kernels):
+    """SmolLM2's Q4_1 layers and its tied Q8_0 embeddings (the output product and the lookup),
+    with each instruction set's kernels."""
     x8 = assert_same_logits(smollm2_path, kv)
     assert x8.info.x8_bytes > 0.9 * x8.info.weight_bytes
 

@@ -1,5 +1,5 @@
 // matmul_x8.cpp — see matmul_x8.h. Compiled for every x86-64 target with function-level
-// target attributes, like attn_vnni.cpp; ott_vnni_available() decides at run time.
+// target attributes, like attn_vnni.cpp; the CPU's features pick the kernels at run time.
 #include "cpu/matmul_x8.h"
 
 #include "cpu/attn_vnni.h"
@@ -35,11 +35,20 @@ constexpr int D_AT = 0, M_AT = 2 * ROWS;
 constexpr int codes_at(ggml_type type) { return type == GGML_TYPE_Q4_1 ? 4 * ROWS : 2 * ROWS; }
 constexpr int code_bytes(ggml_type type) { return type == GGML_TYPE_Q4_1 ? 16 : 32; }
 
+// Whether a kernel below runs on this CPU: AVX-512 VNNI's, else AVX2's (with FMA and F16C).
+bool x8_available() {
+#if OTT_VERSIONS
+    static const bool ok = ott_vnni_available() || __builtin_cpu_supports("x86-64-v3");
+    return ok;
+#else
+    return false;
+#endif
+}
+
 }  // namespace
 
 bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1) {
-    return OTT_VERSIONS && ott_vnni_available() && (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) &&
-           ne0 % 32 == 0 && ne1 % ROWS == 0;
+    return x8_available() && (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && ne0 % 32 == 0 && ne1 % ROWS == 0;
 }
 
 void ott_x8_pack(ggml_type type, int64_t ne0, int64_t ne1, uint8_t * data) {
@@ -113,6 +122,9 @@ ggml_tensor * ott_x8_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor *
 #define OTT_X8_ISA "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma"
 #define OTT_X8 __attribute__((target(OTT_X8_ISA)))
 #define OTT_X8_INLINE inline __attribute__((always_inline, target(OTT_X8_ISA)))
+#define OTT_X8_AVX2_ISA "avx2,fma,f16c"
+#define OTT_X8_AVX2 __attribute__((target(OTT_X8_AVX2_ISA)))
+#define OTT_X8_AVX2_INLINE inline __attribute__((always_inline, target(OTT_X8_AVX2_ISA)))
 
 namespace {
 
@@ -120,16 +132,24 @@ constexpr int COLS = 16;  // columns quantized at a time, each then read by ever
 // The group kernels prefetch the blocks 8 ahead of the one they read (the next group's, at the
 // end of a group: groups lie one after the other).
 
-OTT_X8_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
+OTT_X8_AVX2_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 // ggml's hsum_float_8 of the lanes a[0..3] | b[0..3] (its lanes 0-3 and 4-7): b + a, then the
 // upper pair onto the lower, then lane 1 onto lane 0.
-OTT_X8_INLINE float hsum8(__m128 a, __m128 b) {
+OTT_X8_AVX2_INLINE float hsum8(__m128 a, __m128 b) {
     __m128 v = _mm_add_ps(b, a);
     v        = _mm_add_ps(v, _mm_movehl_ps(v, v));
     v        = _mm_add_ss(v, _mm_movehdup_ps(v));
     return _mm_cvtss_f32(v);
 }
+
+// A column's blocks as the kernels read them, COL_BYTES a block.
+constexpr int COL_BYTES = 128;
+
+// ---- AVX-512 VNNI: one vpdpbusd takes the lane sums of 4 rows (Q4_1, one nibble half) or 2
+// rows (Q8_0). The column: Q4_1's partner Q8_1 as [codes 0-15 four times | codes 16-31 four
+// times]; Q8_0 as [codes | codes] and −128·(each lane's four codes' sum), the start of the sums
+// of codes + 128 (the weights' codes enter vpdpbusd unsigned, by an XOR).
 
 OTT_X8_INLINE __m128 quarter(__m512 v, int q) {
     switch (q) {
@@ -140,12 +160,7 @@ OTT_X8_INLINE __m128 quarter(__m512 v, int q) {
     }
 }
 
-// A column's blocks as the kernels read them: Q4_1's partner Q8_1 as [codes 0-15 four times |
-// codes 16-31 four times]; Q8_0 as [codes | codes] and −128·(each lane's four codes' sum), the
-// start of the sums of codes + 128 (the weights' codes enter vpdpbusd unsigned, by an XOR).
-constexpr int COL_BYTES = 128;  // a block's bytes in either
-
-OTT_X8 void arrange(ggml_type wtype, const void * y, int64_t nb, uint8_t * out) {
+OTT_X8 void arrange_vnni(ggml_type wtype, const void * y, int64_t nb, uint8_t * out) {
     for (int64_t ib = 0; ib < nb; ++ib, out += COL_BYTES) {
         if (wtype == GGML_TYPE_Q4_1) {
             const int8_t * qs = ((const block_q8_1 *)y)[ib].qs;
@@ -163,7 +178,7 @@ OTT_X8 void arrange(ggml_type wtype, const void * y, int64_t nb, uint8_t * out) 
 
 // Rows r (0-3 of each half h) of a Q4_1 group: quarter r of lo[h] holds row 4h + r's lanes 0-3,
 // of hi[h] its lanes 4-7 (the low and the high nibbles: codes 0-15 and 16-31).
-OTT_X8 void q4_1_group(const uint8_t * g, int64_t nb, const block_q8_1 * y, const uint8_t * yq, float * out) {
+OTT_X8 void q4_1_group_vnni(const uint8_t * g, int64_t nb, const block_q8_1 * y, const uint8_t * yq, float * out) {
     __m512 lo[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() }, hi[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
     __m256 summs        = _mm256_setzero_ps();
     const __m512i nib   = _mm512_set1_epi8(0x0F);
@@ -194,7 +209,7 @@ OTT_X8 void q4_1_group(const uint8_t * g, int64_t nb, const block_q8_1 * y, cons
 }
 
 // Rows 2p, 2p+1 of a Q8_0 group: the low and high halves of acc[p], ggml's lanes 0-7 each.
-OTT_X8 void q8_0_group(const uint8_t * g, int64_t nb, const block_q8_0 * y, const uint8_t * yq, float * out) {
+OTT_X8 void q8_0_group_vnni(const uint8_t * g, int64_t nb, const block_q8_0 * y, const uint8_t * yq, float * out) {
     __m512 acc[ROWS / 2];
     for (__m512 & a : acc) a = _mm512_setzero_ps();
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
@@ -222,6 +237,99 @@ OTT_X8 void q8_0_group(const uint8_t * g, int64_t nb, const block_q8_0 * y, cons
     }
 }
 
+// ---- AVX2: vpmaddubsw and vpmaddwd take a row's lane sums (ggml's own instructions there; the
+// products of a pair fit 16 bits: |Q4_1 code · Q8_1 code| ≤ 15·127, |Q8_0 · Q8_0| ≤ 128·127).
+// The column: Q4_1's partner Q8_1 as [codes 0-15 twice | codes 16-31 twice]; Q8_0's codes.
+
+OTT_X8_AVX2 void arrange_avx2(ggml_type wtype, const void * y, int64_t nb, uint8_t * out) {
+    for (int64_t ib = 0; ib < nb; ++ib, out += COL_BYTES) {
+        if (wtype == GGML_TYPE_Q4_1) {
+            const int8_t * qs = ((const block_q8_1 *)y)[ib].qs;
+            _mm256_storeu_si256((__m256i *)out, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs)));
+            _mm256_storeu_si256((__m256i *)(out + 32),
+                                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(qs + 16))));
+        } else {
+            std::memcpy(out, ((const block_q8_0 *)y)[ib].qs, 32);
+        }
+    }
+}
+
+// 8 int32 lanes, each the sum of 4 products of unsigned a and signed b bytes (ggml's
+// mul_sum_us8_pairs_float before the conversion)
+OTT_X8_AVX2_INLINE __m256i lane_sums(__m256i a, __m256i b) {
+    return _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(a, b));
+}
+
+// Rows 2p, 2p+1 of a Q4_1 group: the low and high 128 bits of lo[p] hold their lanes 0-3, of
+// hi[p] their lanes 4-7 (the low and the high nibbles: codes 0-15 and 16-31).
+OTT_X8_AVX2 void q4_1_group_avx2(const uint8_t * g, int64_t nb, const block_q8_1 * y, const uint8_t * yq, float * out) {
+    __m256 lo[ROWS / 2], hi[ROWS / 2];
+    for (int p = 0; p < ROWS / 2; ++p) lo[p] = hi[p] = _mm256_setzero_ps();
+    __m256 summs      = _mm256_setzero_ps();
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // even rows' scales low, odd rows' high
+    for (int64_t ib = 0; ib < nb; ++ib, g += ROWS * sizeof(block_q4_1), yq += COL_BYTES) {
+        for (int l = 0; l < 3; ++l) _mm_prefetch((const char *)g + 8 * ROWS * sizeof(block_q4_1) + 64 * l, _MM_HINT_T0);
+        const __m256 d     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + D_AT)));
+        const __m256 m     = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + M_AT)));
+        const __m256 scale = _mm256_permutevar8x32_ps(_mm256_mul_ps(d, _mm256_set1_ps(f16(y[ib].d))), odd);
+        summs              = _mm256_fmadd_ps(m, _mm256_set1_ps(f16(y[ib].s)), summs);
+        const __m256i ylo  = _mm256_loadu_si256((const __m256i *)yq);
+        const __m256i yhi  = _mm256_loadu_si256((const __m256i *)(yq + 32));
+#pragma GCC unroll 4
+        for (int p = 0; p < ROWS / 2; ++p) {
+            const __m256i q  = _mm256_loadu_si256((const __m256i *)(g + codes_at(GGML_TYPE_Q4_1) + 32 * p));  // 2 rows
+            const __m256i sl = lane_sums(_mm256_and_si256(q, nib), ylo);
+            const __m256i sh = lane_sums(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib), yhi);
+            __m256 s;  // row 2p's scale in the low 128 bits, row 2p + 1's in the high
+            switch (p) {
+                case 0:  s = _mm256_permute_ps(scale, 0x00); break;
+                case 1:  s = _mm256_permute_ps(scale, 0x55); break;
+                case 2:  s = _mm256_permute_ps(scale, 0xAA); break;
+                default: s = _mm256_permute_ps(scale, 0xFF); break;
+            }
+            lo[p] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sl), lo[p]);
+            hi[p] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(sh), hi[p]);
+        }
+    }
+    alignas(32) float sm[ROWS];
+    _mm256_store_ps(sm, summs);
+#pragma GCC unroll 4
+    for (int p = 0; p < ROWS / 2; ++p) {
+        out[2 * p]     = hsum8(_mm256_castps256_ps128(lo[p]), _mm256_castps256_ps128(hi[p])) + sm[2 * p];
+        out[2 * p + 1] = hsum8(_mm256_extractf128_ps(lo[p], 1), _mm256_extractf128_ps(hi[p], 1)) + sm[2 * p + 1];
+    }
+}
+
+// Row r of a Q8_0 group in acc[r], ggml's lanes 0-7; its codes' signs moved onto the column's
+// (ggml's mul_sum_i8_pairs_float).
+OTT_X8_AVX2 void q8_0_group_avx2(const uint8_t * g, int64_t nb, const block_q8_0 * y, const uint8_t * yq, float * out) {
+    __m256 acc[ROWS];
+    for (__m256 & a : acc) a = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ++ib, g += ROWS * sizeof(block_q8_0), yq += COL_BYTES) {
+        for (int l = 0; l < 5; ++l) _mm_prefetch((const char *)g + 8 * ROWS * sizeof(block_q8_0) + 64 * l, _MM_HINT_T0);
+        alignas(32) float scale[ROWS];
+        _mm256_store_ps(scale, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + D_AT))),
+                                             _mm256_set1_ps(f16(y[ib].d))));
+        const __m256i yb = _mm256_loadu_si256((const __m256i *)yq);
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; ++r) {
+            const __m256i q    = _mm256_loadu_si256((const __m256i *)(g + codes_at(GGML_TYPE_Q8_0) + 32 * r));
+            const __m256i sums = lane_sums(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yb, q));
+            acc[r]             = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + r), _mm256_cvtepi32_ps(sums), acc[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) out[r] = hsum8(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+}
+
+// The kernels of one instruction set.
+struct x8_kernels {
+    void (*arrange)(ggml_type, const void *, int64_t, uint8_t *);
+    void (*q4_1)(const uint8_t *, int64_t, const block_q8_1 *, const uint8_t *, float *);
+    void (*q8_0)(const uint8_t *, int64_t, const block_q8_0 *, const uint8_t *, float *);
+};
+
 // dst = w·x. Each thread quantizes COLS columns at a time as ggml does (the same from_float,
 // so the same blocks), then multiplies its share of the row groups by each of them.
 void mul_mat_op(ggml_tensor * dst, int ith, int nth, void *) {
@@ -231,6 +339,10 @@ void mul_mat_op(ggml_tensor * dst, int ith, int nth, void *) {
     const ggml_type ytype            = ggml_get_type_traits_cpu(w->type)->vec_dot_type;
     const ggml_from_float_t quantize = ggml_get_type_traits_cpu(ytype)->from_float;
     const size_t yrow = ggml_row_size(ytype, K), gs = ggml_row_size(w->type, K) * ROWS;
+
+    static const x8_kernels vnni { arrange_vnni, q4_1_group_vnni, q8_0_group_vnni };
+    static const x8_kernels avx2 { arrange_avx2, q4_1_group_avx2, q8_0_group_avx2 };
+    const x8_kernels & k = ott_vnni_enabled() ? vnni : avx2;  // ott_x8_packable: one of them runs here
 
     thread_local std::vector<uint8_t> ys, yq;
     ys.resize(yrow * COLS);
@@ -242,7 +354,7 @@ void mul_mat_op(ggml_tensor * dst, int ith, int nth, void *) {
             const int64_t i = c0 + c, i1 = i % x->ne[1], i2 = i / x->ne[1] % x->ne[2], i3 = i / (x->ne[1] * x->ne[2]);
             const auto * col = (const float *)((const char *)x->data + i1 * x->nb[1] + i2 * x->nb[2] + i3 * x->nb[3]);
             quantize(col, ys.data() + c * yrow, K);
-            arrange(w->type, ys.data() + c * yrow, nb, yq.data() + c * COL_BYTES * nb);
+            k.arrange(w->type, ys.data() + c * yrow, nb, yq.data() + c * COL_BYTES * nb);
         }
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t * rows = (const uint8_t *)w->data + g * gs;
@@ -251,9 +363,9 @@ void mul_mat_op(ggml_tensor * dst, int ith, int nth, void *) {
                 const uint8_t * y    = ys.data() + c * yrow;
                 const uint8_t * ycol = yq.data() + c * COL_BYTES * nb;
                 if (w->type == GGML_TYPE_Q4_1) {
-                    q4_1_group(rows, nb, (const block_q8_1 *)y, ycol, out);
+                    k.q4_1(rows, nb, (const block_q8_1 *)y, ycol, out);
                 } else {
-                    q8_0_group(rows, nb, (const block_q8_0 *)y, ycol, out);
+                    k.q8_0(rows, nb, (const block_q8_0 *)y, ycol, out);
                 }
             }
         }

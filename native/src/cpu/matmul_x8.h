@@ -1,5 +1,5 @@
 // matmul_x8.h — Q4_1 and Q8_0 weights in a layout of 8 interleaved rows, and their products
-// on AVX-512 VNNI, bit for bit what ggml's CPU backend computes from the file's layout.
+// on AVX-512 VNNI or AVX2, bit for bit what ggml's CPU backend computes from the file's layout.
 //
 // ggml computes each output element on its own (its AVX2 vec_dot, the path of the
 // libggml-python wheel and of llama.cpp on x86): the column quantized to 32-element blocks
@@ -13,8 +13,10 @@
 //   Q4_1, per 8 rows and block (160 bytes): d[8] fp16 | m[8] fp16 | qs[8][16]
 //   Q8_0, per 8 rows and block (272 bytes): d[8] fp16 | qs[8][32]
 // (the same bytes as the file's 8 rows, in another order; tied embeddings are stored so once,
-// and their lookup reads that layout too), and one vpdpbusd takes the lane sums
-// of 4 rows (Q4_1, one nibble half) or 2 rows (Q8_0) at a time.
+// and their lookup reads that layout too). On AVX-512 VNNI one vpdpbusd takes the lane sums
+// of 4 rows (Q4_1, one nibble half) or 2 rows (Q8_0) at a time; on AVX2 a vpmaddubsw and a
+// vpmaddwd take those of 2 rows (Q4_1) or 1 (Q8_0), as ggml's own AVX2 kernel does, with the
+// 8 rows' chains of FMAs independent.
 //
 // Error: none; tests/test_matmul_x8.py compares the logits with ggml's products bit for bit.
 #pragma once
@@ -23,7 +25,8 @@
 
 // Whether a weight of this type and shape [ne0, ne1] can be stored in the 8-row layout and
 // multiplied by ott_x8_mul_mat on this CPU: Q4_1 or Q8_0, rows a multiple of 32 long, a
-// multiple of 8 of them, and AVX-512 VNNI (attn_vnni.h: ott_vnni_available).
+// multiple of 8 of them, and AVX-512 VNNI (attn_vnni.h: ott_vnni_available) or AVX2 with FMA
+// and F16C (x86-64-v3), in a build with the x86-64 versions (ott_ops_cpu.h: OTT_VERSIONS).
 bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1);
 
 // The file's layout of such a weight (ne1 rows of ggml's blocks) to the 8-row layout, in place.
