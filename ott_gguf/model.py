@@ -654,11 +654,20 @@ def cuda_device_count() -> int:
     return lib.ott_cuda_device_count()
 
 
+def set_cpu_x8_vnni(on: bool | None) -> bool:
+    """For the whole process: whether the weights stored as 8 interleaved rows (`Weights(x8=True)`)
+    are multiplied by the kernels of AVX-512 VNNI (the default where the CPU has it) or of AVX2,
+    with the same results either way (ott.h: ott_set_cpu_x8_vnni); None asks without changing it.
+    UnsupportedError for True where the CPU lacks AVX-512 VNNI; returns the setting now in effect."""
+    out = ffi.new("int32_t *")
+    check(lib.ott_set_cpu_x8_vnni(-1 if on is None else 1 if on else 0, out))
+    return bool(out[0])
+
+
 def set_cpu_int_dots(on: bool | None) -> bool:
     """For the whole process: whether the CPU attention of a quantized cache multiplies 1-, 2-
     and 4-bit codes by 16-bit integer multiply-adds (AVX-512 VNNI, the default where the CPU has
-    it) or in float (ott.h: ott_set_cpu_int_dots); None asks without changing it. Off also
-    multiplies the 8-row weights (`Weights(x8=True)`) with AVX2 instead, with the same results.
+    it) or in float (ott.h: ott_set_cpu_int_dots); None asks without changing it.
     UnsupportedError for True where the CPU lacks them; returns the setting now in effect."""
     out = ffi.new("int32_t *")
     check(lib.ott_set_cpu_int_dots(-1 if on is None else 1 if on else 0, out))

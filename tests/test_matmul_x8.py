@@ -1,10 +1,10 @@
 """Q4_1 and Q8_0 weights stored as 8 interleaved rows (native/src/cpu/matmul_x8.h): where the CPU
 has AVX2, `Weights(repack=True)` (the default) multiplies them with the library's own kernels
-(AVX-512 VNNI's where the CPU has it and integer dots are on, else AVX2's), which must give
-ggml's products bit for bit. Each test loads the same file twice, with x8 off (ggml's products)
-and on, and compares every logit exactly: prefill chunks (many columns), single-token steps (one
-column) and a batch of two sequences, with the f16 cache and a quantized one. Without AVX2 (or in a build without the x86-64 versions) nothing is
-stored that way (x8_bytes 0) and the tests skip."""
+(AVX-512 VNNI's where the CPU has it, else AVX2's; `set_cpu_x8_vnni`), which must give ggml's
+products bit for bit. Each test loads the same file twice, with x8 off (ggml's products) and on,
+and compares every logit exactly: prefill chunks (many columns), single-token steps (one column)
+and a batch of two sequences, with the f16 cache and a quantized one. Without AVX2 (or in a
+build without the x86-64 versions) nothing is stored that way (x8_bytes 0) and the tests skip."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from make_gguf import write_random_model
-from ott_gguf.model import Context, Weights, set_cpu_int_dots
+from ott_gguf import UnsupportedError
+from ott_gguf.model import Context, Weights, set_cpu_x8_vnni
 
 ROW_BYTES = {"q4_1": 20, "q8_0": 34}  # bytes per 32 weights
 
@@ -41,13 +42,29 @@ def assert_same_logits(path, kv: str, seed: int = 0) -> Weights:
 
 @pytest.fixture(params=["vnni", "avx2"])
 def kernels(request):
-    """The 8-row kernels of AVX-512 VNNI (integer dots on) or of AVX2 (off), on a CPU that has them."""
-    vnni = set_cpu_int_dots(None)
+    """The 8-row kernels of AVX-512 VNNI or of AVX2, on a CPU that has them."""
+    vnni = set_cpu_x8_vnni(None)
     if request.param == "vnni" and not vnni:
         pytest.skip("this CPU lacks AVX-512 VNNI")
-    set_cpu_int_dots(request.param == "vnni")
+    set_cpu_x8_vnni(request.param == "vnni")
     yield request.param
-    set_cpu_int_dots(vnni)
+    set_cpu_x8_vnni(vnni)
+
+
+def test_kernel_switch():
+    """Asking is never an error; AVX2's kernels can always be chosen; VNNI's where the CPU
+    lacks them is one UnsupportedError that changes nothing."""
+    vnni = set_cpu_x8_vnni(None)
+    try:
+        assert set_cpu_x8_vnni(False) is False
+        if vnni:
+            assert set_cpu_x8_vnni(True) is True
+        else:
+            with pytest.raises(UnsupportedError, match="VNNI"):
+                set_cpu_x8_vnni(True)
+            assert set_cpu_x8_vnni(None) is False
+    finally:
+        set_cpu_x8_vnni(vnni)
 
 
 @pytest.mark.parametrize("kv", ["f16", "ottr2tg"])

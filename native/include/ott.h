@@ -309,11 +309,15 @@ int32_t ott_cuda_device_count(void);
 /* How the CPU attention of a quantized cache multiplies 1-, 2- and 4-bit codes, for the whole
  * process: on = 1 (the default where the CPU has AVX-512 VNNI) by 16-bit integer
  * multiply-adds, q·scale and p·scale in fixed point (error: 2^-15 of each query row's
- * largest term per head-block); 0 in float; < 0 leaves it as it is. 0 also runs the 8-row
- * weights' products (ott_model_params.x8) with AVX2 instead of AVX-512 VNNI, whose results
- * are the same. OTT_ERR_UNSUPPORTED for 1 where the CPU lacks them. *out (may be NULL) gets
- * the setting now in effect. */
+ * largest term per head-block); 0 in float; < 0 leaves it as it is. OTT_ERR_UNSUPPORTED for 1
+ * where the CPU lacks them. *out (may be NULL) gets the setting now in effect. */
 ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out);
+
+/* Which kernels multiply the weights stored as 8 interleaved rows (ott_model_params.x8), for
+ * the whole process: vnni = 1 (the default where the CPU has AVX-512 VNNI) AVX-512 VNNI's, 0
+ * AVX2's; both give ggml's products bit for bit. < 0 leaves it as it is. OTT_ERR_UNSUPPORTED
+ * for 1 where the CPU lacks AVX-512 VNNI. *out (may be NULL) gets the setting now in effect. */
+ott_status ott_set_cpu_x8_vnni(int32_t vnni, int32_t * out);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,10 @@
 #include "cpu/ott_ops_cpu.h"  // OTT_VERSIONS
 #include "ggml-cpu.h"
 
+#include "common.h"
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -45,7 +48,21 @@ bool x8_available() {
 #endif
 }
 
+std::atomic<bool> g_avx2 { false };  // ott_set_cpu_x8_vnni(0)
+
+// Whether the VNNI kernels multiply: available and not turned off.
+bool x8_vnni() { return ott_vnni_available() && !g_avx2.load(std::memory_order_relaxed); }
+
 }  // namespace
+
+extern "C" ott_status ott_set_cpu_x8_vnni(int32_t vnni, int32_t * out) {
+    if (vnni > 0 && !ott_vnni_available()) {
+        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for the 8-row weight kernels");
+    }
+    if (vnni >= 0) g_avx2.store(vnni == 0, std::memory_order_relaxed);
+    if (out) *out = x8_vnni() ? 1 : 0;
+    return OTT_OK;
+}
 
 bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1) {
     return x8_available() && (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0) && ne0 % 32 == 0 && ne1 % ROWS == 0;
@@ -342,7 +359,7 @@ void mul_mat_op(ggml_tensor * dst, int ith, int nth, void *) {
 
     static const x8_kernels vnni { arrange_vnni, q4_1_group_vnni, q8_0_group_vnni };
     static const x8_kernels avx2 { arrange_avx2, q4_1_group_avx2, q8_0_group_avx2 };
-    const x8_kernels & k = ott_vnni_enabled() ? vnni : avx2;  // ott_x8_packable: one of them runs here
+    const x8_kernels & k = x8_vnni() ? vnni : avx2;  // ott_x8_packable: one of them runs here
 
     thread_local std::vector<uint8_t> ys, yq;
     ys.resize(yrow * COLS);
