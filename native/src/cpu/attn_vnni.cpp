@@ -5,21 +5,23 @@
 #include "common.h"
 #include "cpu/ott_ops_cpu.h"  // OTT_VERSIONS: the fused attention has an AVX-512 version to call this from
 
-#include <atomic>
-
 namespace {
 std::atomic<bool> g_off { false };  // ott_set_cpu_int_dots(0)
 }
 
 bool ott_vnni_enabled() { return ott_vnni_available() && !g_off.load(std::memory_order_relaxed); }
 
-extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
+ott_status ott_vnni_switch(std::atomic<bool> & off, int32_t on, int32_t * out, const char * what) {
     if (on > 0 && !ott_vnni_available()) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for integer dot products");
+        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for %s", what);
     }
-    if (on >= 0) g_off.store(on == 0, std::memory_order_relaxed);
-    if (out) *out = ott_vnni_enabled() ? 1 : 0;
+    if (on >= 0) off.store(on == 0, std::memory_order_relaxed);
+    if (out) *out = ott_vnni_available() && !off.load(std::memory_order_relaxed) ? 1 : 0;
     return OTT_OK;
+}
+
+extern "C" ott_status ott_set_cpu_int_dots(int32_t on, int32_t * out) {
+    return ott_vnni_switch(g_off, on, out, "integer dot products");
 }
 
 #if OTT_VERSIONS

@@ -14,6 +14,9 @@
 // |w| < 2^15 over up to 256 rows: a masked code is at most 240, a 4-bit code at bit 4).
 #pragma once
 
+#include "ott.h"
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -23,6 +26,12 @@ bool ott_vnni_available();
 
 // Whether the fused attention uses it: available and not turned off (ott_set_cpu_int_dots).
 bool ott_vnni_enabled();
+
+// A process-wide switch of one use of AVX-512 VNNI (ott.h: ott_set_cpu_int_dots,
+// ott_set_cpu_x8_vnni), `off` its state: on = 1 clears it (OTT_ERR_UNSUPPORTED, "this CPU
+// lacks AVX-512 VNNI for <what>", where the CPU lacks it), 0 sets it, < 0 leaves it; *out (may
+// be NULL) gets whether the use is on now (available and not off).
+ott_status ott_vnni_switch(std::atomic<bool> & off, int32_t on, int32_t * out, const char * what);
 
 // out[r][i] += scale[r]·Σ_p (w[r][2p]·code(row 2p, i) + w[r][2p+1]·code(row 2p+1, i)) for i < n
 // and r < rb (<= 4): row j's codes start at byte 0 of rows + j·row_bytes, BITS (1, 2 or 4)

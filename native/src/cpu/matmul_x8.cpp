@@ -6,10 +6,7 @@
 #include "cpu/ott_ops_cpu.h"  // OTT_VERSIONS
 #include "ggml-cpu.h"
 
-#include "common.h"
-
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -56,12 +53,7 @@ bool x8_vnni() { return ott_vnni_available() && !g_avx2.load(std::memory_order_r
 }  // namespace
 
 extern "C" ott_status ott_set_cpu_x8_vnni(int32_t vnni, int32_t * out) {
-    if (vnni > 0 && !ott_vnni_available()) {
-        return ott_fail(OTT_ERR_UNSUPPORTED, "this CPU lacks AVX-512 VNNI for the 8-row weight kernels");
-    }
-    if (vnni >= 0) g_avx2.store(vnni == 0, std::memory_order_relaxed);
-    if (out) *out = x8_vnni() ? 1 : 0;
-    return OTT_OK;
+    return ott_vnni_switch(g_avx2, vnni, out, "the 8-row weight kernels");
 }
 
 bool ott_x8_packable(ggml_type type, int64_t ne0, int64_t ne1) {
