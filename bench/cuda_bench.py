@@ -17,7 +17,8 @@
    step is one ott_decode of b tokens with their logits copied back).
 3. KV bytes per token from the allocations (ott_kv_stats): bytes of the live tokens per
    token, and the allocation per token slot (n_seq_max * n_ctx).
-The model is written with bench/llama7b_gguf.py when --model does not exist.
+The model is written with bench/llama7b_gguf.py when --model does not exist, and a made-up
+KVQuant sidecar beside it when a kvquant mode has none.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from llama7b_gguf import ensure
 
-    ensure(args.model)
+    ensure(args.model, modes)
 
     results: dict = {"kernels": [], "decode": [], "kv": []}
     if not args.skip_kernels:

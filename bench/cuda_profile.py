@@ -10,7 +10,7 @@ whole batch under the profiler. Prints the kernels' summed GPU time per phase, l
 and the wall time of each phase; for a decode step also how long the GPU was busy (the
 union of its kernels' intervals) and idle before, between and after them. Needs a CUDA
 build of torch beside the runtime; the model is written with bench/llama7b_gguf.py when
---model does not exist (a made-up KVQuant sidecar beside it for kvquant modes:
+--model does not exist (and a made-up KVQuant sidecar beside it for kvquant modes:
 tests/make_gguf.py).
 """
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from llama7b_gguf import ensure
 
-    ensure(args.model)
+    ensure(args.model, args.kv.split(","))
     weights = Weights(args.model, device="cuda")
     rng = np.random.default_rng(0)
     results = []

@@ -119,14 +119,27 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, n_head_k
     return path
 
 
-def ensure(path: Path) -> Path:
-    """path, written with the defaults above first when it does not exist (the benchmarks' --model)."""
-    if not path.exists():
-        import time
+def ensure(path: Path, kv_modes: list[str] = ()) -> Path:
+    """path, written with the defaults above first when it does not exist (the benchmarks' --model),
+    and its calibration sidecar `<path>.kvcalib.gguf` when one of kv_modes is a KVQuant mode and
+    none is there: made-up tables (tests/make_gguf.py), which time the cache as real ones would
+    (random weights have nothing to calibrate)."""
+    import time
 
+    if not path.exists():
         t = time.perf_counter()
         write(path)
         print(f"wrote {path} in {time.perf_counter() - t:.0f} s", flush=True)
+    from ott_gguf.model import default_calibration
+    from ott_gguf.reference.config import preset
+
+    sidecar = default_calibration(path)
+    if any(preset(m.split(":")[0]).kvq for m in kv_modes) and not sidecar.exists():
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from make_gguf import write_kvq_sidecar
+
+        write_kvq_sidecar(path, sidecar)
+        print(f"wrote {sidecar} (made-up KVQuant tables, for speed only)", flush=True)
     return path
 
 
