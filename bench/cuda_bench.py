@@ -18,7 +18,7 @@
 3. KV bytes per token from the allocations (ott_kv_stats): bytes of the live tokens per
    token, and the allocation per token slot (n_seq_max * n_ctx).
 The model is written with bench/llama7b_gguf.py when --model does not exist, and a made-up
-KVQuant sidecar beside it when a kvquant mode has none.
+KVQuant sidecar beside such a model when a kvquant mode has none.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ whole batch under the profiler. Prints the kernels' summed GPU time per phase, l
 and the wall time of each phase; for a decode step also how long the GPU was busy (the
 union of its kernels' intervals) and idle before, between and after them. Needs a CUDA
 build of torch beside the runtime; the model is written with bench/llama7b_gguf.py when
---model does not exist (and a made-up KVQuant sidecar beside it for kvquant modes:
+--model does not exist (and a made-up KVQuant sidecar beside such a model for kvquant modes:
 tests/make_gguf.py).
 """
 

@@ -11,8 +11,8 @@ over the batch (S_TG). Then ours, on the same weights: for each --kv mode the la
 that fits, filled to CTX tokens and decoded (bench/cuda_bench.py: open_largest, fill,
 decode_rate; the median of --steps steps). The table gives each side's tokens/s and every mode
 against llama.cpp's best. The model is written with bench/llama7b_gguf.py when --model does not
-exist, and a made-up KVQuant sidecar beside it when a kvquant mode has none. llama-batched-bench
-comes from `LLAMA_CUDA=1 bash shared/peers/build_llamacpp.sh DIR`.
+exist, and a made-up KVQuant sidecar beside such a model when a kvquant mode has none.
+llama-batched-bench comes from `LLAMA_CUDA=1 bash shared/peers/build_llamacpp.sh DIR`.
 """
 
 from __future__ import annotations

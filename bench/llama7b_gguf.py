@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 
 N_EMBD, N_LAYER, N_HEAD, N_FF, N_VOCAB = 4096, 32, 32, 11008, 32000
 POOL = 1 << 27  # random fp16 values shared by every tensor (256 MB)
+NAME = "random-llama-2-7b-shape"  # general.name of the files written here
 
 
 def byte_alphabet() -> list[str]:
@@ -70,7 +71,7 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, n_head_k
     tokens += [f"[PAD{i}]" for i in range(len(tokens), N_VOCAB)]
 
     w = GGUFWriter(str(path), "llama")
-    w.add_name("random-llama-2-7b-shape")
+    w.add_name(NAME)
     w.add_file_type(LlamaFileType.MOSTLY_F16)
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx_train)
@@ -119,11 +120,20 @@ def write(path: Path, n_ctx_train: int = 32768, n_layer: int = N_LAYER, n_head_k
     return path
 
 
+def written_here(path: Path) -> bool:
+    """Whether the GGUF at path is one this script wrote (its general.name)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).get_field("general.name")
+    return field is not None and field.contents() == NAME
+
+
 def ensure(path: Path, kv_modes: list[str] = ()) -> Path:
     """path, written with the defaults above first when it does not exist (the benchmarks' --model),
-    and its calibration sidecar `<path>.kvcalib.gguf` when one of kv_modes is a KVQuant mode and
-    none is there: made-up tables (tests/make_gguf.py), which time the cache as real ones would
-    (random weights have nothing to calibrate)."""
+    and, for a model written here, its calibration sidecar `<path>.kvcalib.gguf` when one of
+    kv_modes is a KVQuant mode and none is there: made-up tables (tests/make_gguf.py), which time
+    the cache as real ones would (random weights have nothing to calibrate). A real model's
+    sidecar comes from `python -m ott_gguf calibrate`; none is made up beside it."""
     import time
 
     if not path.exists():
@@ -134,7 +144,8 @@ def ensure(path: Path, kv_modes: list[str] = ()) -> Path:
     from ott_gguf.reference.config import preset
 
     sidecar = default_calibration(path)
-    if any(preset(m.split(":")[0]).kvq for m in kv_modes) and not sidecar.exists():
+    wanted = any(preset(m.split(":")[0]).kvq for m in kv_modes)
+    if wanted and not sidecar.exists() and written_here(path):
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from make_gguf import write_kvq_sidecar
 
