@@ -141,10 +141,11 @@ def ensure(path: Path, kv_modes: list[str] = ()) -> Path:
         write(path)
         print(f"wrote {path} in {time.perf_counter() - t:.0f} s", flush=True)
     from ott_gguf.model import default_calibration
-    from ott_gguf.reference.config import preset
+    from ott_gguf.reference.config import parse_mode, preset
 
     sidecar = default_calibration(path)
-    wanted = any(preset(m.split(":")[0]).kvq for m in kv_modes)
+    configs = [parse_mode(m) for m in kv_modes]  # a preset's name, or a preset with knobs
+    wanted = any((preset(c) if isinstance(c, str) else c).kvq for c in configs)
     if wanted and not sidecar.exists() and written_here(path):
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from make_gguf import write_kvq_sidecar
