@@ -209,6 +209,17 @@ class Replay:
         return bits + old * self.k * per_token / n_el
 
 
+def window_tokens(model: str, file: str, n_tokens: int) -> tuple[np.ndarray, int | None, np.ndarray]:
+    """The token ids of the text for windows of n_tokens in all (tokenize_for_windows), the
+    BOS id when the vocabulary adds one (else None), and the model's key-tier query scales."""
+    weights = Weights(model, device="cpu")
+    try:
+        ids = tokenize_for_windows(weights.tokenize, Path(file).read_text(encoding="utf-8"), n_tokens)
+        return ids, weights.tokenizer.bos_id if weights.tokenizer.add_bos else None, weights.tier_scale()
+    finally:
+        weights.close()
+
+
 def parse_variant(spec: str) -> tuple[int, str, int]:
     """'5' -> (5, '', 0); '4+ref+4' -> (4, 'ref', 4)."""
     parts = spec.split("+")
@@ -243,11 +254,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     variants = [(spec, *parse_variant(spec)) for spec in args.variants.split(",")]
 
-    weights = Weights(args.model, device="cpu")
-    ids = tokenize_for_windows(weights.tokenize, Path(args.file).read_text(encoding="utf-8"), args.ctx * args.windows)
-    bos = weights.tokenizer.bos_id if weights.tokenizer.add_bos else None
-    tier_scale = weights.tier_scale()
-    weights.close()
+    ids, bos, tier_scale = window_tokens(args.model, args.file, args.ctx * args.windows)
     tm = TorchModel(args.model)
     base = preset("ottr2tr")
     results = {spec: {"kl": [], "top1": [], "bits": []} for spec, *_ in variants}

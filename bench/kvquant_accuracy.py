@@ -137,15 +137,22 @@ def metrics(ref_logits, logits, targets):
     return token_nll(logits, targets), kl, top1
 
 
-def main(argv=None) -> int:
-    import torch
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def sidecar_replay_parser(doc: str, windows: int) -> argparse.ArgumentParser:
+    """The arguments of the replays that read a sidecar (this and bench/layer_scheme.py):
+    MODEL, --sidecar, -f, --ctx, --windows (default `windows`); -t is added by the caller last."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--sidecar", required=True, help="calibration sidecar with KVQuant tables")
     ap.add_argument("-f", "--file", required=True)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--windows", type=int, default=windows)
+    return ap
+
+
+def main(argv=None) -> int:
+    import torch
+
+    ap = sidecar_replay_parser(__doc__, windows=2)
     ap.add_argument("--modes", default="kvquant2,kvquant3,kvquant4", help="presets, with knobs: kvquant2:outliers=116")
     ap.add_argument("--ablate", action="store_true", help="also the ablations of kvquant2")
     ap.add_argument("--compose", action="store_true", help="also kvquant2/3 with OTT's pool")
