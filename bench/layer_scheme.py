@@ -8,7 +8,7 @@ bench/kvquant_accuracy.py replays `kvquant2` (calibrated tables from the sidecar
 decode-faithful. Two passes a window:
 
   1. screening: every layer's attention computed exactly and through both caches from the same
-     inputs (the exact output goes on), and each cache's error over the scored queries (the
+     inputs (the exact output goes on, so this pass is also the exact forward), and each cache's error over the scored queries (the
      second half) as a share of the exact output's energy, Σ|o - o_exact|² / Σ|o_exact|²;
   2. the mixed cache: `kvquant2` in the layers where its error was below `ottr2tr`'s, `ottr2tr`
      elsewhere, and `ottr2tr` alone, each against the exact forward (KL, top-1, bits per
@@ -53,8 +53,9 @@ class Schemes:
         ott = Replay(self.tm, self.ott_cfg, self.tier_scale, "", 0)
         return ott, SimulatedCache(self.tm, self.kvq_cfg, self.tables.layers(self.kvq_cfg))
 
-    def screen(self, tokens, half: int) -> np.ndarray:
-        """Per layer the error share of (ottr2tr, kvquant2): float64 [n_layer, 2]."""
+    def screen(self, tokens, half: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer the error share of (ottr2tr, kvquant2): float64 [n_layer, 2]; and the exact
+        forward's logits of the scored tokens [n - 1 - half, n_vocab], which this pass computes."""
         import torch
 
         ott, kvq = self.caches()
@@ -69,8 +70,8 @@ class Schemes:
             return exact
 
         with torch.no_grad():
-            self.tm.forward(tokens, attend=attend)
-        return err
+            logits = self.tm.forward(tokens, attend=attend)[0, half:-1].numpy()
+        return err, logits
 
     def mixed(self, tokens, kvq_layers: set[int], half: int, ref: np.ndarray):
         """KL and top-1 (per scored token) and bits per element with kvquant2 in kvq_layers."""
@@ -102,15 +103,13 @@ def main(argv=None) -> int:
     for w, window in enumerate(windows(ids, args.ctx, min(args.windows, len(ids) // args.ctx), bos)):
         tokens = torch.from_numpy(window.astype(np.int64))[None]
         t0 = time.perf_counter()
-        err = schemes.screen(tokens, half)
+        err, ref = schemes.screen(tokens, half)
         print(f"window {w}: screening {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         print(f"\n{Path(args.model).name}, window {w}: attention error share of the scored queries, by layer\n")
         print("| layer | ottr2tr | kvquant2 | kvquant2 / ottr2tr |\n|---:|---:|---:|---:|")
         for il, (a, b) in enumerate(err):
             print(f"| {il} | {a:.2e} | {b:.2e} | {b / a:.2f} |")
         kvq_layers = {il for il, (a, b) in enumerate(err) if b < a}
-        with torch.no_grad():
-            ref = tm.forward(tokens)[0, half:-1].numpy()
         rows = {"ottr2tr": set()}
         if kvq_layers:
             rows[f"kvquant2 in layers {sorted(kvq_layers)}, ottr2tr elsewhere"] = kvq_layers
