@@ -33,13 +33,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import parse_mode  # noqa: E402
 
 from ott_gguf.kvq_calibration import read_sidecar  # noqa: E402
 from ott_gguf.model import Weights  # noqa: E402
 from ott_gguf.perplexity import kl_and_top1, token_nll, tokenize_for_windows, windows  # noqa: E402
 from ott_gguf.reference import LayerCache, measure  # noqa: E402
-from ott_gguf.reference.config import preset  # noqa: E402
+from ott_gguf.reference.config import mode_config, preset  # noqa: E402
 from ott_gguf.torch_model import TorchModel  # noqa: E402
 
 QUERY_ROWS = 512  # query rows per attention slice (bounds the score matrices' memory)
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
     weights.close()
     tm = TorchModel(args.model)
     cal = read_sidecar(args.sidecar, tm.n_layer)
-    configs = {name: preset(kv) if isinstance(kv, str) else kv for name, kv in map(parse_mode, args.modes.split(","))}
+    configs = {spec: mode_config(spec) for spec in args.modes.split(",")}
     if args.ablate:
         configs.update({name: preset("kvquant2").with_overrides(**o) for name, o in ABLATIONS.items()})
     if args.compose:

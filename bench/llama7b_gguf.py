@@ -141,11 +141,10 @@ def ensure(path: Path, kv_modes: list[str] = ()) -> Path:
         write(path)
         print(f"wrote {path} in {time.perf_counter() - t:.0f} s", flush=True)
     from ott_gguf.model import default_calibration
-    from ott_gguf.reference.config import parse_mode, preset
+    from ott_gguf.reference.config import mode_config
 
     sidecar = default_calibration(path)
-    configs = [parse_mode(m) for m in kv_modes]  # a preset's name, or a preset with knobs
-    wanted = any((preset(c) if isinstance(c, str) else c).kvq for c in configs)
+    wanted = any(mode_config(m).kvq for m in kv_modes)  # a preset's name, or a preset with knobs
     if wanted and not sidecar.exists() and written_here(path):
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from make_gguf import write_kvq_sidecar

@@ -376,6 +376,12 @@ def parse_mode(spec: str) -> str | KVConfig:
     return preset(name).with_overrides(**overrides)
 
 
+def mode_config(spec: str) -> KVConfig:
+    """The KVConfig of a mode as parse_mode reads it (a preset's name resolved by preset)."""
+    mode = parse_mode(spec)
+    return preset(mode) if isinstance(mode, str) else mode
+
+
 def preset(name: str) -> KVConfig:
     """The named KV mode (f16, kivi2, kivi4, ott2, ott4, ottr2, ottr2t, ottr2tr, ottr2tg, ottr3, kvquant2/3/4, or auto:
     AUTO's, the recommended cache without a model to ask; Weights.kv_config resolves auto for one)."""
